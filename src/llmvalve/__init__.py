@@ -1,0 +1,3 @@
+"""llmvalve: admission control for LLM inference behind Envoy."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,205 @@
+"""The admission policy as frozen values.
+
+Theory of operation: a `Policy` is plain data, built once by `policy_load` from YAML (the seed's
+ConfigMap loads as written) and never mutated; a reload builds a new one. Every field of the
+seed's `queues` entries maps one to one; everything else is an optional extension with a
+default chosen so that the seed's file alone gives a working gateway.
+
+Priorities: 0 is the highest class. Durations are seconds (floats).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class DropPolicy(enum.Enum):
+    TAIL = "tail"
+    EARLY_DROP_ON_PRESSURE = "early-drop-on-pressure"
+    FAST_REJECT = "fast-reject"
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Per-class service level objective: a completed request meets it when both hold."""
+
+    ttft_s: float = 2.0
+    tpot_s: float = 0.2
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    priority: int
+    name: str
+    max_queue_size: int
+    timeout_s: float
+    drop_policy: DropPolicy
+    # Fraction of the pool's limit guaranteed to this class when the pool is full (idle share
+    # is borrowed by others, as Netflix's partitioned limiter does).
+    reserved_share: float = 0.0
+    slo: Slo = field(default_factory=Slo)
+
+
+@dataclass(frozen=True)
+class SchedulerSpec:
+    # Anti-starvation: when the lowest non-empty class's head has waited longer than
+    # `starvation_after_s`, one dispatch in `starvation_every` goes to it despite strict priority.
+    starvation_after_s: float = 5.0
+    starvation_every: int = 10
+    # "Pressure" (see core/scheduler.py): the pool's in-flight cost is at least this fraction
+    # of its limit, or the backends' saturation signal is >= 1.
+    pressure_threshold: float = 0.9
+
+
+@dataclass(frozen=True)
+class StaticLimitSpec:
+    limit: int = 64
+
+
+@dataclass(frozen=True)
+class SeedLimitSpec:
+    """The seed's Go AdaptiveLimiter(min, max); alpha/beta as published."""
+
+    min_limit: int = 4
+    max_limit: int = 256
+    alpha: float = 0.1
+    beta: float = 0.2
+
+
+@dataclass(frozen=True)
+class AdaptiveLimitSpec:
+    """Our limiter. Limits are in tokens of KV cache (prompt + expected output)."""
+
+    initial_limit_tokens: float = 0.0  # 0 → derived from the backends' KV size when known
+    min_limit_tokens: float = 2048.0
+    max_limit_tokens: float = 4_000_000.0
+    window_s: float = 0.5
+    min_samples: int = 10
+    kv_target: float = 0.85  # KV usage fraction the pool is steered to
+    waiting_target: float = 2.0  # engine waiting requests per backend considered saturated
+    queue_target_s: float = 0.0  # 0 → a quarter of the tightest class TTFT SLO
+    itl_target_s: float = 0.0  # 0 → the tightest class TPOT SLO
+    stale_after_s: float = 2.0  # backend metrics older than this count as saturated
+    max_growth: float = 1.25
+    decrease_on_drop: float = 0.9
+
+
+@dataclass(frozen=True)
+class LimiterSpec:
+    controller: str = "adaptive"  # adaptive | seed | static
+    static: StaticLimitSpec = field(default_factory=StaticLimitSpec)
+    seed: SeedLimitSpec = field(default_factory=SeedLimitSpec)
+    adaptive: AdaptiveLimitSpec = field(default_factory=AdaptiveLimitSpec)
+
+
+@dataclass(frozen=True)
+class BreakerSpec:
+    failure_ratio: float = 0.5
+    min_requests: int = 20
+    window_s: float = 10.0
+    open_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    metrics_url: str = ""
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    name: str = "default"
+    cluster: str = "llm_backends"
+    engine: str = "vllm"  # vllm | trtllm | sglang: metric names to scrape
+    backends: tuple[BackendSpec, ...] = ()
+    scrape_interval_s: float = 0.5
+    scrape_timeout_s: float = 0.4
+    breaker: BreakerSpec = field(default_factory=BreakerSpec)
+    lease_timeout_s: float = 900.0  # a slot whose end was never seen is reclaimed after this
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    name: str
+    api_key_hashes: tuple[str, ...] = ()  # "sha256:<hex>" of each key; never the key itself
+    max_priority: int = 0  # the highest class (lowest number) this tenant may use
+    default_priority: int = 1
+
+
+@dataclass(frozen=True)
+class FallbackSpec:
+    kind: str  # "static" | "reroute"
+    content: str = ""  # static: the answer text
+    cluster: str = ""  # reroute: Envoy cluster of the fallback model
+    model: str = ""  # reroute: model name to put in the request
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    name: str
+    fallback: FallbackSpec | None = None
+
+
+@dataclass(frozen=True)
+class RetryAfterSpec:
+    min_s: float = 1.0
+    max_s: float = 60.0
+    jitter: float = 0.3  # ± fraction applied to the computed drain time
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """How requests are read at the gateway."""
+
+    priority_header: str = "x-llmvalve-priority"
+    feature_header: str = "x-llmvalve-feature"
+    deadline_header: str = "x-llmvalve-deadline-ms"
+    body_inspection: bool = False
+    max_body_bytes: int = 262_144
+    default_max_tokens: int = 256
+    bytes_per_token: float = 4.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    queues: tuple[QueueSpec, ...]
+    scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
+    limiter: LimiterSpec = field(default_factory=LimiterSpec)
+    pools: tuple[PoolSpec, ...] = (PoolSpec(),)
+    tenants: tuple[TenantSpec, ...] = ()
+    # None → requests without a known API key get 401; otherwise they run as this tenant.
+    anonymous: TenantSpec | None = TenantSpec(name="anonymous", max_priority=0, default_priority=1)
+    features: tuple[FeatureSpec, ...] = ()
+    retry_after: RetryAfterSpec = field(default_factory=RetryAfterSpec)
+    requests: RequestSpec = field(default_factory=RequestSpec)
+    failure_mode_allow: bool = False
+    version: str = ""  # content hash, set by the loader
+
+    def queue(self, priority: int) -> QueueSpec:
+        for q in self.queues:
+            if q.priority == priority:
+                return q
+        raise KeyError(f"no queue with priority {priority}")
+
+    @property
+    def priorities(self) -> tuple[int, ...]:
+        return tuple(sorted(q.priority for q in self.queues))
+
+    @property
+    def lowest_priority(self) -> int:
+        return max(q.priority for q in self.queues)
+
+    def feature(self, name: str | None) -> FeatureSpec | None:
+        for f in self.features:
+            if f.name == name:
+                return f
+        return None
+
+
+# The seed's three queues (shared/seed/policy-configmap.yaml), with our default extensions.
+SEED_QUEUES: tuple[QueueSpec, ...] = (
+    QueueSpec(0, "realtime-interactive", 200, 8.0, DropPolicy.TAIL, 0.3, Slo(2.0, 0.15)),
+    QueueSpec(1, "agent-workflow", 500, 15.0, DropPolicy.EARLY_DROP_ON_PRESSURE, 0.1, Slo(8.0, 0.3)),
+    QueueSpec(2, "batch-extraction", 1000, 60.0, DropPolicy.FAST_REJECT, 0.0, Slo(60.0, 1.0)),
+)

@@ -1,0 +1,121 @@
+"""Values that cross the boundary between the pure core and its adapters.
+
+Theory of operation ("decide, then do"): an adapter builds a `RequestInfo`, hands it to
+`Admission.submit`, and carries out what comes back. `Admit` means "send it to the backend now";
+`Queued` means "hold it": a later `Admission.poll(now)` returns the `Admit` or `Reject` for it.
+Every `Admit` carries a `Ticket` that must be closed exactly once with `Admission.release`,
+naming one `Outcome`. The mapping from what Envoy saw (status, response flags, cancelled stream)
+to an `Outcome` lives in one table: `core.outcomes.outcome_of`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from llmvalve.core.policy import FallbackSpec
+
+
+class Outcome(enum.Enum):
+    SUCCESS = "success"  # finished normally: a latency sample
+    IGNORE = "ignore"  # no meaningful sample: client cancelled, 4xx
+    DROPPED = "dropped"  # overload/failure signal: backend 5xx/429, reset, timeout
+
+
+class Reason(enum.Enum):
+    QUEUE_FULL = "queue_full"
+    QUEUE_TIMEOUT = "queue_timeout"
+    PREDICTED_WAIT = "predicted_wait_exceeds_timeout"  # early-drop-on-pressure
+    FAST_REJECT = "fast_reject_under_pressure"
+    DEADLINE = "client_deadline"
+    BREAKER_OPEN = "breaker_open"
+    POOL_UNAVAILABLE = "pool_unavailable"
+    DRAINING = "draining"
+    UNAUTHORIZED = "unauthorized"
+    BAD_REQUEST = "bad_request"
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """One request as the core sees it. `deadline` is absolute, on the caller's clock."""
+
+    request_id: str
+    tenant: str
+    priority: int  # already clamped to the tenant's maximum
+    cost_tokens: float  # estimated prompt + expected output tokens
+    prompt_tokens: int = 0
+    max_tokens: int = 0
+    deadline: float | None = None
+    feature: str | None = None
+    pool: str = "default"
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """Proof of admission; closed exactly once through `Admission.release`."""
+
+    request_id: str
+    pool: str
+    priority: int
+    tenant: str
+    cost_tokens: float
+    admitted_at: float
+    epoch: int  # the limiter epoch at admission: samples from older epochs are not used
+
+
+@dataclass(frozen=True)
+class Admit:
+    request_id: str
+    ticket: Ticket
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class Queued:
+    request_id: str
+    position: int
+
+
+@dataclass(frozen=True)
+class Reject:
+    request_id: str
+    status: int  # 429, or 503 when the pool is unavailable / breaker open
+    reason: Reason
+    retry_after_s: float
+    wait_s: float = 0.0
+    fallback: FallbackSpec | None = None  # set when the request's feature has one
+
+
+Decision = Admit | Queued | Reject
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Per-request feedback, from the access log (or the simulator's equivalent)."""
+
+    request_id: str
+    pool: str
+    outcome: Outcome
+    ttft_s: float | None = None  # backend time to first body byte
+    duration_s: float | None = None  # upstream duration
+    output_tokens: int | None = None
+    prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class BackendSnapshot:
+    """One scrape of one backend's /metrics, reduced to what admission uses."""
+
+    backend: str
+    at: float  # when it was taken (caller's clock)
+    ok: bool = True  # False: the scrape failed or timed out
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0  # 0..1
+    preemptions_total: float = 0.0
+    kv_capacity_tokens: float = 0.0  # num_gpu_blocks * block_size when exposed, else 0
+    # Windowed latency since the previous scrape (from histogram deltas); None if no samples.
+    itl_p90_s: float | None = None
+    queue_time_p90_s: float | None = None
+    ttft_p90_s: float | None = None
+    requests_finished_total: float = 0.0
