@@ -1,0 +1,50 @@
+"""The `llmvalve` command. Each subcommand lives in its own module exposing
+`add_arguments(parser)` and `run(args) -> int`; those modules keep heavy imports (grpc, aiohttp,
+matplotlib) inside `run`, so `llmvalve policy check` does not pay for grpc."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name → (module with `add_arguments(parser)` and `run(args) -> int`, help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("llmvalve.stack", "the embedded stack: simulated backends + control plane + Envoy"),
+    "serve": ("llmvalve.server", "the control plane alone (runs next to Envoy)"),
+    "sim-backend": ("llmvalve.backend.cli", "a vLLM-compatible simulated GPU backend"),
+    "simulate": ("llmvalve.sim.cli", "virtual-time evaluation of admission controllers"),
+    "bench": ("llmvalve.bench.cli", "a scenario through real Envoy, control plane and backends"),
+    "load": ("llmvalve.bench.load_cli", "drive a running gateway with a scenario's traffic"),
+    "policy": ("llmvalve.policy_cli", "policy tools: `llmvalve policy check FILE`"),
+    "status": ("llmvalve.admin_cli", "print the control plane's status"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmvalve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                p.set_defaults(_missing=module_name)
+                continue
+            raise
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "_missing", None):
+        print(f"llmvalve {args.command}: not available in this build", file=sys.stderr)
+        return 2
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
