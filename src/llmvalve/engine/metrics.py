@@ -1,0 +1,55 @@
+"""The engine's own metrics, kept as plain numbers so that the HTTP backend can render them in
+Prometheus text with vLLM's names and the simulator can read them without any text at all."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+# vLLM v1's bucket bounds (seconds) for the latency histograms it exports.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+@dataclass
+class Histogram:
+    """Cumulative-on-read histogram: `counts[i]` observations fell in (bounds[i-1], bounds[i]];
+    the last slot is +Inf."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float, n: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.total += value * n
+        self.count += n
+
+    def cumulative(self) -> list[int]:
+        out, acc = [], 0
+        for c in self.counts:
+            acc += c
+            out.append(acc)
+        return out
+
+
+@dataclass
+class EngineMetrics:
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    preemptions_total: int = 0
+    requests_total: int = 0
+    finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    e2e: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
+    queue_time: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))

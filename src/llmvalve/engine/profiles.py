@@ -1,0 +1,90 @@
+"""Engine profiles: the numbers that make a simulated engine behave like a GPU and a model.
+
+Step time model (one continuous-batching iteration, as vLLM v1 runs it):
+    t = base_s + per_seq_s · seqs + per_prefill_token_s · prefill_tokens + per_ctx_token_s · context
+where `seqs` is the number of requests in the batch, `prefill_tokens` the prompt (or recompute)
+tokens computed in this step, and `context` the KV tokens the batch attends over. Sources for the
+calibrated profile are in docs/engine.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    name: str
+    num_gpu_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    base_s: float
+    per_seq_s: float
+    per_prefill_token_s: float
+    per_ctx_token_s: float
+    model: str = "sim-model"
+    # Output-length model for the HTTP backend when a request does not say how long it is:
+    # the answer is `default_output_tokens` long, capped by max_tokens.
+    default_output_tokens: int = 128
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+
+# Llama-3-8B-Instruct, bf16, one H100 80GB SXM, vLLM v1 defaults (docs/engine.md: sources).
+LLAMA3_8B_H100 = EngineProfile(
+    name="llama3-8b-h100",
+    model="meta-llama/Meta-Llama-3-8B-Instruct",
+    num_gpu_blocks=27_000,  # ≈ 432k tokens at 128 KiB/token in ~54 GiB left after weights
+    block_size=16,
+    max_num_seqs=256,
+    max_num_batched_tokens=8192,
+    max_model_len=8192,
+    base_s=0.0065,  # weight streaming: 16 GB / ~3.35 TB/s HBM ≈ 5 ms, plus launch overhead
+    per_seq_s=0.00003,
+    per_prefill_token_s=0.00006,  # ≈ 16k prompt tokens/s
+    per_ctx_token_s=0.000_000_012,  # KV read: 128 KiB/token at ~3 TB/s ≈ 0.04 µs, amortised
+)
+
+# A deliberately small engine: easy to overload, cheap to run over HTTP on a 2-core machine.
+SMALL = EngineProfile(
+    name="small",
+    model="sim-small",
+    num_gpu_blocks=1024,  # 16,384 KV tokens
+    block_size=16,
+    max_num_seqs=32,
+    max_num_batched_tokens=2048,
+    max_model_len=8192,
+    base_s=0.020,
+    per_seq_s=0.0008,
+    per_prefill_token_s=0.0001,  # 10k prompt tokens/s
+    per_ctx_token_s=0.000_001,
+)
+
+# Tiny and quick, for end-to-end tests that need answers in a fraction of a second.
+TINY = EngineProfile(
+    name="tiny",
+    model="sim-tiny",
+    num_gpu_blocks=256,  # 4,096 KV tokens
+    block_size=16,
+    max_num_seqs=8,
+    max_num_batched_tokens=1024,
+    max_model_len=4096,
+    base_s=0.010,
+    per_seq_s=0.0005,
+    per_prefill_token_s=0.00005,
+    per_ctx_token_s=0.000_001,
+    default_output_tokens=16,
+)
+
+PROFILES: dict[str, EngineProfile] = {p.name: p for p in (LLAMA3_8B_H100, SMALL, TINY)}
+
+
+def get_profile(name: str) -> EngineProfile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown engine profile {name!r}; known: {', '.join(PROFILES)}") from None
