@@ -116,6 +116,7 @@ class BackendSnapshot:
     kv_capacity_tokens: float = 0.0  # num_gpu_blocks * block_size when exposed, else 0
     # Windowed latency since the previous scrape (from histogram deltas); None if no samples.
     itl_p90_s: float | None = None
+    itl_mean_s: float | None = None  # exact: delta(sum) / delta(count)
     queue_time_p90_s: float | None = None
     ttft_p90_s: float | None = None
     requests_finished_total: float = 0.0
