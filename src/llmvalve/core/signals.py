@@ -1,0 +1,185 @@
+"""Backend load signals: the text of a /metrics page → a `BackendSnapshot`.
+
+Theory of operation: one `SignalReader` per backend turns each scrape into a snapshot. Gauges
+are read as they are; counters and histograms are cumulative, so a windowed percentile needs
+the previous scrape: the reader keeps the last cumulative buckets of each histogram and
+computes the p90 of the *difference* (what happened between two consecutive scrapes), the way
+Prometheus' `histogram_quantile(0.9, rate(...))` does. A counter that went down means the
+backend restarted: the current buckets are then the whole window.
+
+Rules:
+- Several label sets (model names, data-parallel engines) are summed: counts, counters and
+  histogram buckets add up; KV usage (a fraction) takes the maximum, the conservative reading.
+- Metric names of vLLM v1 (and the older `vllm:gpu_cache_usage_perc`), TensorRT-LLM serve and
+  SGLang are all recognised; which engine a backend runs does not need to be configured.
+- Text that does not parse, or a page with none of the load gauges, gives `ok=False`; no
+  exception escapes `read`. `failed(now)` is the snapshot of a scrape that did not happen.
+
+Pure: the text and the time are arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmvalve.core.types import BackendSnapshot
+
+RUNNING = ("vllm:num_requests_running", "trtllm_num_requests_running", "sglang:num_running_reqs")
+WAITING = ("vllm:num_requests_waiting", "trtllm_num_requests_waiting", "sglang:num_queue_reqs")
+KV_USAGE = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "trtllm_kv_cache_utilization",
+    "sglang:token_usage",
+)
+PREEMPTIONS = ("vllm:num_preemptions_total",)
+FINISHED = ("vllm:request_success_total",)
+CACHE_INFO = "vllm:cache_config_info"
+ITL = "vllm:inter_token_latency_seconds"
+QUEUE_TIME = "vllm:request_queue_time_seconds"
+TTFT = "vllm:time_to_first_token_seconds"
+HISTOGRAMS = (ITL, QUEUE_TIME, TTFT)
+QUANTILE = 0.9
+
+# Cumulative histogram: (upper bound, cumulative count), sorted by bound, +Inf last.
+Buckets = tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    gauges: Mapping[str, float]  # metric name → summed value
+    kv_usage: float | None
+    kv_capacity_tokens: float
+    histograms: Mapping[str, Buckets]
+
+
+def quantile(buckets: Buckets, q: float) -> float | None:
+    """`histogram_quantile`: linear interpolation inside the bucket holding rank q·total.
+
+    A rank in the +Inf bucket answers the highest finite bound. None when the histogram is empty.
+    """
+    if not buckets:
+        return None
+    total = buckets[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            if count == lower_count:
+                return bound
+            fraction = (rank - lower_count) / (count - lower_count)
+            return lower_bound + (bound - lower_bound) * fraction
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def delta(current: Buckets, previous: Buckets | None) -> Buckets:
+    """current − previous, bucket by bucket; a decrease (restart) or a new layout → current."""
+    if previous is None:
+        return current
+    if [b for b, _ in current] != [b for b, _ in previous]:
+        return current
+    diff = tuple((b, c - p) for (b, c), (_, p) in zip(current, previous, strict=True))
+    if any(c < 0 for _, c in diff):
+        return current
+    return diff
+
+
+def _sum_buckets(series: Iterable[tuple[float, float]]) -> Buckets:
+    by_bound: dict[float, float] = {}
+    for bound, count in series:
+        by_bound[bound] = by_bound.get(bound, 0.0) + count
+    return tuple(sorted(by_bound.items()))
+
+
+def _parse(text: str) -> _Parsed:
+    gauges: dict[str, float] = {}
+    kv_usage: float | None = None
+    kv_capacity = 0.0
+    bucket_series: dict[str, list[tuple[float, float]]] = {}
+    wanted = set(RUNNING + WAITING + PREEMPTIONS + FINISHED)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, value = sample.name, float(sample.value)
+            if math.isnan(value):
+                continue
+            if name in wanted:
+                gauges[name] = gauges.get(name, 0.0) + value
+            elif name in KV_USAGE:
+                kv_usage = value if kv_usage is None else max(kv_usage, value)
+            elif name == CACHE_INFO:
+                blocks = sample.labels.get("num_gpu_blocks", "")
+                size = sample.labels.get("block_size", "")
+                with contextlib.suppress(ValueError):
+                    kv_capacity += float(blocks) * float(size)
+            elif name.endswith("_bucket") and name[: -len("_bucket")] in HISTOGRAMS:
+                le = sample.labels.get("le")
+                if le is not None:
+                    bucket_series.setdefault(name[: -len("_bucket")], []).append((float(le), value))
+    histograms = {name: _sum_buckets(series) for name, series in bucket_series.items()}
+    return _Parsed(gauges, kv_usage, kv_capacity, histograms)
+
+
+def _first(gauges: Mapping[str, float], names: tuple[str, ...]) -> float | None:
+    for name in names:
+        if name in gauges:
+            return gauges[name]
+    return None
+
+
+class SignalReader:
+    """Scrapes of one backend → snapshots; remembers the last cumulative histograms."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self._previous: dict[str, Buckets] = {}
+
+    def failed(self, now: float) -> BackendSnapshot:
+        return BackendSnapshot(backend=self.backend, at=now, ok=False)
+
+    def read(self, text: str, now: float) -> BackendSnapshot:
+        try:
+            parsed = _parse(text)
+        except Exception:  # the parser raises ValueError, IndexError, … on garbage
+            return self.failed(now)
+        running = _first(parsed.gauges, RUNNING)
+        waiting = _first(parsed.gauges, WAITING)
+        if running is None and waiting is None and parsed.kv_usage is None:
+            return self.failed(now)
+        windowed: dict[str, float | None] = {}
+        for name in HISTOGRAMS:
+            current = parsed.histograms.get(name)
+            if current is None:
+                windowed[name] = None
+                continue
+            previous = self._previous.get(name)
+            self._previous[name] = current
+            # The first scrape has no window: its cumulative counts span the backend's lifetime.
+            if previous is not None:
+                windowed[name] = quantile(delta(current, previous), QUANTILE)
+            else:
+                windowed[name] = None
+        kv = parsed.kv_usage if parsed.kv_usage is not None else 0.0
+        return BackendSnapshot(
+            backend=self.backend,
+            at=now,
+            ok=True,
+            running=running or 0.0,
+            waiting=waiting or 0.0,
+            kv_usage=min(max(kv, 0.0), 1.0),
+            preemptions_total=_first(parsed.gauges, PREEMPTIONS) or 0.0,
+            kv_capacity_tokens=parsed.kv_capacity_tokens,
+            itl_p90_s=windowed[ITL],
+            queue_time_p90_s=windowed[QUEUE_TIME],
+            ttft_p90_s=windowed[TTFT],
+            requests_finished_total=_first(parsed.gauges, FINISHED) or 0.0,
+        )

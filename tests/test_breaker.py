@@ -1,0 +1,78 @@
+import pytest
+
+from llmvalve.core.breaker import Breaker, BreakerState
+from llmvalve.core.policy import BreakerSpec
+from llmvalve.core.types import Outcome
+
+SPEC = BreakerSpec(failure_ratio=0.5, min_requests=10, window_s=10.0, open_s=5.0)
+S, IG, D = Outcome.SUCCESS, Outcome.IGNORE, Outcome.DROPPED
+
+
+def feed(b: Breaker, outcomes, at: float) -> None:
+    for o in outcomes:
+        b.record(o, at)
+
+
+def test_needs_min_requests_before_opening():
+    b = Breaker(SPEC)
+    feed(b, [D] * 9, 1.0)
+    assert b.state(1.0) is BreakerState.CLOSED and b.allow(1.0)
+    b.record(D, 1.0)
+    assert b.state(1.0) is BreakerState.OPEN and not b.allow(1.0)
+    assert b.times_opened == 1
+
+
+def test_ratio_threshold_and_ignore_not_counted():
+    b = Breaker(SPEC)
+    feed(b, [S] * 6 + [D] * 5 + [IG] * 50, 1.0)  # 5/11 < 0.5
+    assert b.state(1.0) is BreakerState.CLOSED
+    b.record(D, 1.0)  # 6/12 = 0.5
+    assert b.state(1.0) is BreakerState.OPEN
+
+
+def test_old_outcomes_leave_the_window():
+    b = Breaker(SPEC)
+    feed(b, [D] * 9, 0.0)
+    b.record(D, 11.0)  # the nine failures are more than window_s old
+    assert b.state(11.0) is BreakerState.CLOSED
+    assert b.counts(11.0) == (0, 1)
+
+
+def test_open_then_half_open_probes_then_close_on_success():
+    b = Breaker(SPEC, probes=2)
+    feed(b, [D] * 10, 0.0)
+    assert b.retry_after_s(1.0) == pytest.approx(4.0)
+    assert b.next_deadline() == 5.0
+    b.record(S, 2.0)  # a straggler admitted before opening: ignored
+    assert b.state(4.9) is BreakerState.OPEN
+    assert b.state(5.0) is BreakerState.HALF_OPEN
+    assert b.allow(5.0) and b.allow(5.0) and not b.allow(5.0)
+    assert b.retry_after_s(5.0) > 0
+    b.record(IG, 5.5)  # a probe ended without verdict: its place is free again
+    assert b.allow(5.5)
+    b.record(S, 6.0)
+    assert b.state(6.0) is BreakerState.CLOSED and b.allow(6.0)
+    assert b.counts(6.0) == (0, 0)
+
+
+def test_failed_probe_reopens():
+    b = Breaker(SPEC)
+    feed(b, [D] * 10, 0.0)
+    assert b.allow(5.0)
+    b.record(D, 5.2)
+    assert b.state(5.2) is BreakerState.OPEN
+    assert b.retry_after_s(5.2) == pytest.approx(5.0)
+    assert b.times_opened == 2
+
+
+def test_lost_probes_do_not_wedge_the_breaker():
+    b = Breaker(SPEC, probes=1)
+    feed(b, [D] * 10, 0.0)
+    assert b.allow(5.0)
+    assert not b.allow(6.0)  # the probe never reports back …
+    assert b.allow(10.0)  # … after another open_s its place is handed out again
+
+
+def test_bad_spec_is_refused():
+    with pytest.raises(ValueError, match="bad breaker spec"):
+        Breaker(BreakerSpec(window_s=0))

@@ -1,0 +1,120 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmvalve.core.signals import SignalReader, delta, quantile
+
+VLLM = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="llama"} 5.0
+vllm:num_requests_running{engine="0",model_name="qwen"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="llama"} 3.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.42
+vllm:kv_cache_usage_perc{engine="0",model_name="qwen"} 0.61
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="llama"} 11.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="2048"} 1.0
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{finished_reason="stop",model_name="llama"} 40.0
+vllm:request_success_total{finished_reason="length",model_name="llama"} 2.0
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{le="0.01",model_name="llama"} {a}
+vllm:inter_token_latency_seconds_bucket{le="0.025",model_name="llama"} {b}
+vllm:inter_token_latency_seconds_bucket{le="0.05",model_name="llama"} {c}
+vllm:inter_token_latency_seconds_bucket{le="0.1",model_name="llama"} {d}
+vllm:inter_token_latency_seconds_bucket{le="+Inf",model_name="llama"} {d}
+vllm:inter_token_latency_seconds_count{model_name="llama"} {d}
+vllm:inter_token_latency_seconds_sum{model_name="llama"} 1.0
+"""
+
+
+def vllm_text(a: int, b: int, c: int, d: int) -> str:
+    return VLLM.replace("{a}", str(a)).replace("{b}", str(b)).replace("{c}", str(c)).replace(
+        "{d}", str(d)
+    )
+
+
+def test_vllm_gauges_are_summed_over_label_sets():
+    snap = SignalReader("b0").read(vllm_text(0, 0, 0, 0), now=3.0)
+    assert snap.ok and snap.backend == "b0" and snap.at == 3.0
+    assert snap.running == 7.0
+    assert snap.waiting == 3.0
+    assert snap.kv_usage == 0.61  # a fraction: the maximum, not the sum
+    assert snap.preemptions_total == 11.0
+    assert snap.kv_capacity_tokens == 2048 * 16
+    assert snap.requests_finished_total == 42.0
+
+
+def test_windowed_p90_comes_from_the_difference_of_two_scrapes():
+    reader = SignalReader("b0")
+    first = reader.read(vllm_text(100, 100, 100, 100), now=0.0)
+    assert first.itl_p90_s is None  # no window yet
+    # Since the first scrape: 10 new samples, all between 25 ms and 50 ms.
+    second = reader.read(vllm_text(100, 100, 110, 110), now=0.5)
+    assert abs(second.itl_p90_s - (0.025 + 0.025 * 0.9)) < 1e-9
+    # Nothing new: no sample in the window.
+    third = reader.read(vllm_text(100, 100, 110, 110), now=1.0)
+    assert third.itl_p90_s is None
+
+
+def test_counter_reset_uses_the_current_buckets():
+    reader = SignalReader("b0")
+    reader.read(vllm_text(500, 500, 500, 500), now=0.0)
+    snap = reader.read(vllm_text(0, 0, 0, 10), now=0.5)  # restarted backend
+    assert 0.05 < snap.itl_p90_s <= 0.1
+
+
+def test_quantile_and_delta():
+    math_inf = float("inf")
+    buckets = ((0.1, 0.0), (0.2, 10.0), (math_inf, 10.0))
+    assert abs(quantile(buckets, 0.5) - 0.15) < 1e-12
+    assert quantile(((1.0, 0.0), (math_inf, 4.0)), 0.9) == 1.0  # in +Inf: highest finite bound
+    assert quantile(((1.0, 0.0), (math_inf, 0.0)), 0.9) is None
+    assert quantile((), 0.9) is None
+    assert delta(((1.0, 5.0),), ((1.0, 2.0),)) == ((1.0, 3.0),)
+    assert delta(((1.0, 5.0),), ((2.0, 2.0),)) == ((1.0, 5.0),)  # layout changed
+
+
+def test_old_vllm_kv_name():
+    text = "vllm:gpu_cache_usage_perc 0.3\nvllm:num_requests_running 1\n"
+    assert SignalReader("b").read(text, 0.0).kv_usage == 0.3
+
+
+def test_trtllm_names():
+    text = (
+        "# TYPE trtllm_num_requests_waiting gauge\ntrtllm_num_requests_waiting 4\n"
+        "trtllm_num_requests_running 9\ntrtllm_kv_cache_utilization 0.8\n"
+    )
+    snap = SignalReader("t").read(text, 0.0)
+    assert (snap.ok, snap.waiting, snap.running, snap.kv_usage) == (True, 4.0, 9.0, 0.8)
+
+
+def test_sglang_names():
+    text = (
+        'sglang:num_queue_reqs{model_name="m"} 6\nsglang:num_running_reqs{model_name="m"} 12\n'
+        'sglang:token_usage{model_name="m"} 0.55\n'
+    )
+    snap = SignalReader("s").read(text, 0.0)
+    assert (snap.ok, snap.waiting, snap.running, snap.kv_usage) == (True, 6.0, 12.0, 0.55)
+
+
+def test_garbage_and_unrelated_pages_are_not_ok():
+    reader = SignalReader("b")
+    assert not reader.read("<html><body>502 Bad Gateway</body></html>", 1.0).ok
+    assert not reader.read("", 1.0).ok
+    assert not reader.read("process_cpu_seconds_total 3.0\n", 1.0).ok
+    assert not reader.failed(2.0).ok
+
+
+@given(st.text(max_size=300))
+def test_no_text_raises(text):
+    snap = SignalReader("b").read(text, 0.0)
+    assert 0.0 <= snap.kv_usage <= 1.0
+
+
+@given(st.lists(st.sampled_from([*VLLM.splitlines(), "x{", "}", "vllm:num_requests_running NaN"])))
+def test_shuffled_lines_never_raise(lines):
+    SignalReader("b").read("\n".join(lines) + "\n", 0.0)
