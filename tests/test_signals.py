@@ -27,14 +27,15 @@ vllm:inter_token_latency_seconds_bucket{le="0.05",model_name="llama"} {c}
 vllm:inter_token_latency_seconds_bucket{le="0.1",model_name="llama"} {d}
 vllm:inter_token_latency_seconds_bucket{le="+Inf",model_name="llama"} {d}
 vllm:inter_token_latency_seconds_count{model_name="llama"} {d}
-vllm:inter_token_latency_seconds_sum{model_name="llama"} 1.0
+vllm:inter_token_latency_seconds_sum{model_name="llama"} {s}
 """
 
 
-def vllm_text(a: int, b: int, c: int, d: int) -> str:
-    return VLLM.replace("{a}", str(a)).replace("{b}", str(b)).replace("{c}", str(c)).replace(
-        "{d}", str(d)
-    )
+def vllm_text(a: int, b: int, c: int, d: int, s: float = 1.0) -> str:
+    text = VLLM
+    for key, value in {"a": a, "b": b, "c": c, "d": d, "s": s}.items():
+        text = text.replace("{" + key + "}", str(value))
+    return text
 
 
 def test_vllm_gauges_are_summed_over_label_sets():
@@ -53,11 +54,13 @@ def test_windowed_p90_comes_from_the_difference_of_two_scrapes():
     first = reader.read(vllm_text(100, 100, 100, 100), now=0.0)
     assert first.itl_p90_s is None  # no window yet
     # Since the first scrape: 10 new samples, all between 25 ms and 50 ms.
-    second = reader.read(vllm_text(100, 100, 110, 110), now=0.5)
+    second = reader.read(vllm_text(100, 100, 110, 110, s=1.3), now=0.5)
     assert abs(second.itl_p90_s - (0.025 + 0.025 * 0.9)) < 1e-9
+    assert abs(second.itl_mean_s - 0.03) < 1e-9  # (1.3 - 1.0) / 10
     # Nothing new: no sample in the window.
-    third = reader.read(vllm_text(100, 100, 110, 110), now=1.0)
+    third = reader.read(vllm_text(100, 100, 110, 110, s=1.3), now=1.0)
     assert third.itl_p90_s is None
+    assert third.itl_mean_s is None
 
 
 def test_counter_reset_uses_the_current_buckets():

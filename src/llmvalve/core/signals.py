@@ -56,6 +56,7 @@ class _Parsed:
     kv_usage: float | None
     kv_capacity_tokens: float
     histograms: Mapping[str, Buckets]
+    totals: Mapping[str, tuple[float, float]]  # histogram name → (sum, count)
 
 
 def quantile(buckets: Buckets, q: float) -> float | None:
@@ -106,6 +107,7 @@ def _parse(text: str) -> _Parsed:
     kv_usage: float | None = None
     kv_capacity = 0.0
     bucket_series: dict[str, list[tuple[float, float]]] = {}
+    totals: dict[str, list[float]] = {}
     wanted = set(RUNNING + WAITING + PREEMPTIONS + FINISHED)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -125,8 +127,14 @@ def _parse(text: str) -> _Parsed:
                 le = sample.labels.get("le")
                 if le is not None:
                     bucket_series.setdefault(name[: -len("_bucket")], []).append((float(le), value))
+            elif name.endswith(("_sum", "_count")) and name.rsplit("_", 1)[0] in HISTOGRAMS:
+                base, kind = name.rsplit("_", 1)
+                total = totals.setdefault(base, [0.0, 0.0])
+                total[0 if kind == "sum" else 1] += value
     histograms = {name: _sum_buckets(series) for name, series in bucket_series.items()}
-    return _Parsed(gauges, kv_usage, kv_capacity, histograms)
+    return _Parsed(
+        gauges, kv_usage, kv_capacity, histograms, {k: (s, c) for k, (s, c) in totals.items()}
+    )
 
 
 def _first(gauges: Mapping[str, float], names: tuple[str, ...]) -> float | None:
@@ -142,6 +150,7 @@ class SignalReader:
     def __init__(self, backend: str) -> None:
         self.backend = backend
         self._previous: dict[str, Buckets] = {}
+        self._previous_totals: dict[str, tuple[float, float]] = {}
 
     def failed(self, now: float) -> BackendSnapshot:
         return BackendSnapshot(backend=self.backend, at=now, ok=False)
@@ -168,6 +177,7 @@ class SignalReader:
                 windowed[name] = quantile(delta(current, previous), QUANTILE)
             else:
                 windowed[name] = None
+        itl_mean = self._windowed_mean(ITL, parsed.totals.get(ITL))
         kv = parsed.kv_usage if parsed.kv_usage is not None else 0.0
         return BackendSnapshot(
             backend=self.backend,
@@ -179,7 +189,21 @@ class SignalReader:
             preemptions_total=_first(parsed.gauges, PREEMPTIONS) or 0.0,
             kv_capacity_tokens=parsed.kv_capacity_tokens,
             itl_p90_s=windowed[ITL],
+            itl_mean_s=itl_mean,
             queue_time_p90_s=windowed[QUEUE_TIME],
             ttft_p90_s=windowed[TTFT],
             requests_finished_total=_first(parsed.gauges, FINISHED) or 0.0,
         )
+
+    def _windowed_mean(self, name: str, current: tuple[float, float] | None) -> float | None:
+        """delta(sum) / delta(count) since the previous scrape (a restart: the current totals)."""
+        if current is None:
+            return None
+        previous = self._previous_totals.get(name)
+        self._previous_totals[name] = current
+        if previous is None:
+            return None
+        d_sum, d_count = current[0] - previous[0], current[1] - previous[1]
+        if d_count < 0 or d_sum < 0:
+            d_sum, d_count = current
+        return d_sum / d_count if d_count > 0 else None
