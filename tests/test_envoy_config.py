@@ -1,0 +1,54 @@
+"""Every shipped Envoy config, and the rendered template, pass `envoy --mode validate`."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from llmvalve.gateway.envoy_config import EnvoyParams, render
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((ROOT / "envoy").glob("*.yaml"))
+
+
+def validate(envoy_bin: str, path: Path) -> None:
+    done = subprocess.run(
+        [envoy_bin, "--mode", "validate", "-c", str(path), "--log-level", "error"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "OK" in done.stdout
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_shipped_configs_validate(envoy_bin, path):
+    validate(envoy_bin, path)
+
+
+def test_shipped_config_is_the_rendered_template():
+    assert SHIPPED, "envoy/envoy.yaml is missing"
+    assert (ROOT / "envoy" / "envoy.yaml").read_text() == render(EnvoyParams())
+
+
+@pytest.mark.parametrize("failure_mode_allow", [False, True])
+def test_local_render_validates(envoy_bin, tmp_path, failure_mode_allow):
+    params = EnvoyParams(
+        listen_address="127.0.0.1", listen_port=18080, admin_port=18081,
+        control_plane=("127.0.0.1", 19000),
+        clusters={"llm_backends": (("127.0.0.1", 18001), ("127.0.0.1", 18002)),
+                  "fallback_model": (("127.0.0.1", 18003),)},
+        failure_mode_allow=failure_mode_allow, note="test",
+    )
+    text = render(params)
+    assert f"failure_mode_allow: {str(failure_mode_allow).lower()}" in text
+    assert "type: STATIC" in text and "STRICT_DNS" not in text
+    path = tmp_path / "envoy.yaml"
+    path.write_text(text)
+    validate(envoy_bin, path)
+
+
+def test_render_needs_the_backend_cluster():
+    with pytest.raises(ValueError, match="llm_backends"):
+        render(EnvoyParams(clusters={"fallback_model": (("x", 1),)}))
