@@ -1,57 +1,316 @@
 """The admission core: one object per gateway replica, pure (time and randomness passed in).
 
-CONTRACT (implementation in progress): adapters (ext_proc servicer, simulator) use only these
-methods. See core/types.py for the values.
+Theory of operation. Each backend pool has a `Scheduler` (priority queues), a `Limit` (how much
+may be in flight) and the in-flight account. A request fits its pool when
+    inflight + cost ≤ L                         (the shared limit), or
+    inflight[class] + cost ≤ reservedShare · L  (its class's reserved share: idle share is
+                                                 borrowed by others, as Netflix's partitioned
+                                                 limiter does, but a class under its share
+                                                 always gets in),
+and the fast gate lets its class through: when the backends' saturation σ ≥ 1 the lowest
+class stops; when σ ≥ 1.25 only the highest class may start new work.
+
+Dispatch order is strict priority with round-robin between tenants; a class whose head does not
+fit blocks the classes below it (no small low-priority request jumps a waiting P0), except
+through their own reserved share.
+
+"Pressure" (used by the drop policies) means: the pool's in-flight is at least
+`scheduler.pressureThreshold` of L, or σ ≥ 1 (stale metrics count as saturated), or the class's
+queue is not empty.
+  * tail: queue full → reject the arrival; past its timeout → dropped at the head.
+  * early-drop-on-pressure: under pressure, reject at arrival when the predicted wait (requests
+    ahead of it over the measured dispatch rate) exceeds the time it may wait: the smallest of
+    its queue timeout, its client deadline and half its class's TTFT objective (a request that
+    waits past its objective is served too late to count, and holds a queue place meanwhile;
+    the other half is left for prefill and for the error of the prediction).
+  * fast-reject: under pressure, reject at once; queue only when calm.
+Every rejection carries a Retry-After: the expected drain time of the requests ahead, clamped to
+[retryAfter.min, retryAfter.max] and spread by ±jitter/2 so rejected clients do not return
+together.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from llmvalve.core.policy import Policy
-from llmvalve.core.types import Admit, BackendSnapshot, Decision, Outcome, Reject, RequestInfo, Sample, Ticket
+from llmvalve.core.adaptive import AdaptiveLimit
+from llmvalve.core.limiter import Limit, SeedLimit, StaticLimit, Unlimited
+from llmvalve.core.policy import DropPolicy, Policy, PoolSpec
+from llmvalve.core.scheduler import Scheduler, Waiting
+from llmvalve.core.types import (
+    Admit,
+    BackendSnapshot,
+    Decision,
+    Outcome,
+    Queued,
+    Reason,
+    Reject,
+    RequestInfo,
+    Sample,
+    Ticket,
+)
 
 
 class Rng(Protocol):
     def random(self) -> float: ...
 
 
-class Admission:
-    def __init__(self, policy: Policy, rng: Rng, controller: str | None = None) -> None:
-        """`controller` overrides policy.limiter.controller: "adaptive", "seed", "static:N", "none"."""
-        raise NotImplementedError
+def make_limit(controller: str, policy: Policy, now: float) -> Limit:
+    if controller == "none":
+        return Unlimited()
+    if controller == "seed":
+        return SeedLimit(policy.limiter.seed)
+    if controller == "adaptive":
+        return AdaptiveLimit(policy, now)
+    if controller == "static":
+        return StaticLimit(policy.limiter.static.limit)
+    if controller.startswith("static:"):
+        return StaticLimit(int(controller.split(":", 1)[1]))
+    raise ValueError(f"unknown controller {controller!r} (none, static:N, seed, adaptive)")
 
+
+class _Rate:
+    """Events per second, an exponentially weighted average over 1-second buckets."""
+
+    def __init__(self, now: float) -> None:
+        self.bucket_start = now
+        self.count = 0
+        self.rate: float | None = None
+
+    def add(self, now: float) -> None:
+        self.roll(now)
+        self.count += 1
+
+    def roll(self, now: float) -> None:
+        while now - self.bucket_start >= 1.0:
+            r = float(self.count)
+            self.rate = r if self.rate is None else 0.7 * self.rate + 0.3 * r
+            self.count = 0
+            self.bucket_start += 1.0
+            if now - self.bucket_start > 30:  # long idle: skip ahead
+                self.rate = 0.0 if self.rate is not None else None
+                self.bucket_start = now
+
+
+@dataclass
+class _Pool:
+    spec: PoolSpec
+    scheduler: Scheduler
+    limit: Limit
+    inflight: float = 0.0
+    inflight_by_class: dict[int, float] = field(default_factory=dict)
+    tickets: dict[str, Ticket] = field(default_factory=dict)
+    releases: _Rate | None = None
+    override: float | None = None
+
+    def current_limit(self) -> float:
+        return self.override if self.override is not None else self.limit.limit()
+
+
+class Admission:
+    def __init__(self, policy: Policy, rng: Rng, controller: str | None = None,
+                 now: float = 0.0) -> None:
+        self.policy = policy
+        self.rng = rng
+        self.controller = controller or policy.limiter.controller
+        self.pools: dict[str, _Pool] = {}
+        for spec in policy.pools:
+            self.pools[spec.name] = _Pool(spec, Scheduler(policy), make_limit(
+                self.controller, policy, now), releases=_Rate(now))
+        self._expected_output: dict[int, float] = {}
+        self._ranks = {p: i for i, p in enumerate(policy.priorities)}
+        self.draining = False
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _pool(self, name: str) -> _Pool:
+        pool = self.pools.get(name)
+        if pool is None:
+            pool = next(iter(self.pools.values()))
+        return pool
+
+    def cost_of(self, req: RequestInfo, pool: _Pool) -> float:
+        if pool.limit.unit == "requests":
+            return 1.0
+        if req.cost_tokens > 0:
+            return req.cost_tokens
+        max_out = req.max_tokens or self.policy.requests.default_max_tokens
+        learned = self._expected_output.get(req.priority)
+        out = max_out if learned is None else min(max_out, 1.25 * learned)
+        return float(req.prompt_tokens) + out
+
+    def _gate_allows(self, pool: _Pool, priority: int, now: float) -> bool:
+        sigma = pool.limit.saturation(now)
+        if sigma < 1.0:
+            return True
+        rank = self._ranks[priority]
+        if sigma < 1.25:
+            return rank < len(self._ranks) - 1 or len(self._ranks) == 1
+        return rank == 0
+
+    def _fits(self, pool: _Pool, priority: int, cost: float, now: float,
+              shared: bool = True) -> bool:
+        if not self._gate_allows(pool, priority, now):
+            return False
+        L = pool.current_limit()
+        # A request larger than the whole limit could never start; let it in alone.
+        if shared and (pool.inflight + cost <= L or pool.inflight == 0):
+            return True
+        share = self.policy.queue(priority).reserved_share * L
+        return share > 0 and pool.inflight_by_class.get(priority, 0.0) + cost <= share
+
+    def under_pressure(self, pool: _Pool, priority: int, now: float) -> bool:
+        L = pool.current_limit()
+        return (pool.inflight >= self.policy.scheduler.pressure_threshold * L
+                or pool.limit.saturation(now) >= 1.0
+                or pool.scheduler.depth(priority) > 0)
+
+    def predicted_wait_s(self, pool: _Pool, priority: int, now: float) -> float:
+        assert pool.releases is not None
+        pool.releases.roll(now)
+        rate = pool.releases.rate
+        ahead = pool.scheduler.depth_at_or_above(priority) + 1
+        if not rate:
+            return 0.0 if pool.inflight == 0 else math.inf
+        return ahead / rate
+
+    def retry_after_s(self, pool: _Pool, priority: int, now: float) -> float:
+        ra = self.policy.retry_after
+        drain = self.predicted_wait_s(pool, priority, now)
+        base = min(ra.max_s, max(ra.min_s, drain))
+        spread = base * (1.0 + ra.jitter * (self.rng.random() - 0.5))
+        return min(ra.max_s, max(ra.min_s, spread))
+
+    def _reject(self, pool: _Pool, req: RequestInfo, reason: Reason, now: float,
+                wait_s: float = 0.0, status: int = 429) -> Reject:
+        feature = self.policy.feature(req.feature)
+        return Reject(req.request_id, status, reason,
+                      self.retry_after_s(pool, req.priority, now), wait_s,
+                      feature.fallback if feature else None)
+
+    def _admit(self, pool: _Pool, req: RequestInfo, cost: float, now: float,
+               wait_s: float) -> Admit:
+        ticket = Ticket(req.request_id, pool.spec.name, req.priority, req.tenant, cost, now,
+                        pool.limit.epoch)
+        pool.inflight += cost
+        pool.inflight_by_class[req.priority] = pool.inflight_by_class.get(req.priority, 0) + cost
+        pool.tickets[req.request_id] = ticket
+        return Admit(req.request_id, ticket, wait_s)
+
+    # ---- the contract ---------------------------------------------------------------------
     def submit(self, req: RequestInfo, now: float) -> Decision:
         """Admit now, queue (hold the request; poll() will decide it later), or reject."""
-        raise NotImplementedError
+        pool = self._pool(req.pool)
+        if req.priority not in self._ranks:
+            raise ValueError(f"request {req.request_id}: no queue with priority {req.priority}")
+        if self.draining:
+            return self._reject(pool, req, Reason.DRAINING, now, status=503)
+        if req.deadline is not None and req.deadline <= now:
+            return self._reject(pool, req, Reason.DEADLINE, now)
+        cost = self.cost_of(req, pool)
+        blocked_above = any(pool.scheduler.depth(p) for p in self._ranks if p < req.priority)
+        own_queue = pool.scheduler.depth(req.priority)
+        if not own_queue and self._fits(pool, req.priority, cost, now, shared=not blocked_above):
+            return self._admit(pool, req, cost, now, 0.0)
+        spec = self.policy.queue(req.priority)
+        if pool.scheduler.is_full(req.priority):
+            return self._reject(pool, req, Reason.QUEUE_FULL, now)
+        if spec.drop_policy is not DropPolicy.TAIL and self.under_pressure(pool, req.priority, now):
+            if spec.drop_policy is DropPolicy.FAST_REJECT:
+                return self._reject(pool, req, Reason.FAST_REJECT, now)
+            # Waiting past the class's TTFT objective only turns a rejection into a miss; half
+            # of it leaves room for prefill and for the error of the prediction.
+            may_wait = min(spec.timeout_s, 0.5 * spec.slo.ttft_s)
+            if req.deadline is not None:
+                may_wait = min(may_wait, req.deadline - now)
+            if self.predicted_wait_s(pool, req.priority, now) > may_wait:
+                return self._reject(pool, req, Reason.PREDICTED_WAIT, now)
+        pool.scheduler.push(req, now)
+        return Queued(req.request_id, pool.scheduler.depth(req.priority))
 
     def cancel(self, request_id: str, now: float) -> bool:
         """The client left while queued: remove it. True if it was queued."""
-        raise NotImplementedError
+        return any(p.scheduler.remove(request_id) is not None for p in self.pools.values())
 
     def poll(self, now: float) -> list[Admit | Reject]:
         """Expire, update limiters, dispatch: decisions for requests that were Queued."""
-        raise NotImplementedError
+        out: list[Admit | Reject] = []
+        for pool in self.pools.values():
+            pool.limit.update(now, pool.inflight)
+            for w in pool.scheduler.expire(now):
+                reason = Reason.DEADLINE if w.by_client_deadline else Reason.QUEUE_TIMEOUT
+                out.append(self._reject(pool, w.req, reason, now, now - w.enqueued_at))
+            out.extend(self._dispatch(pool, now))
+        return out
+
+    def _dispatch(self, pool: _Pool, now: float) -> list[Admit]:
+        out: list[Admit] = []
+        while True:
+            chosen: Waiting | None = None
+            blocked = False
+            for w in pool.scheduler.candidates(now):
+                cost = self.cost_of(w.req, pool)
+                if self._fits(pool, w.req.priority, cost, now, shared=not blocked):
+                    chosen = w
+                    break
+                blocked = True
+            if chosen is None:
+                return out
+            pool.scheduler.pop(chosen)
+            out.append(self._admit(pool, chosen.req, self.cost_of(chosen.req, pool), now,
+                                   now - chosen.enqueued_at))
 
     def next_deadline(self) -> float | None:
         """The earliest time poll() has something to do (a queue timeout, a window end)."""
-        raise NotImplementedError
+        times = []
+        for pool in self.pools.values():
+            for t in (pool.scheduler.next_deadline(), pool.limit.next_update()):
+                if t is not None:
+                    times.append(t)
+        return min(times) if times else None
 
     def release(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
         """The admitted request ended (ext_proc stream closed). Exactly once per ticket."""
-        raise NotImplementedError
+        pool = self.pools[ticket.pool]
+        if pool.tickets.pop(ticket.request_id, None) is None:
+            raise ValueError(f"ticket {ticket.request_id} released twice or never admitted")
+        pool.inflight = max(0.0, pool.inflight - ticket.cost_tokens)
+        by_class = pool.inflight_by_class
+        by_class[ticket.priority] = max(0.0, by_class.get(ticket.priority, 0) - ticket.cost_tokens)
+        if not pool.tickets:  # no float drift when idle
+            pool.inflight = 0.0
+            by_class.clear()
+        assert pool.releases is not None
+        pool.releases.add(now)
+        pool.limit.on_release(ticket, outcome, now)
 
-    def observe(self, sample: Sample, now: float) -> None:
+    def observe(self, sample: Sample, now: float, priority: int | None = None,
+                ticket_epoch: int | None = None) -> None:
         """Per-request feedback (access log), possibly after release."""
-        raise NotImplementedError
+        pool = self._pool(sample.pool)
+        if (sample.outcome is Outcome.SUCCESS and priority is not None
+                and sample.output_tokens is not None):
+            prev = self._expected_output.get(priority)
+            x = float(sample.output_tokens)
+            self._expected_output[priority] = x if prev is None else 0.95 * prev + 0.05 * x
+        pool.limit.on_sample(sample, pool.limit.epoch if ticket_epoch is None else ticket_epoch,
+                             now)
 
     def on_snapshot(self, pool: str, snap: BackendSnapshot, now: float) -> None:
         """A scrape of one backend (ok=False when it failed)."""
-        raise NotImplementedError
+        self._pool(pool).limit.on_snapshot(snap, now)
 
     def reclaim_expired_leases(self, now: float) -> list[Ticket]:
         """Release (as DROPPED) tickets older than the pool's lease timeout; returns them."""
-        raise NotImplementedError
+        out = []
+        for pool in self.pools.values():
+            old = [t for t in pool.tickets.values()
+                   if now - t.admitted_at > pool.spec.lease_timeout_s]
+            for t in old:
+                self.release(t, Outcome.DROPPED, now)
+            out.extend(old)
+        return out
 
     def replace_policy(self, policy: Policy, now: float) -> None:
         """Apply a new policy without losing queued or in-flight requests."""
@@ -59,7 +318,22 @@ class Admission:
 
     def status(self, now: float) -> dict:
         """JSON-able snapshot: policy version, pools (limit, in-flight, signals), classes."""
-        raise NotImplementedError
-
-
-__all__ = ["Admission", "Admit", "BackendSnapshot", "Decision", "Outcome", "Reject", "Sample"]
+        pools = {}
+        for name, pool in self.pools.items():
+            pools[name] = {
+                "limit": pool.current_limit(),
+                "inflight": pool.inflight,
+                "inflight_requests": len(pool.tickets),
+                "saturation": pool.limit.saturation(now),
+                "override": pool.override,
+                "limiter": pool.limit.status(),
+                "classes": {
+                    str(q.priority): {
+                        "name": q.name,
+                        "queue_depth": pool.scheduler.depth(q.priority),
+                        "oldest_wait_s": pool.scheduler.oldest_wait_s(q.priority, now),
+                        "inflight": pool.inflight_by_class.get(q.priority, 0.0),
+                    } for q in self.policy.queues},
+            }
+        return {"policy_version": self.policy.version, "controller": self.controller,
+                "draining": self.draining, "pools": pools}

@@ -200,6 +200,7 @@ class Policy:
 # The seed's three queues (shared/seed/policy-configmap.yaml), with our default extensions.
 SEED_QUEUES: tuple[QueueSpec, ...] = (
     QueueSpec(0, "realtime-interactive", 200, 8.0, DropPolicy.TAIL, 0.3, Slo(2.0, 0.15)),
-    QueueSpec(1, "agent-workflow", 500, 15.0, DropPolicy.EARLY_DROP_ON_PRESSURE, 0.1, Slo(8.0, 0.3)),
+    QueueSpec(1, "agent-workflow", 500, 15.0, DropPolicy.EARLY_DROP_ON_PRESSURE, 0.1,
+              Slo(8.0, 0.3)),
     QueueSpec(2, "batch-extraction", 1000, 60.0, DropPolicy.FAST_REJECT, 0.0, Slo(60.0, 1.0)),
 )

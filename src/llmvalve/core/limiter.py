@@ -1,0 +1,137 @@
+"""Concurrency limits for one backend pool, behind one small interface.
+
+Theory of operation. A `Limit` says how much work the pool may have in flight, in its own unit:
+requests (`static`, `seed`) or tokens of KV cache (`adaptive`: each request costs its prompt plus
+expected output). It learns from three kinds of input, all with time passed in:
+  * `on_release(ticket, outcome, now)` — an admitted request ended (success / ignore / dropped);
+  * `on_sample(sample, ticket_epoch, now)` — per-request latency from the access log;
+  * `on_snapshot(snap, now)` — a scrape of one backend's metrics.
+`update(now, inflight)` runs the periodic part (windows) and returns the new limit.
+`UNLIMITED` (`none`) admits everything: the baseline with no protection.
+
+`SeedLimit` is the seed's Go `AdaptiveLimiter`, transcribed as published, flaws included: it is
+the baseline to beat (shared/research/limiters.md lists what is wrong with it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+from llmvalve.core.policy import SeedLimitSpec
+from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
+
+
+class Limit(Protocol):
+    name: str
+    unit: str  # "requests" | "tokens"
+    epoch: int
+
+    def limit(self) -> float: ...
+
+    def saturation(self, now: float) -> float: ...
+
+    def on_release(self, ticket: Ticket, outcome: Outcome, now: float) -> None: ...
+
+    def on_sample(self, sample: Sample, ticket_epoch: int, now: float) -> None: ...
+
+    def on_snapshot(self, snap: BackendSnapshot, now: float) -> None: ...
+
+    def update(self, now: float, inflight: float) -> float: ...
+
+    def next_update(self) -> float | None: ...
+
+    def status(self) -> dict: ...
+
+
+class _Passive:
+    """Shared no-op inputs for limits that ignore some feedback."""
+
+    epoch = 0
+
+    def saturation(self, now: float) -> float:
+        return 0.0
+
+    def on_release(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
+        pass
+
+    def on_sample(self, sample: Sample, ticket_epoch: int, now: float) -> None:
+        pass
+
+    def on_snapshot(self, snap: BackendSnapshot, now: float) -> None:
+        pass
+
+    def update(self, now: float, inflight: float) -> float:
+        return self.limit()
+
+    def next_update(self) -> float | None:
+        return None
+
+    def limit(self) -> float:
+        raise NotImplementedError
+
+    def status(self) -> dict:
+        return {"controller": self.name, "unit": self.unit, "limit": self.limit()}
+
+
+class StaticLimit(_Passive):
+    unit = "requests"
+
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"static limit must be >= 1, got {n}")
+        self.n = n
+        self.name = f"static:{n}"
+
+    def limit(self) -> float:
+        return float(self.n)
+
+
+class Unlimited(_Passive):
+    """`none`: every request goes straight to the backends."""
+
+    unit = "requests"
+    name = "none"
+
+    def limit(self) -> float:
+        return math.inf
+
+
+class SeedLimit(_Passive):
+    """The seed's Vegas-style limiter, exactly as published (integer floor of a float limit)."""
+
+    unit = "requests"
+    name = "seed"
+
+    def __init__(self, spec: SeedLimitSpec) -> None:
+        self.min_limit = spec.min_limit
+        self.max_limit = spec.max_limit
+        self.current = float(spec.min_limit)  # starts at min, as NewAdaptiveLimiter does
+        self.base_rtt = 3600.0  # time.Hour
+        self.sample_rtt = 0.0
+        self.alpha = spec.alpha
+        self.beta = spec.beta
+
+    def on_release(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
+        # OnRequestDone(rtt): every finished request, whatever its outcome (flaw 3 kept).
+        self.on_request_done(now - ticket.admitted_at)
+
+    def on_request_done(self, rtt: float) -> None:
+        if rtt < self.base_rtt:
+            self.base_rtt = rtt
+        if self.sample_rtt == 0:
+            self.sample_rtt = rtt
+        else:
+            self.sample_rtt = 0.8 * self.sample_rtt + 0.2 * rtt
+        queue_delay = self.sample_rtt - self.base_rtt
+        threshold = self.base_rtt * self.alpha
+        if queue_delay < threshold:
+            self.current = min(float(self.max_limit), self.current + 1.0)
+        elif queue_delay > threshold * (1.0 + self.beta):
+            self.current = max(float(self.min_limit), self.current * 0.8)
+
+    def limit(self) -> float:
+        return float(math.floor(self.current))
+
+    def status(self) -> dict:
+        return {**super().status(), "base_rtt_s": self.base_rtt, "sample_rtt_s": self.sample_rtt}

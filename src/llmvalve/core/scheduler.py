@@ -1,0 +1,171 @@
+"""Priority queues of one backend pool: strict priority between classes, round-robin between
+tenants inside a class, queue timeouts, and a guard against starving the lowest class.
+
+Theory of operation. Each class (a `QueueSpec`) holds its waiting requests in one FIFO per
+tenant; the class's next request comes from its tenants in turn, so one tenant that floods a class
+gets one turn in N, not the whole class. `candidates()` yields, in dispatch order, the head of
+each non-empty class (highest priority first; every `starvation_every`-th dispatch, a head of
+the lowest non-empty class that has waited longer than `starvation_after_s` goes first).
+The scheduler never decides whether a request *fits*: the caller (`Admission`) asks the limiter
+and then calls `pop`. Every waiting request has a wait deadline (its queue timeout, capped by
+the client's deadline); `expire(now)` removes and returns those past it, so an expired request
+is never dispatched. Drained requests are counted to measure the dispatch rate that predicts
+waits and Retry-After.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from llmvalve.core.policy import Policy, QueueSpec
+from llmvalve.core.types import RequestInfo
+
+
+@dataclass(frozen=True)
+class Waiting:
+    req: RequestInfo
+    enqueued_at: float
+    wait_deadline: float  # when it must leave the queue, dispatched or not
+    by_client_deadline: bool  # the client's deadline (not the queue timeout) set wait_deadline
+
+
+class _ClassQueue:
+    def __init__(self, spec: QueueSpec) -> None:
+        self.spec = spec
+        self.tenants: OrderedDict[str, deque[Waiting]] = OrderedDict()
+        self.size = 0
+
+    def push(self, w: Waiting) -> None:
+        self.tenants.setdefault(w.req.tenant, deque()).append(w)
+        self.size += 1
+
+    def head(self) -> Waiting | None:
+        for q in self.tenants.values():
+            return q[0]
+        return None
+
+    def pop_head(self) -> Waiting:
+        tenant, q = next(iter(self.tenants.items()))
+        w = q.popleft()
+        del self.tenants[tenant]
+        if q:
+            self.tenants[tenant] = q  # to the back: the next tenant gets the next turn
+        self.size -= 1
+        return w
+
+    def remove(self, w: Waiting) -> None:
+        q = self.tenants[w.req.tenant]
+        q.remove(w)
+        if not q:
+            del self.tenants[w.req.tenant]
+        self.size -= 1
+
+    def oldest_enqueued_at(self) -> float | None:
+        heads = [q[0].enqueued_at for q in self.tenants.values()]
+        return min(heads) if heads else None
+
+
+class Scheduler:
+    def __init__(self, policy: Policy) -> None:
+        self._policy = policy
+        self._classes: dict[int, _ClassQueue] = {
+            q.priority: _ClassQueue(q) for q in sorted(policy.queues, key=lambda q: q.priority)}
+        self._by_id: dict[str, tuple[int, Waiting]] = {}
+        self._deadlines: list[tuple[float, int, str]] = []
+        self._seq = 0
+        self._dispatches = 0
+
+    # ---- queue content --------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._by_id
+
+    def depth(self, priority: int) -> int:
+        return self._classes[priority].size
+
+    def depth_at_or_above(self, priority: int) -> int:
+        """Requests that will be served before a new arrival of class `priority`."""
+        return sum(c.size for p, c in self._classes.items() if p <= priority)
+
+    def is_full(self, priority: int) -> bool:
+        c = self._classes[priority]
+        return c.size >= c.spec.max_queue_size
+
+    def oldest_wait_s(self, priority: int, now: float) -> float:
+        t = self._classes[priority].oldest_enqueued_at()
+        return 0.0 if t is None else now - t
+
+    # ---- changes --------------------------------------------------------------------------
+    def push(self, req: RequestInfo, now: float) -> Waiting:
+        spec = self._classes[req.priority].spec
+        wait_deadline = now + spec.timeout_s
+        by_client = req.deadline is not None and req.deadline < wait_deadline
+        if by_client:
+            wait_deadline = req.deadline  # type: ignore[assignment]
+        w = Waiting(req, now, wait_deadline, by_client)
+        self._classes[req.priority].push(w)
+        self._by_id[req.request_id] = (req.priority, w)
+        self._seq += 1
+        heapq.heappush(self._deadlines, (wait_deadline, self._seq, req.request_id))
+        return w
+
+    def remove(self, request_id: str) -> Waiting | None:
+        entry = self._by_id.pop(request_id, None)
+        if entry is None:
+            return None
+        priority, w = entry
+        self._classes[priority].remove(w)
+        return w
+
+    def pop(self, w: Waiting) -> None:
+        """Take `w` (a head yielded by `candidates`) out of the queue to dispatch it."""
+        c = self._classes[w.req.priority]
+        head = c.head()
+        if head is w:
+            c.pop_head()
+        else:
+            c.remove(w)
+        del self._by_id[w.req.request_id]
+        self._dispatches += 1
+
+    def expire(self, now: float) -> list[Waiting]:
+        out: list[Waiting] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, request_id = heapq.heappop(self._deadlines)
+            entry = self._by_id.get(request_id)
+            if entry is not None and entry[1].wait_deadline <= now:
+                out.append(entry[1])
+                self.remove(request_id)
+        return out
+
+    def next_deadline(self) -> float | None:
+        while self._deadlines and self._deadlines[0][2] not in self._by_id:
+            heapq.heappop(self._deadlines)
+        return self._deadlines[0][0] if self._deadlines else None
+
+    # ---- dispatch order -------------------------------------------------------------------
+    def candidates(self, now: float) -> Iterator[Waiting]:
+        """Heads of the non-empty classes in the order they should be tried."""
+        heads = [(p, c.head()) for p, c in self._classes.items() if c.size]
+        if not heads:
+            return
+        s = self._policy.scheduler
+        _lowest_p, lowest = heads[-1]
+        starving = (len(heads) > 1 and lowest is not None
+                    and now - lowest.enqueued_at >= s.starvation_after_s
+                    and self._dispatches % max(1, s.starvation_every) == 0)
+        if starving:
+            yield lowest  # type: ignore[misc]
+            heads = heads[:-1]
+        for _, w in heads:
+            if w is not None:
+                yield w
+
+    def waiting(self) -> Iterator[Waiting]:
+        for _, w in self._by_id.values():
+            yield w

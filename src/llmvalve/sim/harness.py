@@ -1,0 +1,376 @@
+"""Virtual-time harness: scenario traffic → gateway replicas (the real `Admission` core) →
+simulated engines (the real `Engine`), with feedback arriving as it would in production: backend
+metrics by periodic scrape, per-request samples by access log a little after each request ends.
+
+The clock is the event heap, keyed (time, sequence): time moves only when an event is popped,
+so the same scenario and seed give the same numbers, to the last digit.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llmvalve.client import RetryPolicy, next_delay
+from llmvalve.core.admission import Admission
+from llmvalve.core.policy import Policy
+from llmvalve.core.quantiles import delta, histogram_quantile
+from llmvalve.core.types import (
+    Admit,
+    BackendSnapshot,
+    Outcome,
+    Queued,
+    Reason,
+    Reject,
+    RequestInfo,
+    Sample,
+)
+from llmvalve.engine.engine import Engine, StepResult
+from llmvalve.engine.metrics import REQUEST_BUCKETS
+from llmvalve.engine.profiles import get_profile
+from llmvalve.sim.scenario import Scenario
+from llmvalve.sim.workload import Job
+
+DRAIN_LIMIT_S = 120.0  # after the traffic stops, how long unfinished requests may still finish
+
+
+@dataclass
+class JobState:
+    job: Job
+    attempt: int = 0
+    status: str = "pending"  # pending queued running completed rejected dropped cancelled
+    gateway: int = 0
+    backend: int = -1
+    req_id: str = ""
+    ticket: object = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    sent_at: float = 0.0
+    queue_wait_s: float = 0.0
+    output_tokens: int = 0
+
+
+@dataclass
+class Backend:
+    index: int
+    engine: Engine
+    alive: bool = True
+    stepping: bool = False
+    requests: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Gateway:
+    index: int
+    admission: Admission
+    healthy: list[bool]
+    inflight: list[int]
+    prev_hist: dict[int, tuple[list[int], list[int], float, int]] = field(default_factory=dict)
+    poll_at: float | None = None
+    rr: int = 0
+
+
+@dataclass
+class TimePoint:
+    t: float
+    limit: float
+    limit_unit: str
+    inflight_requests: int
+    inflight_cost: float
+    kv_usage: float
+    engine_waiting: int
+    engine_running: int
+    queue_depth: dict[int, int]
+    rejections: int
+    live_backends: int
+
+
+@dataclass
+class RunResult:
+    controller: str
+    jobs: list[JobState]
+    duration_s: float
+    preemptions: int
+    kv_usage_max: float
+    retry_after: list[float]
+    timeseries: list[TimePoint]
+    capacity_tokens: int
+    max_num_seqs: int
+
+
+class Simulation:
+    def __init__(self, sc: Scenario, policy: Policy, controller: str, jobs: list[Job],
+                 seed: int = 1) -> None:
+        self.sc = sc
+        self.policy = policy
+        self.controller = controller
+        self.profile = get_profile(sc.profile)
+        self.rng = random.Random(f"sim:{seed}:{controller}")
+        self.backends = [Backend(i, Engine(self.profile, f"b{i}")) for i in range(sc.backends)]
+        self.gateways = [
+            Gateway(g, Admission(policy, random.Random(f"gw:{seed}:{g}"), controller),
+                    [True] * sc.backends, [0] * sc.backends)
+            for g in range(sc.gateways)]
+        self.states = [JobState(j) for j in jobs]
+        self.by_req: dict[str, JobState] = {}
+        self.heap: list[tuple[float, int, Callable[[float], None]]] = []
+        self.seq = 0
+        self.retry_after: list[float] = []
+        self.rejections_since_tick = 0
+        self.timeseries: list[TimePoint] = []
+        self.kv_max = 0.0
+        self.dead_preemptions = 0
+        self.pending = len(jobs)
+
+    # ---- event plumbing -------------------------------------------------------------------
+    def at(self, t: float, fn: Callable[[float], None]) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, fn))
+
+    def run(self) -> RunResult:
+        for st in self.states:
+            self.at(st.job.arrival_s, lambda now, st=st: self.arrive(st, now))
+            if st.job.cancel_at_s is not None:
+                self.at(st.job.cancel_at_s, lambda now, st=st: self.cancel(st, now))
+        for ev in self.sc.events:
+            self.at(ev.at_s, lambda now, ev=ev: self.capacity_event(ev, now))
+        for g in self.gateways:
+            offset = self.sc.scrape_interval_s * g.index / max(1, len(self.gateways))
+            self.at(offset, lambda now, g=g: self.scrape(g, now))
+        self.at(0.0, self.tick)
+        end = self.sc.duration_s + DRAIN_LIMIT_S
+        while self.heap:
+            t, _, fn = heapq.heappop(self.heap)
+            if t > end or (t > self.sc.duration_s and self.pending == 0):
+                break
+            fn(t)
+        return RunResult(self.controller, self.states, self.sc.duration_s,
+                         sum(b.engine.metrics.preemptions_total for b in self.backends)
+                         + self.dead_preemptions, self.kv_max, self.retry_after,
+                         self.timeseries, self.profile.kv_capacity_tokens,
+                         self.profile.max_num_seqs)
+
+    def _settle(self, st: JobState, status: str, now: float) -> None:
+        if st.status in ("completed", "rejected", "dropped", "cancelled"):
+            return
+        st.status = status
+        st.finished_at = now
+        self.pending -= 1
+
+    # ---- clients --------------------------------------------------------------------------
+    def arrive(self, st: JobState, now: float) -> None:
+        if st.status == "cancelled":
+            return
+        job = st.job
+        g = self.gateways[(job.job_id + st.attempt) % len(self.gateways)]
+        st.gateway = g.index
+        st.req_id = f"{job.job_id}.{st.attempt}"
+        self.by_req[st.req_id] = st
+        info = RequestInfo(st.req_id, job.tenant, job.priority, 0.0, job.prompt_tokens,
+                           job.max_tokens)
+        decision = g.admission.submit(info, now)
+        if isinstance(decision, Queued):
+            st.status = "queued"
+            self._schedule_poll(g, now)
+        else:
+            self.decided(g, decision, now)
+
+    def cancel(self, st: JobState, now: float) -> None:
+        if st.status == "queued":
+            self.gateways[st.gateway].admission.cancel(st.req_id, now)
+        elif st.status == "running":
+            self._end_on_backend(st, Outcome.IGNORE, now)
+        elif st.status != "pending":
+            return
+        self._settle(st, "cancelled", now)
+
+    def rejected(self, st: JobState, reject: Reject, now: float) -> None:
+        self.retry_after.append(reject.retry_after_s)
+        self.rejections_since_tick += 1
+        final = "dropped" if reject.reason in (Reason.QUEUE_TIMEOUT, Reason.DEADLINE) \
+            else "rejected"
+        self._retry_or_settle(st, reject.retry_after_s, final, now)
+
+    def _retry_or_settle(self, st: JobState, retry_after_s: float | None, final: str,
+                         now: float) -> None:
+        r = st.job.cls.retry
+        policy = RetryPolicy(r.mode, r.max_attempts, r.base_s, r.cap_s)
+        delay = next_delay(policy, st.attempt, retry_after_s, self.rng.random,
+                           now - st.job.arrival_s)
+        if delay is None or now + delay > self.sc.duration_s + DRAIN_LIMIT_S / 2:
+            self._settle(st, final, now)
+            return
+        st.attempt += 1
+        st.status = "pending"
+        self.at(now + max(delay, 0.001), lambda t, st=st: self.arrive(st, t))
+
+    # ---- gateways -------------------------------------------------------------------------
+    def _schedule_poll(self, g: Gateway, now: float) -> None:
+        t = g.admission.next_deadline()
+        if t is None:
+            return
+        t = max(t, now)
+        if g.poll_at is not None and g.poll_at <= t:
+            return
+        g.poll_at = t
+        self.at(t, lambda now, g=g: self.poll(g, now))
+
+    def poll(self, g: Gateway, now: float) -> None:
+        if g.poll_at is not None and now < g.poll_at:
+            return
+        g.poll_at = None
+        for d in g.admission.poll(now):
+            self.decided(g, d, now)
+        self._schedule_poll(g, now)
+
+    def decided(self, g: Gateway, d: Admit | Reject, now: float) -> None:
+        st = self.by_req[d.request_id]
+        if isinstance(d, Reject):
+            self.rejected(st, d, now)
+            return
+        st.ticket = d.ticket
+        st.queue_wait_s += d.wait_s
+        b = self._route(g)
+        backend = self.backends[b]
+        st.backend = b
+        st.sent_at = now
+        st.status = "running"
+        g.inflight[b] += 1
+        if not backend.alive:
+            self._end_on_backend(st, Outcome.DROPPED, now)
+            self._retry_or_settle(st, None, "dropped", now)
+            return
+        backend.engine.add(st.req_id, st.job.prompt_tokens, st.job.output_tokens, now,
+                           st.job.max_tokens)
+        backend.requests.add(st.req_id)
+        if not backend.stepping:
+            self._step(backend, now)
+
+    def _route(self, g: Gateway) -> int:
+        """Envoy's least-request balancing, over the backends this gateway believes healthy."""
+        n = len(self.backends)
+        candidates = [i for i in range(n) if g.healthy[i]] or list(range(n))
+        g.rr += 1
+        return min(candidates, key=lambda i: (g.inflight[i], (i - g.rr) % n))
+
+    def _end_on_backend(self, st: JobState, outcome: Outcome, now: float) -> None:
+        backend = self.backends[st.backend]
+        if backend.alive and backend.engine.has(st.req_id):
+            backend.engine.abort(st.req_id, now)
+        backend.requests.discard(st.req_id)
+        g = self.gateways[st.gateway]
+        g.inflight[st.backend] -= 1
+        g.admission.release(st.ticket, outcome, now)  # type: ignore[arg-type]
+        st.status = "ended"
+        if outcome is not Outcome.IGNORE:
+            sample = Sample(st.req_id, st.ticket.pool, outcome,  # type: ignore[attr-defined]
+                            ttft_s=(st.first_token_at - st.sent_at)
+                            if st.first_token_at is not None else None,
+                            duration_s=now - st.sent_at, output_tokens=st.output_tokens,
+                            prompt_tokens=st.job.prompt_tokens)
+            prio, epoch = st.job.priority, st.ticket.epoch  # type: ignore[attr-defined]
+            self.at(now + self.sc.als_delay_s,
+                    lambda t: g.admission.observe(sample, t, prio, epoch))
+        self.poll(g, now)
+
+    def scrape(self, g: Gateway, now: float) -> None:
+        for b in self.backends:
+            snap = self._snapshot(g, b, now)
+            g.healthy[b.index] = snap.ok
+            g.admission.on_snapshot("default", snap, now)
+        self._schedule_poll(g, now)
+        self.at(now + self.sc.scrape_interval_s, lambda t: self.scrape(g, t))
+
+    def _snapshot(self, g: Gateway, b: Backend, now: float) -> BackendSnapshot:
+        if not b.alive:
+            return BackendSnapshot(backend=f"b{b.index}", at=now, ok=False)
+        e = b.engine
+        m = e.metrics
+        prev = g.prev_hist.get(b.index)
+        itl_sum, itl_count = m.itl.total, m.itl.count
+        itl_mean = None
+        q_p90 = None
+        if prev is not None:
+            _, q_prev, s_prev, c_prev = prev
+            if itl_count > c_prev:
+                itl_mean = (itl_sum - s_prev) / (itl_count - c_prev)
+            q_p90 = histogram_quantile(0.9, REQUEST_BUCKETS, delta(m.queue_time.counts, q_prev))
+        g.prev_hist[b.index] = (list(m.itl.counts), list(m.queue_time.counts), itl_sum, itl_count)
+        return BackendSnapshot(
+            backend=f"b{b.index}", at=now, ok=True, running=e.num_running,
+            waiting=e.num_waiting, kv_usage=e.kv_usage,
+            preemptions_total=m.preemptions_total,
+            kv_capacity_tokens=e.num_blocks * e.profile.block_size,
+            itl_mean_s=itl_mean, queue_time_p90_s=q_p90,
+            requests_finished_total=sum(m.finished.values()))
+
+    # ---- backends -------------------------------------------------------------------------
+    def _step(self, b: Backend, now: float) -> None:
+        res = b.engine.step(now)
+        if res is None:
+            b.stepping = False
+            return
+        b.stepping = True
+        self.at(now + res.duration_s, lambda t: self._step_end(b, res, t))
+
+    def _step_end(self, b: Backend, res: StepResult, now: float) -> None:
+        if not b.alive:
+            return
+        for ev in res.events:
+            st = self.by_req.get(ev.req_id)
+            if st is None or st.status != "running" or st.req_id != ev.req_id:
+                continue
+            if st.first_token_at is None:
+                st.first_token_at = now
+            st.output_tokens = ev.generated
+            if ev.finished:
+                self._end_on_backend(st, Outcome.SUCCESS, now)
+                self._settle(st, "completed", now)
+        self._step(b, now)
+
+    def capacity_event(self, ev, now: float) -> None:  # type: ignore[no-untyped-def]
+        b = self.backends[ev.backend]
+        if ev.slowdown is not None:
+            b.engine.set_slowdown(float(ev.slowdown))
+        if ev.kv_blocks is not None:
+            b.engine.set_kv_blocks(int(ev.kv_blocks))
+        if ev.leave and b.alive:
+            b.alive = False
+            b.stepping = False
+            self.dead_preemptions += b.engine.metrics.preemptions_total
+            for req_id in list(b.requests):
+                st = self.by_req[req_id]
+                if st.status == "running":
+                    self._end_on_backend(st, Outcome.DROPPED, now)
+                    self._retry_or_settle(st, None, "dropped", now)
+        if ev.rejoin and not b.alive:
+            b.engine = Engine(self.profile, f"b{b.index}")
+            b.alive = True
+            b.requests.clear()
+
+    # ---- observation ----------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        live = [b for b in self.backends if b.alive]
+        kv = sum(b.engine.kv_usage for b in live) / max(1, len(live))
+        self.kv_max = max(self.kv_max, max((b.engine.kv_usage for b in live), default=0.0))
+        depth: dict[int, int] = {}
+        limit = inflight_cost = 0.0
+        inflight_req = 0
+        unit = "requests"
+        for g in self.gateways:
+            for pool in g.admission.pools.values():
+                limit += pool.current_limit()
+                inflight_cost += pool.inflight
+                inflight_req += len(pool.tickets)
+                unit = pool.limit.unit
+                for p in self.policy.priorities:
+                    depth[p] = depth.get(p, 0) + pool.scheduler.depth(p)
+        self.timeseries.append(TimePoint(
+            now, limit, unit, inflight_req, inflight_cost, kv,
+            sum(b.engine.num_waiting for b in live), sum(b.engine.num_running for b in live),
+            depth, self.rejections_since_tick, len(live)))
+        self.rejections_since_tick = 0
+        if now < self.sc.duration_s + DRAIN_LIMIT_S:
+            self.at(now + 1.0, self.tick)
