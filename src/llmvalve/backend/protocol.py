@@ -49,10 +49,9 @@ class Kind(enum.Enum):
 class BadRequest(ValueError):
     """What vLLM answers with 400 BadRequestError; the message is sent to the client."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-        self.param = param
 
 
 @dataclass(frozen=True)
@@ -105,13 +104,13 @@ def _content_chars(content: Any, where: str) -> int:
 def _chat_prompt_tokens(body: Mapping[str, Any]) -> int:
     messages = body.get("messages")
     if messages is None:
-        raise BadRequest("Field required: messages", "messages")
+        raise BadRequest("Field required: messages")
     if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty list", "messages")
+        raise BadRequest("messages must be a non-empty list")
     tokens = ASSISTANT_HEADER_TOKENS
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-            raise BadRequest(f"messages[{i}] must be an object with a string 'role'", "messages")
+            raise BadRequest(f"messages[{i}] must be an object with a string 'role'")
         tokens += -(-_content_chars(msg.get("content"), f"messages[{i}]") // 4)
         tokens += PER_MESSAGE_TOKENS
     return tokens
@@ -120,7 +119,7 @@ def _chat_prompt_tokens(body: Mapping[str, Any]) -> int:
 def _completion_prompt_tokens(body: Mapping[str, Any]) -> int:
     prompt = body.get("prompt")
     if prompt is None:
-        raise BadRequest("Field required: prompt", "prompt")
+        raise BadRequest("Field required: prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
@@ -129,7 +128,7 @@ def _completion_prompt_tokens(body: Mapping[str, Any]) -> int:
             isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return len(prompt)
     raise BadRequest("prompt must be a string or a list of token ids (batches of several "
-                     "prompts are not simulated)", "prompt")
+                     "prompts are not simulated)")
 
 
 def _int_field(body: Mapping[str, Any], name: str, minimum: int) -> int | None:
@@ -137,9 +136,9 @@ def _int_field(body: Mapping[str, Any], name: str, minimum: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"{name} must be an integer", name)
+        raise BadRequest(f"{name} must be an integer")
     if value < minimum:
-        raise BadRequest(f"{name} must be at least {minimum}, got {value}.", name)
+        raise BadRequest(f"{name} must be at least {minimum}, got {value}.")
     return value
 
 
@@ -168,10 +167,10 @@ def parse_request(kind: Kind, raw: bytes, headers: Mapping[str, str],
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise BadRequest("stream must be a boolean", "stream")
+        raise BadRequest("stream must be a boolean")
     n = _int_field(body, "n", 1)
     if n is not None and n != 1:
-        raise BadRequest("n > 1 is not supported by the simulated backend", "n")
+        raise BadRequest("n > 1 is not supported by the simulated backend")
 
     prompt = _header_int(headers, PROMPT_TOKENS_HEADER)
     if prompt is None:
@@ -208,11 +207,10 @@ def parse_request(kind: Kind, raw: bytes, headers: Mapping[str, str],
 
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        raise BadRequest("stream_options must be an object", "stream_options")
+        raise BadRequest("stream_options must be an object")
     options = options or {}
     if options and not stream:
-        raise BadRequest("Stream options can only be defined when `stream=True`.",
-                         "stream_options")
+        raise BadRequest("Stream options can only be defined when `stream=True`.")
     request_id = body.get("request_id")
     return SimRequest(
         kind=kind,

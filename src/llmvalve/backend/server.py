@@ -130,7 +130,7 @@ class SimBackend:
         try:
             req = parse_request(kind, raw, request.headers, self.profile)
         except BadRequest as exc:
-            return error_response(400, exc.message, "BadRequestError", exc.param)
+            return error_response(400, exc.message, "BadRequestError")
         rate = self.faults.error_rate
         if rate > 0 and self._rng.random() < rate:
             return error_response(500, "simulated internal error (fault error_rate)",
