@@ -184,18 +184,21 @@ class _Reader:
         if not isinstance(node, MappingNode):
             self.type_error(node, path or "policy", "a mapping")
             return _Fields(self, None, path, entries)
+        explicit = sum(1 for k, _ in node.value if k.tag != _TAG + "merge")
         try:
-            self._ctor.flatten_mapping(node)  # YAML merge keys (<<)
+            self._ctor.flatten_mapping(node)  # YAML merge keys (<<): merged pairs come first
         except yaml.YAMLError as exc:
             self.error(node, path or "policy", f"bad merge key: {exc.problem}")
-        for key_node, value_node in node.value:
+        n_merged = len(node.value) - explicit
+        seen: set[str] = set()
+        for i, (key_node, value_node) in enumerate(node.value):
             if not (isinstance(key_node, ScalarNode) and key_node.tag == _TAG + "str"):
                 self.error(key_node, path or "policy",
                            f"keys must be strings, got {_kind(key_node)}")
                 continue
             key = key_node.value
             field = _join(path, key)
-            if key in entries:
+            if i >= n_merged and key in seen:  # a merged value may be overridden, once
                 self.error(key_node, field, "duplicate key (the first value would be replaced)")
             elif key not in allowed:
                 guess = _suggest(key, allowed)
@@ -206,6 +209,8 @@ class _Reader:
                                f"unknown key {key!r}; allowed here: {', '.join(allowed)}")
             else:
                 entries[key] = (key_node, value_node)
+            if i >= n_merged:
+                seen.add(key)
         return _Fields(self, node, path, entries)
 
     def seq(self, node: Node, field: str) -> list[Node] | None:
@@ -325,6 +330,10 @@ class _Fields:
             return None
         return entry[1]
 
+    def key_node(self, key: str) -> Node | None:
+        entry = self.entries.get(key)
+        return entry[0] if entry is not None else self.node
+
     def has(self, key: str) -> bool:
         return key in self.entries
 
@@ -373,12 +382,7 @@ def _compose(text: str, r: _Reader, field: str) -> Node | None:
     try:
         docs = [d for d in yaml.compose_all(text, Loader=yaml.SafeLoader) if d is not None]
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        parts = [p for p in (getattr(exc, "context", None), getattr(exc, "problem", None)) if p]
-        what = ": ".join(parts) if parts else type(exc).__name__
-        line = (mark.line if mark is not None else 0) + 1 + r.offset
-        # Deliberately not str(exc): it quotes the offending line, which may hold a secret.
-        r.issues.append(PolicyIssue(r.source, line, "yaml", f"YAML syntax error: {what}"))
+        r.issues.append(_syntax_issue(exc, text, r))
         return None
     if not docs:
         r.error(None, field, "empty document")
@@ -391,6 +395,22 @@ def _compose(text: str, r: _Reader, field: str) -> Node | None:
                 "(or one ConfigMap with data.\"policy.yaml\")")
         return None
     return docs[0]
+
+
+def _syntax_issue(exc: yaml.YAMLError, text: str, r: _Reader) -> PolicyIssue:
+    """Deliberately not str(exc): PyYAML quotes the offending line, which may hold a secret."""
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    context = getattr(exc, "context", None)
+    problem_mark = getattr(exc, "problem_mark", None)
+    context_mark = getattr(exc, "context_mark", None)
+    line = problem_mark.line if problem_mark is not None else 0
+    if context and context_mark is not None:
+        problem = f"{context} started on line {context_mark.line + 1 + r.offset}: {problem}"
+        if line >= len(text.splitlines()):  # detected only at the end of the text
+            line = context_mark.line
+    elif context:
+        problem = f"{context}: {problem}"
+    return PolicyIssue(r.source, line + 1 + r.offset, "yaml", f"YAML syntax error: {problem}")
 
 
 def _configmap_policy(doc: Node) -> Node | None:
@@ -945,7 +965,7 @@ def load_policy(text: str, source: str = "policy.yaml", *,
         raise PolicyError(_sorted(issues, source))
     top = r.fields(root, "", _TOP_KEYS)
     drafts, queues_ok = _queues(top)
-    queues = _finish_queues(r, drafts, top.get("queues"))
+    queues = _finish_queues(r, drafts, top.key_node("queues"))
     queues_ok = queues_ok and bool(queues)
     scheduler_fields = top.sub("scheduler", ("starvationAfter", "starvationEvery",
                                              "pressureThreshold"))

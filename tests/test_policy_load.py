@@ -1,0 +1,499 @@
+"""Policy loading: the seed as published, defaults, every validation rule, line numbers."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from llmvalve.core.policy import (
+    SEED_QUEUES,
+    BackendSpec,
+    DropPolicy,
+    FallbackSpec,
+    FeatureSpec,
+    LimiterSpec,
+    PoolSpec,
+    QueueSpec,
+    RequestSpec,
+    Slo,
+    TenantSpec,
+)
+from llmvalve.core.policy_load import (
+    PolicyError,
+    PolicyIssue,
+    hash_api_key,
+    load_policy,
+    load_policy_file,
+)
+
+HERE = Path(__file__).parent
+DATA = HERE / "data"
+CASES = sorted((HERE / "policy_cases").glob("*.yaml"))
+DOCS = HERE.parent / "docs" / "policy.md"
+DEFAULT_POLICY = Path(str(resources.files("llmvalve") / "data" / "default-policy.yaml"))
+
+KEY_A = hash_api_key("key-a")
+KEY_B = hash_api_key("key-b")
+
+ONE_QUEUE = "queues:\n  - {priority: 0, name: q, maxQueueSize: 10, timeout: 1s, dropPolicy: tail}\n"
+SEED_BARE = (DATA / "seed-policy.yaml").read_text()
+
+
+def errors_of(text: str, source: str = "p.yaml", **kw) -> list[PolicyIssue]:
+    with pytest.raises(PolicyError) as info:
+        load_policy(text, source, **kw)
+    return info.value.errors
+
+
+# ----------------------------------------------------------------------------- the seed
+
+
+def test_test_data_is_the_published_seed():
+    shared = HERE.parent.parent / "shared" / "seed" / "policy-configmap.yaml"
+    if not shared.exists():
+        pytest.skip("shared/seed is not beside this checkout")
+    assert (DATA / "seed-policy-configmap.yaml").read_text() == shared.read_text()
+
+
+def test_seed_configmap_loads_exactly_as_published():
+    text = (DATA / "seed-policy-configmap.yaml").read_text()
+    policy = load_policy(text, "seed-policy-configmap.yaml")
+    assert policy.queues == SEED_QUEUES
+    assert [q.drop_policy for q in policy.queues] == [
+        DropPolicy.TAIL, DropPolicy.EARLY_DROP_ON_PRESSURE, DropPolicy.FAST_REJECT]
+    assert policy.limiter == LimiterSpec()
+    assert policy.pools == (PoolSpec(),)
+    assert policy.tenants == ()
+    assert policy.anonymous == TenantSpec("anonymous", (), 0, 1)
+    assert policy.features == ()
+    assert policy.failure_mode_allow is False
+
+
+def test_bare_seed_and_configmap_give_the_same_policy_and_version():
+    bare = load_policy_file(DATA / "seed-policy.yaml")
+    wrapped = load_policy_file(DATA / "seed-policy-configmap.yaml")
+    assert bare == wrapped
+    assert bare.version == hashlib.sha256(SEED_BARE.encode()).hexdigest()[:12]
+    assert re.fullmatch(r"[0-9a-f]{12}", bare.version)
+
+
+def test_version_changes_with_the_text():
+    a = load_policy(SEED_BARE)
+    b = load_policy(SEED_BARE.replace("timeout: 8s", "timeout: 9s"))
+    assert a.version != b.version
+    assert b.queues[0].timeout_s == 9.0
+
+
+def test_configmap_errors_point_at_lines_of_the_outer_file():
+    text = (DATA / "seed-policy-configmap.yaml").read_text()
+    lines = text.splitlines()
+    broken = text.replace("dropPolicy: early-drop-on-pressure", "dropPolicy: early")
+    [issue] = errors_of(broken, "cm.yaml")
+    assert issue.field == "queues[1].dropPolicy"
+    assert "dropPolicy: early-drop-on-pressure" in lines[issue.line - 1]
+    assert str(issue).startswith(f"cm.yaml:{issue.line}: queues[1].dropPolicy: ")
+
+
+def test_multi_document_manifest_picks_the_configmap():
+    cm = (DATA / "seed-policy-configmap.yaml").read_text()
+    other = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: gw}\n"
+    text = other + "---\n" + cm.replace("timeout: 60s", "timeout: 0s")
+    [issue] = errors_of(text, "all.yaml")
+    assert issue.field == "queues[2].timeout"
+    assert text.splitlines()[issue.line - 1].strip() == "timeout: 0s"
+    assert load_policy(other + "---\n" + cm).queues == SEED_QUEUES
+
+
+# ----------------------------------------------------------------------------- values
+
+
+@pytest.mark.parametrize(("written", "seconds"), [
+    ("8s", 8.0), ("150ms", 0.15), ("1.5s", 1.5), ("2m", 120.0), ("1h", 3600.0),
+    ("1m30s", 90.0), ("3", 3.0), ("2.5", 2.5), ("'4'", 4.0), (".5s", 0.5),
+])
+def test_durations(written, seconds):
+    policy = load_policy(ONE_QUEUE.replace("timeout: 1s", f"timeout: {written}"))
+    assert policy.queues[0].timeout_s == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("written", ["8 seconds", "s", "ms", "1.5.s", "8sec", "''", "true",
+                                     "[8]"])
+def test_bad_durations(written):
+    [issue] = errors_of(ONE_QUEUE.replace("timeout: 1s", f"timeout: {written}"))
+    assert issue.field == "queues[0].timeout"
+    assert issue.line == 2
+
+
+def test_defaults_by_rank_of_priority_and_sorted_queues():
+    text = """queues:
+  - {priority: 30, name: d, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}
+  - {priority: 5, name: a, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}
+  - {priority: 20, name: c, maxQueueSize: 1, timeout: 1s, dropPolicy: fast-reject}
+  - priority: 10
+    name: b
+    maxQueueSize: 1
+    timeout: 1s
+    dropPolicy: early-drop-on-pressure
+    slo: {ttft: 3s}
+    reservedShare: 0.25
+"""
+    policy = load_policy(text)
+    assert [q.priority for q in policy.queues] == [5, 10, 20, 30]
+    assert [q.name for q in policy.queues] == ["a", "b", "c", "d"]
+    assert [q.slo for q in policy.queues] == [
+        Slo(2.0, 0.15), Slo(3.0, 0.3), Slo(60.0, 1.0), Slo(60.0, 1.0)]
+    assert [q.reserved_share for q in policy.queues] == [0.3, 0.25, 0.0, 0.0]
+    # Tenant and anonymous defaults follow the classes present: highest, second.
+    assert policy.anonymous == TenantSpec("anonymous", (), 5, 10)
+
+
+def test_extended_keys_map_to_fields():
+    text = ONE_QUEUE + f"""
+scheduler: {{starvationAfter: 2s, starvationEvery: 4, pressureThreshold: 0.8}}
+limiter:
+  controller: seed
+  static: {{limit: 32}}
+  seed: {{minLimit: 2, maxLimit: 100, alpha: 0.2, beta: 0.4}}
+  adaptive:
+    initialLimitTokens: 50000
+    minLimitTokens: 1000
+    maxLimitTokens: 100000
+    window: 250ms
+    minSamples: 5
+    kvTarget: 0.8
+    waitingTarget: 3
+    queueTarget: 0
+    itlTarget: 50ms
+    staleAfter: 1s
+    maxGrowth: 1.5
+    decreaseOnDrop: 0.8
+pools:
+  - name: main
+    cluster: vllm_pool
+    engine: sglang
+    backends:
+      - {{name: gpu-0, metricsUrl: "http://10.0.0.1:8000/metrics"}}
+      - {{name: gpu-1}}
+    scrapeInterval: 1s
+    scrapeTimeout: 800ms
+    breaker: {{failureRatio: 0.3, minRequests: 5, window: 30s, open: 10s}}
+    leaseTimeout: 10m
+tenants:
+  - name: app
+    apiKeyHashes: [{KEY_A}]
+features:
+  - {{name: suggest, fallback: {{type: static, content: "later"}}}}
+  - {{name: summarize, fallback: {{type: reroute, cluster: small_model, model: tiny}}}}
+  - {{name: plain}}
+retryAfter: {{min: 2s, max: 30s, jitter: 0.1}}
+requests:
+  priorityHeader: X-Priority
+  featureHeader: x-feature
+  deadlineHeader: x-deadline
+  bodyInspection: true
+  maxBodyBytes: 1024
+  defaultMaxTokens: 128
+  bytesPerToken: 3.5
+failureModeAllow: true
+"""
+    p = load_policy(text)
+    assert (p.scheduler.starvation_after_s, p.scheduler.starvation_every,
+            p.scheduler.pressure_threshold) == (2.0, 4, 0.8)
+    assert p.limiter.controller == "seed"
+    assert p.limiter.static.limit == 32
+    assert (p.limiter.seed.min_limit, p.limiter.seed.max_limit) == (2, 100)
+    assert (p.limiter.seed.alpha, p.limiter.seed.beta) == (0.2, 0.4)
+    a = p.limiter.adaptive
+    assert (a.initial_limit_tokens, a.min_limit_tokens, a.max_limit_tokens) == (5e4, 1e3, 1e5)
+    assert (a.window_s, a.min_samples, a.kv_target, a.waiting_target) == (0.25, 5, 0.8, 3.0)
+    assert (a.queue_target_s, a.itl_target_s, a.stale_after_s) == (0.0, 0.05, 1.0)
+    assert (a.max_growth, a.decrease_on_drop) == (1.5, 0.8)
+    [pool] = p.pools
+    assert (pool.name, pool.cluster, pool.engine) == ("main", "vllm_pool", "sglang")
+    assert pool.backends == (BackendSpec("gpu-0", "http://10.0.0.1:8000/metrics"),
+                             BackendSpec("gpu-1", ""))
+    assert (pool.scrape_interval_s, pool.scrape_timeout_s, pool.lease_timeout_s) == (1, .8, 600)
+    b = pool.breaker
+    assert (b.failure_ratio, b.min_requests, b.window_s, b.open_s) == (0.3, 5, 30.0, 10.0)
+    assert p.tenants == (TenantSpec("app", (KEY_A,), 0, 0),)
+    assert p.features == (
+        FeatureSpec("suggest", FallbackSpec("static", content="later")),
+        FeatureSpec("summarize", FallbackSpec("reroute", cluster="small_model", model="tiny")),
+        FeatureSpec("plain", None),
+    )
+    assert (p.retry_after.min_s, p.retry_after.max_s, p.retry_after.jitter) == (2, 30, 0.1)
+    assert p.requests == RequestSpec("x-priority", "x-feature", "x-deadline", True, 1024, 128,
+                                     3.5)
+    assert p.failure_mode_allow is True
+
+
+def test_yaml_anchors_and_merge_keys():
+    text = """common: &common {maxQueueSize: 10, timeout: 5s, dropPolicy: tail}
+queues:
+  - {<<: *common, priority: 0, name: a}
+  - {<<: *common, priority: 1, name: b, timeout: 9s}
+"""
+    [issue] = errors_of(text)  # anchors must live inside policy keys; overrides are fine
+    assert issue.field == "common" and issue.line == 1
+    _, issue = errors_of(text.replace("name: b, timeout: 9s", "name: b, name: c"))
+    assert (issue.line, issue.field) == (4, "queues[1].name")
+    assert issue.message.startswith("duplicate key")
+    text = """queues:
+  - &base {priority: 0, name: a, maxQueueSize: 10, timeout: 5s, dropPolicy: tail}
+  - {<<: *base, priority: 1, name: b, timeout: 9s}
+"""
+    policy = load_policy(text)
+    assert [(q.name, q.max_queue_size, q.timeout_s) for q in policy.queues] == [
+        ("a", 10, 5.0), ("b", 10, 9.0)]
+
+
+# ----------------------------------------------------------------------------- tenants
+
+
+def tenants_policy(tenants: str, anonymous: str | None = None) -> str:
+    text = SEED_BARE + "tenants:\n" + tenants
+    if anonymous is not None:
+        text += "anonymous: " + anonymous + "\n"
+    return text
+
+
+def test_tenant_priority_forms_and_defaults():
+    p = load_policy(tenants_policy(f"""  - {{name: a, apiKeyHashes: [{KEY_A}]}}
+  - {{name: b, apiKeyHashes: [{KEY_B}], maxPriority: P2}}
+  - name: c
+    apiKeyHashes: ["{hash_api_key('c')}"]
+    maxPriority: agent-workflow
+    defaultPriority: p2
+"""))
+    assert [(t.name, t.max_priority, t.default_priority) for t in p.tenants] == [
+        ("a", 0, 1), ("b", 2, 2), ("c", 1, 2)]
+    assert p.tenants[0].api_key_hashes == (KEY_A,)
+
+
+@pytest.mark.parametrize(("written", "expected"), [
+    (None, TenantSpec("anonymous", (), 0, 1)),
+    ("true", TenantSpec("anonymous", (), 0, 1)),
+    ("null", None),
+    ("false", None),
+    ("", None),
+    ("{maxPriority: 1}", TenantSpec("anonymous", (), 1, 1)),
+    ("{maxPriority: 1, defaultPriority: batch-extraction}", TenantSpec("anonymous", (), 1, 2)),
+])
+def test_anonymous(written, expected):
+    assert load_policy(tenants_policy(f"  - {{name: a, apiKeyHashes: [{KEY_A}]}}\n",
+                                      written)).anonymous == expected
+
+
+def test_tenant_named_anonymous_conflicts_only_when_anonymous_is_enabled():
+    t = f"  - {{name: anonymous, apiKeyHashes: [{KEY_A}]}}\n"
+    [issue] = errors_of(tenants_policy(t))
+    assert issue.field == "tenants[0].name"
+    assert load_policy(tenants_policy(t, "null")).tenants[0].name == "anonymous"
+
+
+def test_tenant_without_keys_is_an_error_unless_keys_come_from_secrets():
+    [issue] = errors_of(tenants_policy("  - name: a\n"))
+    assert issue.field == "tenants[0].apiKeyHashes" and "hash-key" in issue.message
+    with_file = "secretsFile: s.yaml\n" + tenants_policy("  - name: a\n")
+    assert load_policy(with_file).tenants == (TenantSpec("a", (), 0, 1),)
+
+
+@pytest.mark.parametrize("entry", [
+    "sk-live-SuperSecret123",  # plain key
+    "SuperSecret123 with spaces",
+    "sha256:SuperSecret123",  # prefix, wrong body
+])
+def test_key_values_are_never_echoed(entry):
+    for text in (tenants_policy(f"  - {{name: a, apiKeyHashes: ['{entry}']}}\n"),
+                 tenants_policy(f"  - {{name: a, apiKeyHashes: '{entry}'}}\n"),
+                 tenants_policy(f"  - {{name: a, apiKeyHashes: ['{entry}'\n")):  # syntax error
+        errors = errors_of(text)
+        assert errors
+        rendered = "\n".join(str(e) for e in errors)
+        assert "SuperSecret123" not in rendered
+
+
+def test_plain_key_message_tells_how_to_hash():
+    [issue] = errors_of(tenants_policy("  - {name: a, apiKeyHashes: [sk-abcdef0123]}\n"))
+    assert issue.field == "tenants[0].apiKeyHashes[0]"
+    assert "plaintext API key" in issue.message and "llmvalve policy hash-key" in issue.message
+
+
+def test_hash_without_prefix():
+    digest = KEY_A.removeprefix("sha256:")
+    [issue] = errors_of(tenants_policy(f"  - {{name: a, apiKeyHashes: [{digest}]}}\n"))
+    assert "sha256:" in issue.message and digest not in issue.message
+
+
+def test_hash_api_key_known_vector():
+    assert hash_api_key("abc") == (
+        "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+
+
+# ----------------------------------------------------------------------------- secrets file
+
+
+def write_policy_with_secrets(tmp_path: Path, secrets: str) -> Path:
+    policy = tmp_path / "conf" / "policy.yaml"
+    policy.parent.mkdir()
+    policy.write_text("secretsFile: keys/secrets.yaml\n"
+                      + tenants_policy(f"  - name: a\n  - {{name: b, apiKeyHashes: [{KEY_B}]}}\n"))
+    (policy.parent / "keys").mkdir()
+    (policy.parent / "keys" / "secrets.yaml").write_text(secrets)
+    return policy
+
+
+def test_secrets_file_is_merged_relative_to_the_policy(tmp_path, monkeypatch):
+    policy = write_policy_with_secrets(tmp_path, f"a: [{KEY_A}]\nb: ['{hash_api_key('b2')}']\n")
+    monkeypatch.chdir(tmp_path)  # not the policy's directory
+    p = load_policy_file(policy)
+    assert p.tenants[0].api_key_hashes == (KEY_A,)
+    assert p.tenants[1].api_key_hashes == (KEY_B, hash_api_key("b2"))
+    without = load_policy(policy.read_text(), "policy.yaml")
+    assert without.tenants[0].api_key_hashes == ()
+    assert p.version != without.version
+
+
+def test_secrets_file_errors_name_the_secrets_file(tmp_path):
+    policy = write_policy_with_secrets(tmp_path, f"a: [{KEY_A}]\nc: [{KEY_B}]\nb: [{KEY_A}]\n")
+    with pytest.raises(PolicyError) as info:
+        load_policy_file(policy)
+    secrets = str(policy.parent / "keys" / "secrets.yaml")
+    rendered = [str(e) for e in info.value.errors]
+    assert len(rendered) == 2
+    assert rendered[0].startswith(f"{secrets}:2: c: no tenant of this name")
+    assert rendered[1].startswith(f"{secrets}:3: b[0]: this key hash is already listed for "
+                                  "tenant 'a'")
+
+
+def test_missing_secrets_file_is_reported_at_the_secrets_file_line(tmp_path):
+    policy = tmp_path / "p.yaml"
+    policy.write_text(SEED_BARE + "secretsFile: nope.yaml\n")
+    with pytest.raises(PolicyError) as info:
+        load_policy_file(policy)
+    [issue] = info.value.errors
+    assert (issue.source, issue.line, issue.field) == (str(policy), 17, "secretsFile")
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_all_errors_are_collected_and_rendered_one_per_line():
+    text = """queues:
+  - {priority: 0, name: a, maxQueueSize: 0, timeout: 1s, dropPolicy: tail}
+  - {priority: 0, name: a, maxQueueSize: 1, timeout: nope, dropPolicy: drop}
+limiter: {controler: seed}
+"""
+    with pytest.raises(PolicyError) as info:
+        load_policy(text, "x.yaml")
+    lines = str(info.value).splitlines()
+    assert lines == [
+        "x.yaml:2: queues[0].maxQueueSize: must be > 0, got 0",
+        "x.yaml:3: queues[1].priority: duplicate priority 0 (already used by queues[0])",
+        "x.yaml:3: queues[1].name: duplicate queue name 'a' (already used by queues[0])",
+        "x.yaml:3: queues[1].timeout: bad duration 'nope': use seconds (8, 1.5) or a number "
+        "with a unit: 150ms, 8s, 1.5s, 2m, 1h",
+        "x.yaml:3: queues[1].dropPolicy: unknown dropPolicy 'drop'; allowed: tail, "
+        "early-drop-on-pressure, fast-reject",
+        "x.yaml:4: limiter.controler: unknown key 'controler'; did you mean 'controller'?",
+    ]
+
+
+def test_not_a_mapping_and_empty_documents():
+    assert errors_of("")[0].message == "empty document"
+    assert errors_of("# only a comment\n")[0].field == "policy"
+    [issue] = errors_of("- 1\n- 2\n")
+    assert issue.field == "policy" and "mapping" in issue.message
+
+
+def test_unknown_top_level_key_lists_or_suggests():
+    [issue] = errors_of(SEED_BARE + "tennants: []\n")
+    assert issue.field == "tennants" and "did you mean 'tenants'" in issue.message
+    [issue] = errors_of(SEED_BARE + "kind: Policy\n")
+    assert "allowed here: queues, scheduler" in issue.message
+
+
+def test_cross_checks_are_skipped_when_a_queue_is_broken():
+    # Queue 1's priority is unreadable: the tenant's reference to it must not add noise.
+    text = f"""queues:
+  - {{priority: 0, name: a, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}}
+  - {{priority: one, name: b, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}}
+tenants:
+  - {{name: t, apiKeyHashes: [{KEY_A}], maxPriority: 1}}
+"""
+    [issue] = errors_of(text)
+    assert issue.field == "queues[1].priority"
+
+
+def parse_expectations(path: Path) -> list[str]:
+    expects = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        if line.startswith("# expect: "):
+            expects.append(line.removeprefix("# expect: "))
+    return expects
+
+
+def test_the_corpus_is_large_enough():
+    assert len(CASES) >= 15
+    assert all(parse_expectations(c) for c in CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
+def test_broken_policy_corpus(case: Path):
+    expects = parse_expectations(case)
+    with pytest.raises(PolicyError) as info:
+        load_policy_file(case)
+    got = [str(e) for e in info.value.errors]
+    prefix = f"{case}:"
+    assert all(g.startswith(prefix) for g in got)
+    got = [g.removeprefix(prefix) for g in got]
+    for expect in expects:
+        line, field, *message = expect.split(": ", 2)
+        assert any(g.startswith(f"{line}: {field}: ") and (not message or message[0] in g)
+                   for g in got), f"expected {expect!r} in {got}"
+    assert len(got) == len(expects), got
+
+
+# ----------------------------------------------------------------------------- shipped files
+
+
+def test_default_policy_loads_with_demo_tenants():
+    p = load_policy_file(DEFAULT_POLICY)
+    assert p.queues == SEED_QUEUES
+    assert p.anonymous is None
+    assert p.tenants == (
+        TenantSpec("interactive-app", (hash_api_key("sk-llmvalve-demo-p0"),), 0, 0),
+        TenantSpec("batch-jobs", (hash_api_key("sk-llmvalve-demo-p2"),), 2, 2),
+    )
+    assert p.feature("suggest").fallback.kind == "static"
+    assert p.feature("suggest").fallback.content
+    assert p.feature("summarize").fallback == FallbackSpec("reroute", cluster="fallback_model",
+                                                           model="small")
+    assert "sk-llmvalve-demo-p0" in DEFAULT_POLICY.read_text()  # documented in a comment
+
+
+def test_seed_queue_constant_matches_the_shared_seed():
+    assert SEED_QUEUES[1] == QueueSpec(1, "agent-workflow", 500, 15.0,
+                                       DropPolicy.EARLY_DROP_ON_PRESSURE, 0.1, Slo(8.0, 0.3))
+
+
+def doc_examples() -> list[str]:
+    text = DOCS.read_text()
+    return [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "# example" in b]
+
+
+def test_docs_examples_load():
+    examples = doc_examples()
+    assert len(examples) >= 2
+    for block in examples:
+        if "# example: invalid" in block:
+            with pytest.raises(PolicyError):
+                load_policy(block)
+        else:
+            load_policy(block, "docs")
