@@ -1,0 +1,115 @@
+"""What the gateway reads from a request: cost estimate, stream or not, model, deadline.
+
+By default only headers are read: the prompt size comes from `content-length` (bytes divided
+by `requests.bytesPerToken`) and the output from `requests.defaultMaxTokens`. With body
+inspection the JSON body (up to `requests.maxBodyBytes`) gives `max_tokens`
+(or `max_completion_tokens`), `stream`, `model` and the size of the prompt text itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from llmvalve.core.policy import RequestSpec
+
+TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+@dataclass(frozen=True)
+class BodyFacts:
+    prompt_bytes: int
+    max_tokens: int | None = None
+    stream: bool | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    prompt_tokens: int
+    max_tokens: int
+
+    @property
+    def cost_tokens(self) -> float:
+        return float(self.prompt_tokens + self.max_tokens)
+
+
+def _text_bytes(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, list):
+        return sum(_text_bytes(v) for v in value)
+    if isinstance(value, dict):
+        if "text" in value:
+            return _text_bytes(value["text"])
+        if "content" in value:
+            return _text_bytes(value["content"])
+    return 0
+
+
+def parse_body(body: bytes) -> BodyFacts | str:
+    """The facts of an OpenAI request body, or an error message for the 400."""
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"request body is not valid JSON: {exc}"
+    if not isinstance(doc, dict):
+        return "request body must be a JSON object"
+    if "messages" in doc:
+        prompt_bytes = _text_bytes(doc["messages"])
+    elif "prompt" in doc:
+        prompt_bytes = _text_bytes(doc["prompt"])
+    else:
+        prompt_bytes = len(body)
+    max_tokens = doc.get("max_completion_tokens", doc.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
+                                   or max_tokens < 0):
+        return "max_tokens must be a non-negative integer"
+    stream = doc.get("stream")
+    model = doc.get("model")
+    return BodyFacts(
+        prompt_bytes=prompt_bytes,
+        max_tokens=max_tokens,
+        stream=bool(stream) if stream is not None else None,
+        model=model if isinstance(model, str) else None,
+    )
+
+
+def estimate(spec: RequestSpec, content_length: int, facts: BodyFacts | None) -> Estimate:
+    prompt_bytes = facts.prompt_bytes if facts is not None else max(0, content_length)
+    max_tokens = facts.max_tokens if facts is not None and facts.max_tokens is not None else None
+    return Estimate(
+        prompt_tokens=math.ceil(prompt_bytes / spec.bytes_per_token),
+        max_tokens=spec.default_max_tokens if max_tokens is None else max_tokens,
+    )
+
+
+def content_length(headers: Mapping[str, str]) -> int:
+    try:
+        return max(0, int(headers.get("content-length", "0")))
+    except ValueError:
+        return 0
+
+
+def stream_hint(headers: Mapping[str, str]) -> bool | None:
+    """Whether the client asked for SSE, from headers alone (None: headers do not say)."""
+    hint = headers.get("x-llmvalve-stream")
+    if hint is not None:
+        return hint.strip().lower() in TRUE
+    if "text/event-stream" in headers.get("accept", ""):
+        return True
+    return None
+
+
+def deadline_ms(headers: Mapping[str, str], name: str) -> float | None:
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        ms = float(value)
+    except ValueError:
+        return None
+    return ms if math.isfinite(ms) and ms >= 0 else None

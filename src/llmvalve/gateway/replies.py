@@ -1,0 +1,125 @@
+"""The answers the gateway writes itself: shed (429/503), 401, 400 and static fallbacks.
+
+Plain values (status, headers, body); `extproc` turns them into an `ImmediateResponse`.
+Error bodies follow OpenAI's shape `{"error": {"message", "type", "code"}}` so the OpenAI
+SDKs raise their usual exceptions, and 429/503 carry `retry-after` (whole seconds, rounded
+up) and `retry-after-ms`, which the SDKs' retry loops honour.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from llmvalve.core.policy import FallbackSpec
+from llmvalve.core.types import Reason, Reject
+
+UNAVAILABLE = frozenset({Reason.BREAKER_OPEN, Reason.POOL_UNAVAILABLE, Reason.DRAINING})
+
+MESSAGES = {
+    Reason.QUEUE_FULL: "The {cls} queue is full. Retry after {after} s.",
+    Reason.QUEUE_TIMEOUT: "Waited {wait} s in the {cls} queue without getting a slot. "
+    "Retry after {after} s.",
+    Reason.PREDICTED_WAIT: "The {cls} queue would not serve this request within its timeout. "
+    "Retry after {after} s.",
+    Reason.FAST_REJECT: "The backends are under pressure; {cls} requests are shed. "
+    "Retry after {after} s.",
+    Reason.DEADLINE: "The request's deadline would pass before a slot frees up.",
+    Reason.BREAKER_OPEN: "The model backends are failing; requests are paused. "
+    "Retry after {after} s.",
+    Reason.POOL_UNAVAILABLE: "No model backend is available. Retry after {after} s.",
+    Reason.DRAINING: "This gateway is shutting down. Retry after {after} s.",
+}
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+    details: str  # Envoy's %RESPONSE_CODE_DETAILS%
+
+
+def _error_body(message: str, kind: str, code: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "code": code,
+                                 "param": None}}).encode()
+
+
+def retry_after_headers(retry_after_s: float) -> tuple[tuple[str, str], ...]:
+    seconds = max(0.0, retry_after_s)
+    return (("retry-after", str(math.ceil(seconds))),
+            ("retry-after-ms", str(round(seconds * 1000))))
+
+
+def shed(reject: Reject, class_name: str) -> Reply:
+    unavailable = reject.reason in UNAVAILABLE or reject.status == 503
+    status = reject.status if reject.status in (429, 503) else (503 if unavailable else 429)
+    template = MESSAGES.get(reject.reason, "Request rejected ({reason}).")
+    message = template.format(cls=class_name, after=math.ceil(max(0.0, reject.retry_after_s)),
+                              wait=round(reject.wait_s, 1), reason=reject.reason.value)
+    kind = "service_unavailable" if status == 503 else "rate_limit_exceeded"
+    headers = (
+        ("content-type", "application/json"),
+        *retry_after_headers(reject.retry_after_s),
+        ("x-llmvalve-reason", reject.reason.value),
+        ("x-llmvalve-class", class_name),
+        ("x-llmvalve-queue-wait-ms", str(round(reject.wait_s * 1000))),
+    )
+    return Reply(status, headers, _error_body(message, kind, reject.reason.value),
+                 f"llmvalve_{reject.reason.value}")
+
+
+def unauthorized(message: str, code: str) -> Reply:
+    return Reply(401, (("content-type", "application/json"),
+                       ("x-llmvalve-reason", Reason.UNAUTHORIZED.value)),
+                 _error_body(message, "invalid_request_error", code), "llmvalve_unauthorized")
+
+
+def bad_request(message: str) -> Reply:
+    return Reply(400, (("content-type", "application/json"),
+                       ("x-llmvalve-reason", Reason.BAD_REQUEST.value)),
+                 _error_body(message, "invalid_request_error", Reason.BAD_REQUEST.value),
+                 "llmvalve_bad_request")
+
+
+def static_fallback(fallback: FallbackSpec, *, reason: Reason, path: str, model: str | None,
+                    stream: bool, request_id: str, created: int) -> Reply:
+    """A pre-written answer in the shape the endpoint would have given (SSE when streaming)."""
+    completions = path.split("?", 1)[0].rstrip("/").endswith("/completions") and (
+        "/chat/" not in path)
+    model_name = model or "llmvalve-fallback"
+    ident = ("cmpl-" if completions else "chatcmpl-") + "llmvalve-" + request_id
+    common = {"id": ident, "created": created, "model": model_name}
+    headers: tuple[tuple[str, str], ...] = (
+        ("x-llmvalve-fallback", "static"),
+        ("x-llmvalve-reason", reason.value),
+    )
+    if stream:
+        if completions:
+            chunks = [{**common, "object": "text_completion",
+                       "choices": [{"index": 0, "text": fallback.content, "finish_reason": None,
+                                    "logprobs": None}]},
+                      {**common, "object": "text_completion",
+                       "choices": [{"index": 0, "text": "", "finish_reason": "stop",
+                                    "logprobs": None}]}]
+        else:
+            chunks = [{**common, "object": "chat.completion.chunk",
+                       "choices": [{"index": 0, "finish_reason": None,
+                                    "delta": {"role": "assistant", "content": fallback.content}}]},
+                      {**common, "object": "chat.completion.chunk",
+                       "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return Reply(200, (("content-type", "text/event-stream"), ("cache-control", "no-cache"),
+                           *headers), body.encode(), "llmvalve_fallback_static")
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    if completions:
+        payload = {**common, "object": "text_completion", "usage": usage,
+                   "choices": [{"index": 0, "text": fallback.content, "finish_reason": "stop",
+                                "logprobs": None}]}
+    else:
+        payload = {**common, "object": "chat.completion", "usage": usage,
+                   "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                                "message": {"role": "assistant", "content": fallback.content}}]}
+    return Reply(200, (("content-type", "application/json"), *headers),
+                 json.dumps(payload).encode(), "llmvalve_fallback_static")

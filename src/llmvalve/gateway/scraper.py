@@ -1,0 +1,90 @@
+"""Scrape every backend's /metrics on its pool's interval and feed the snapshots to admission.
+
+One task per backend, each with its own `SignalReader` (which keeps the previous histogram
+buckets for windowed percentiles). A scrape that fails or takes longer than the pool's
+`scrapeTimeout` is reported as `ok=False`; how long a backend may stay unreported before it
+counts as saturated is the core's rule (`limiter.adaptive.staleAfter`), not this module's.
+The interval (0.5 s by default) is a trade-off: vLLM updates its gauges every engine step, and
+a half-second window still holds enough inter-token samples for a p90 while costing each
+backend two small HTTP requests a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aiohttp
+
+from llmvalve.core.policy import Policy
+from llmvalve.core.signals import SignalReader
+from llmvalve.gateway.driver import Driver
+from llmvalve.gateway.metrics import GatewayMetrics
+
+log = logging.getLogger("llmvalve.scraper")
+
+
+class Scraper:
+    def __init__(self, driver: Driver, metrics: GatewayMetrics | None = None) -> None:
+        self.driver = driver
+        self.metrics = metrics or GatewayMetrics()
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._readers: dict[str, SignalReader] = {}
+
+    async def start(self, policy: Policy) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, force_close=False))
+        await self._cancel_tasks()
+        for pool in policy.pools:
+            for backend in pool.backends:
+                if not backend.metrics_url:
+                    continue
+                reader = self._readers.setdefault(backend.metrics_url, SignalReader(backend.name))
+                self._tasks.append(asyncio.create_task(
+                    self._loop(pool.name, backend.metrics_url, reader, pool.scrape_interval_s,
+                               pool.scrape_timeout_s),
+                    name=f"scrape-{backend.name}"))
+
+    async def stop(self) -> None:
+        await self._cancel_tasks()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _cancel_tasks(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def scrape_once(self, url: str, reader: SignalReader, timeout_s: float):
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                url, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as response:
+                if response.status != 200:
+                    return reader.failed(self.driver.clock())
+                text = await response.text()
+        except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError, OSError):
+            return reader.failed(self.driver.clock())
+        return reader.read(text, self.driver.clock())
+
+    async def _loop(self, pool: str, url: str, reader: SignalReader, interval_s: float,
+                    timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            snap = await self.scrape_once(url, reader, timeout_s)
+            self.metrics.scrapes.labels(reader.backend, "yes" if snap.ok else "no").inc()
+            try:
+                self.driver.on_snapshot(pool, snap)
+            except Exception:
+                log.exception("Admission.on_snapshot failed for %s", reader.backend)
+            next_at = max(next_at + interval_s, loop.time())
+            await asyncio.sleep(next_at - loop.time())
