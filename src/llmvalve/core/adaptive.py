@@ -19,10 +19,15 @@ Once per window (`window_s`), the pool's pressure r is the largest of:
     fitted online on low-load samples, once the window has `min_samples` samples.
 Then:
   * a drop in the window (backend 5xx/reset, an increase of the preemption counter) →
-    u ← u · decreaseOnDrop;
-  * r > 1 → u ← u · max(0.5, 1/r);
+    L ← min(L, inflight · decreaseOnDrop);
+  * r > 1 → L ← min(L, inflight · max(0.5, 1/r)) — aimed at what is in flight, never
+    compounding while admitted work drains;
+  * L above the KV ceiling K · C · ρ → L ← that ceiling; ρ is the measured ratio of our cost
+    estimates to real KV tokens (costs are peaks; KV fills as answers grow), slow to rise and
+    quick to fall;
   * app-limited (peak in-flight in the window < L/2) → hold;
-  * else u ← u · min(maxGrowth, 1/r) + √L / C (additive probe).
+  * else L ← min(ceiling, L · min(maxGrowth, 1/r) + √L) (multiplicative approach plus an
+    additive probe).
 After any decrease the epoch advances: access-log samples of requests admitted earlier are
 ignored, and no second decrease happens until a scrape taken after the decrease arrives.
 Cancellations (`Outcome.IGNORE`) are never samples.
@@ -98,6 +103,7 @@ class AdaptiveLimit:
         self._prefill = _PrefillModel()
         self._last_pressure = 0.0
         self._last_action = "start"
+        self._rho: float | None = None
 
     # ---- capacity and limit ---------------------------------------------------------------
     def _live(self, now: float) -> list[_Backend]:
@@ -121,6 +127,19 @@ class AdaptiveLimit:
             self.u = self.spec.kv_target  # first guess: fill the KV cache to its target
         L = self.u * self._capacity_live()
         return min(self.spec.max_limit_tokens, max(self.spec.min_limit_tokens, L))
+
+    def kv_ceiling(self) -> float:
+        """The in-flight cost that should fill the KV cache to its target."""
+        return self.spec.kv_target * self._capacity_live() * (self._rho or 1.0)
+
+    def hard_cap(self) -> float:
+        """Nothing is admitted past this, reserved share or not: the KV cache is full there."""
+        return self.kv_ceiling()
+
+    def reserve_base(self) -> float:
+        """Reserved shares are shares of the capacity estimate, not of a limit that was just
+        cut: a P0 reservation must hold through a pressure dip."""
+        return max(self.limit(), self.kv_ceiling())
 
     def saturation(self, now: float) -> float:
         """σ, the fast gate: ≥ 1 means the backends are saturated right now."""
@@ -194,34 +213,55 @@ class AdaptiveLimit:
         s = self.spec
         L = self.limit()
         cap = self._capacity_live()
+        live = self._live(now)
+        kv = sum(b.snap.kv_usage for b in live) / len(live) if live else 0.0
+        if kv >= 0.1 and inflight > 0:
+            # How many of our cost tokens one token of real KV is worth right now (costs are
+            # peak estimates, KV fills as answers grow): the exchange rate that turns the KV
+            # target into a target for in-flight cost.
+            # Slow to rise, quick to fall: requests admitted but not yet prefilled make it
+            # look higher than it is for a few seconds after every load step.
+            rho = min(2.0, max(1.0, inflight / (kv * cap)))
+            prev = 1.0 if self._rho is None else self._rho
+            self._rho = prev + (0.5 if rho < prev else 0.02) * (rho - prev)
+        kv_ceiling = self.kv_ceiling()
         r = self.pressure(now)
         self._last_pressure = r
-        fresh = any(b.snap.at > self._decreased_at for b in self._live(now)) or not self.backends
+        fresh = any(b.snap.at > self._decreased_at for b in live) or not self.backends
+        # Decreases aim at what is in flight now, and never compound: while admitted work
+        # drains (seconds, for LLM requests) the signals stay high, and cutting L again for
+        # the same excess would overshoot to starvation.
         if self._drops and fresh:
-            self._decrease(self.u * s.decrease_on_drop, now, "drop")
+            self._decrease(min(L, inflight * s.decrease_on_drop), now, "drop")
         elif r > 1.0 and fresh:
-            self._decrease(self.u * max(0.5, 1.0 / r), now, "pressure")
+            self._decrease(min(L, inflight * max(0.5, 1.0 / r)), now, "pressure")
+        elif L > kv_ceiling:
+            self._set(kv_ceiling, "kv-ceiling")
         elif self._peak_inflight < L / 2:
             self._last_action = "app-limited"
         elif r <= 1.0:
-            grow = min(s.max_growth, 1.0 / max(r, 1e-6))
-            self.u = min(s.max_limit_tokens / cap, self.u * grow + math.sqrt(L) / cap)
-            self._last_action = "increase"
+            grown = L * min(s.max_growth, 1.0 / max(r, 1e-6)) + math.sqrt(L)
+            self._set(min(kv_ceiling, grown), "increase")
         self._drops = 0
         self._ttft_queue.clear()
         self._peak_inflight = inflight
         self._window_end = now + s.window_s
         return self.limit()
 
-    def _decrease(self, u: float, now: float, why: str) -> None:
+    def _set(self, limit: float, why: str) -> None:
         cap = self._capacity_live()
-        self.u = max(self.spec.min_limit_tokens / cap, u)
+        s = self.spec
+        self.u = min(s.max_limit_tokens, max(s.min_limit_tokens, limit)) / cap
+        self._last_action = why
+
+    def _decrease(self, limit: float, now: float, why: str) -> None:
+        self._set(limit, why)
         self.epoch += 1
         self._decreased_at = now
-        self._last_action = why
 
     def status(self) -> dict:
         return {"controller": self.name, "unit": self.unit, "limit": self.limit(),
                 "utilisation": self.u, "capacity_tokens": self._capacity_live(),
                 "pressure": self._last_pressure, "last_action": self._last_action,
+                "cost_per_kv_token": self._rho,
                 "epoch": self.epoch}

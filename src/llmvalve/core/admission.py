@@ -3,10 +3,13 @@
 Theory of operation. Each backend pool has a `Scheduler` (priority queues), a `Limit` (how much
 may be in flight) and the in-flight account. A request fits its pool when
     inflight + cost ≤ L                         (the shared limit), or
-    inflight[class] + cost ≤ reservedShare · L  (its class's reserved share: idle share is
+    inflight[class] + cost ≤ reservedShare · C  (its class's reserved share of the capacity
+                                                 estimate C ≥ L: idle share is
                                                  borrowed by others, as Netflix's partitioned
                                                  limiter does, but a class under its share
-                                                 always gets in),
+                                                 gets in even when the pool is at L, as long
+                                                 as the limiter's hard cap — for `adaptive`
+                                                 the KV ceiling — is not passed),
 and the fast gate lets its class through: when the backends' saturation σ ≥ 1 the lowest
 class stops; when σ ≥ 1.25 only the highest class may start new work.
 
@@ -157,8 +160,10 @@ class Admission:
         # A request larger than the whole limit could never start; let it in alone.
         if shared and (pool.inflight + cost <= L or pool.inflight == 0):
             return True
-        share = self.policy.queue(priority).reserved_share * L
-        return share > 0 and pool.inflight_by_class.get(priority, 0.0) + cost <= share
+        share = self.policy.queue(priority).reserved_share * (
+            pool.limit.reserve_base() if pool.override is None else L)
+        return (share > 0 and pool.inflight_by_class.get(priority, 0.0) + cost <= share
+                and pool.inflight + cost <= pool.limit.hard_cap())
 
     def under_pressure(self, pool: _Pool, priority: int, now: float) -> bool:
         L = pool.current_limit()

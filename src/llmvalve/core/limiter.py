@@ -29,6 +29,10 @@ class Limit(Protocol):
 
     def limit(self) -> float: ...
 
+    def reserve_base(self) -> float: ...
+
+    def hard_cap(self) -> float: ...
+
     def saturation(self, now: float) -> float: ...
 
     def on_release(self, ticket: Ticket, outcome: Outcome, now: float) -> None: ...
@@ -69,6 +73,12 @@ class _Passive:
 
     def limit(self) -> float:
         raise NotImplementedError
+
+    def reserve_base(self) -> float:
+        return self.limit()
+
+    def hard_cap(self) -> float:
+        return math.inf
 
     def status(self) -> dict:
         return {"controller": self.name, "unit": self.unit, "limit": self.limit()}

@@ -27,7 +27,7 @@ from llmvalve.core.types import (
     RequestInfo,
     Sample,
 )
-from llmvalve.engine.engine import Engine, StepResult
+from llmvalve.engine.engine import Engine, PromptTooLong, StepResult
 from llmvalve.engine.metrics import REQUEST_BUCKETS
 from llmvalve.engine.profiles import get_profile
 from llmvalve.sim.scenario import Scenario
@@ -85,6 +85,7 @@ class TimePoint:
     queue_depth: dict[int, int]
     rejections: int
     live_backends: int
+    preemptions: int  # cumulative
 
 
 @dataclass
@@ -215,12 +216,14 @@ class Simulation:
         if g.poll_at is not None and g.poll_at <= t:
             return
         g.poll_at = t
-        self.at(t, lambda now, g=g: self.poll(g, now))
+        self.at(t, lambda now, g=g: self._timer(g, now))
+
+    def _timer(self, g: Gateway, now: float) -> None:
+        if g.poll_at is not None and now >= g.poll_at:
+            g.poll_at = None
+            self.poll(g, now)
 
     def poll(self, g: Gateway, now: float) -> None:
-        if g.poll_at is not None and now < g.poll_at:
-            return
-        g.poll_at = None
         for d in g.admission.poll(now):
             self.decided(g, d, now)
         self._schedule_poll(g, now)
@@ -242,8 +245,13 @@ class Simulation:
             self._end_on_backend(st, Outcome.DROPPED, now)
             self._retry_or_settle(st, None, "dropped", now)
             return
-        backend.engine.add(st.req_id, st.job.prompt_tokens, st.job.output_tokens, now,
-                           st.job.max_tokens)
+        try:
+            backend.engine.add(st.req_id, st.job.prompt_tokens, st.job.output_tokens, now,
+                               st.job.max_tokens)
+        except PromptTooLong:  # the backend answers 400: not an overload signal
+            self._end_on_backend(st, Outcome.IGNORE, now)
+            self._settle(st, "rejected", now)
+            return
         backend.requests.add(st.req_id)
         if not backend.stepping:
             self._step(backend, now)
@@ -370,7 +378,9 @@ class Simulation:
         self.timeseries.append(TimePoint(
             now, limit, unit, inflight_req, inflight_cost, kv,
             sum(b.engine.num_waiting for b in live), sum(b.engine.num_running for b in live),
-            depth, self.rejections_since_tick, len(live)))
+            depth, self.rejections_since_tick, len(live),
+            self.dead_preemptions + sum(b.engine.metrics.preemptions_total
+                                        for b in self.backends)))
         self.rejections_since_tick = 0
         if now < self.sc.duration_s + DRAIN_LIMIT_S:
             self.at(now + 1.0, self.tick)
