@@ -251,6 +251,19 @@ queues:
         ("a", 10, 5.0), ("b", 10, 9.0)]
 
 
+def test_merge_key_override_is_not_a_duplicate_even_when_resolved_through_another_mapping():
+    # tenants[0] is read first and resolves `anonymous`'s own merge in place; anonymous's own
+    # defaultPriority must still count as an override, not as a duplicate key.
+    text = SEED_BARE + f"""anonymous: &anon
+  {{<<: {{maxPriority: 0, defaultPriority: 1}}, defaultPriority: 2}}
+tenants:
+  - {{<<: *anon, name: t, apiKeyHashes: [{KEY_A}]}}
+"""
+    policy = load_policy(text)
+    assert policy.anonymous == TenantSpec("anonymous", (), 0, 2)
+    assert policy.tenants == (TenantSpec("t", (KEY_A,), 0, 2),)
+
+
 # ----------------------------------------------------------------------------- tenants
 
 

@@ -153,6 +153,7 @@ class _Reader:
         self.offset = offset
         self.issues = issues
         self._ctor = SafeConstructor()
+        self._own_keys: dict[int, set[int]] = {}
 
     def line(self, node: Node | None) -> int:
         return (node.start_mark.line if node is not None else 0) + 1 + self.offset
@@ -184,21 +185,21 @@ class _Reader:
         if not isinstance(node, MappingNode):
             self.type_error(node, path or "policy", "a mapping")
             return _Fields(self, None, path, entries)
-        explicit = sum(1 for k, _ in node.value if k.tag != _TAG + "merge")
+        own = self._own_keys.get(id(node)) or {id(k) for k, _ in node.value}
         try:
-            self._ctor.flatten_mapping(node)  # YAML merge keys (<<): merged pairs come first
+            self._ctor.flatten_mapping(node)  # merge keys (<<): merged pairs come first
         except yaml.YAMLError as exc:
             self.error(node, path or "policy", f"bad merge key: {exc.problem}")
-        n_merged = len(node.value) - explicit
         seen: set[str] = set()
-        for i, (key_node, value_node) in enumerate(node.value):
+        for key_node, value_node in node.value:
             if not (isinstance(key_node, ScalarNode) and key_node.tag == _TAG + "str"):
                 self.error(key_node, path or "policy",
                            f"keys must be strings, got {_kind(key_node)}")
                 continue
             key = key_node.value
             field = _join(path, key)
-            if i >= n_merged and key in seen:  # a merged value may be overridden, once
+            is_own = id(key_node) in own  # a merged-in value may be overridden by its own key
+            if is_own and key in seen:
                 self.error(key_node, field, "duplicate key (the first value would be replaced)")
             elif key not in allowed:
                 guess = _suggest(key, allowed)
@@ -209,9 +210,24 @@ class _Reader:
                                f"unknown key {key!r}; allowed here: {', '.join(allowed)}")
             else:
                 entries[key] = (key_node, value_node)
-            if i >= n_merged:
+            if is_own:
                 seen.add(key)
         return _Fields(self, node, path, entries)
+
+    def prepare(self, root: Node) -> None:
+        """Note each mapping's own keys before any merge key (<<) is resolved: resolving one
+        mapping also resolves the mappings it merges from, in place."""
+        stack, seen = [root], set()
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if isinstance(node, MappingNode):
+                self._own_keys[id(node)] = {id(k) for k, _ in node.value}
+                stack.extend(n for pair in node.value for n in pair)
+            elif isinstance(node, SequenceNode):
+                stack.extend(node.value)
 
     def seq(self, node: Node, field: str) -> list[Node] | None:
         if not isinstance(node, SequenceNode):
@@ -244,7 +260,7 @@ class _Reader:
         if isinstance(value, int | float) and not isinstance(value, bool):
             seconds = float(value)
         elif isinstance(value, str):
-            seconds = _parse_duration(value)
+            seconds = parse_duration(value)
             if seconds is None:
                 self.error(node, field, f"bad duration {value!r}: use seconds (8, 1.5) or a "
                            "number with a unit: 150ms, 8s, 1.5s, 2m, 1h")
@@ -298,7 +314,9 @@ def _is_null(node: Node) -> bool:
     return isinstance(node, ScalarNode) and node.tag == _TAG + "null"
 
 
-def _parse_duration(text: str) -> float | None:
+def parse_duration(text: str) -> float | None:
+    """Seconds from "8", "1.5", "150ms", "8s", "2m", "1h", "1m30s" (sign allowed); None if
+    the text is not a duration."""
     s = text.strip()
     sign = -1.0 if s.startswith("-") else 1.0
     s = s.lstrip("+-")
@@ -309,6 +327,9 @@ def _parse_duration(text: str) -> float | None:
     if not s or _DURATION_PART.sub("", s):
         return None
     return sign * sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART.findall(s))
+
+
+_parse_duration = parse_duration  # the name sim/scenario.py imports
 
 
 @dataclass
@@ -360,9 +381,10 @@ class _Fields:
                  else self.r.duration(node, self.field(key), allow_zero=allow_zero))
         return default if value is None else value
 
-    def string(self, key: str, default: str) -> str:
+    def string(self, key: str, default: str, *, nonempty: bool = True) -> str:
         node = self.get(key)
-        value = None if node is None else self.r.string(node, self.field(key))
+        value = (None if node is None
+                 else self.r.string(node, self.field(key), nonempty=nonempty))
         return default if value is None else value
 
     def boolean(self, key: str, default: bool) -> bool:
@@ -439,6 +461,7 @@ def _unwrap(text: str, source: str, issues: list[PolicyIssue]) -> tuple[Node, st
         return None
     value = _configmap_policy(doc)
     if value is None:
+        outer.prepare(doc)
         return doc, text, outer
     if not (isinstance(value, ScalarNode) and value.tag == _TAG + "str"):
         outer.error(value, "data.policy.yaml",
@@ -450,6 +473,7 @@ def _unwrap(text: str, source: str, issues: list[PolicyIssue]) -> tuple[Node, st
     root = _compose(value.value, inner, "policy")
     if root is None:
         return None
+    inner.prepare(root)
     return root, value.value, inner
 
 
@@ -712,6 +736,7 @@ def _merge_secrets(secrets: tuple[str, str], tenants: list[_TenantDraft],
     doc = _compose(text, r, "secrets")
     if doc is None:
         return
+    r.prepare(doc)
     if not isinstance(doc, MappingNode):
         r.type_error(doc, "secrets", "a mapping of tenant name → list of \"sha256:<hex>\"")
         return
@@ -882,9 +907,10 @@ def _features(top: _Fields) -> tuple[FeatureSpec, ...]:
             kind_node = fb.require("type")
             kind = (None if kind_node is None
                     else r.choice(kind_node, fb.field("type"), FALLBACK_KINDS, "fallback type"))
-            content, cluster, model = (fb.string(k, "") for k in ("content", "cluster", "model"))
+            content, cluster, model = (fb.string(k, "", nonempty=False)
+                                       for k in ("content", "cluster", "model"))
             if kind == "static":
-                if not content:
+                if not content.strip():
                     r.error(fb.get("content") or fb.node, fb.field("content"),
                             "a static fallback needs `content` (the answer text)")
                 for extra in ("cluster", "model"):
@@ -892,7 +918,7 @@ def _features(top: _Fields) -> tuple[FeatureSpec, ...]:
                         r.error(fb.get(extra), fb.field(extra),
                                 "only used by `type: reroute`")
             elif kind == "reroute":
-                if not cluster:
+                if not cluster.strip():
                     r.error(fb.get("cluster") or fb.node, fb.field("cluster"),
                             "a reroute fallback needs `cluster` (the fallback model's cluster)")
                 if fb.get("content") is not None:
