@@ -1,0 +1,74 @@
+"""Helpers of the end-to-end tests: the stack's URLs, /status, backend stats and faults."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from llmvalve.stack import Stack, http_get
+
+HERE = Path(__file__).parent
+P0_KEY = "sk-llmvalve-demo-p0"
+P2_KEY = "sk-llmvalve-demo-p2"
+
+
+def get_json(url: str, timeout_s: float = 2.0) -> dict:
+    status, body = http_get(url, timeout_s)
+    assert status == 200, (url, status, body[:200])
+    return json.loads(body)
+
+
+def post_json(url: str, payload: dict) -> dict:
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=2.0) as response:
+        return json.loads(response.read())
+
+
+class E2E:
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+
+    @property
+    def base_url(self) -> str:
+        return self.stack.gateway_url + "/v1"
+
+    def status(self) -> dict:
+        return get_json(self.stack.admin_url + "/status")
+
+    def pool(self) -> dict:
+        return self.status()["pools"]["default"]
+
+    def backend_stats(self) -> list[dict]:
+        return [get_json(self.stack.backend_url(i) + "/admin/stats")
+                for i in range(len(self.stack.backends))]
+
+    def fallback_stats(self) -> dict:
+        assert self.stack.fallback is not None
+        return get_json(f"http://127.0.0.1:{self.stack.fallback[1]}/admin/stats")
+
+    def set_faults(self, **faults) -> None:
+        for i in range(len(self.stack.backends)):
+            post_json(self.stack.backend_url(i) + "/admin/faults", faults)
+
+    def idle(self) -> bool:
+        s = self.status()
+        pool = s["pools"]["default"]
+        gateway = s["gateway"]
+        return (pool["inflight_requests"] == 0 and pool["inflight"] == 0
+                and all(c["queue_depth"] == 0 for c in pool["classes"].values())
+                and gateway["streams_open"] == 0 and gateway["open_tickets"] == 0
+                and gateway["queued_streams"] == 0)
+
+    def wait_idle(self, timeout_s: float = 15.0) -> None:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if self.idle() and all(b["in_flight"] == 0 for b in self.backend_stats()):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"not idle after {timeout_s} s: {json.dumps(self.status())[:3000]}")
+
+

@@ -1,0 +1,375 @@
+"""The issue's "done when", through real Envoy, control plane and simulated backends.
+
+The stack (tests/e2e/conftest.py) runs the policy in tests/e2e/policy.yaml: a fixed limit of
+8 requests in flight over two `small` backends sped up ×4, and a breaker that opens after 10
+requests at ≥ 50 % failures for 2 s. Timing bounds are generous: the machine has 2 cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+
+import aiohttp
+import openai
+import pytest
+from e2e_support import P0_KEY, P2_KEY
+
+pytestmark = pytest.mark.e2e
+
+CHAT = {"model": "sim-small", "messages": [{"role": "user", "content": "hello there"}]}
+
+
+def client(e2e, key: str = P0_KEY, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=e2e.base_url, api_key=key, max_retries=0, timeout=30, **kw)
+
+
+def chat_body(max_tokens: int, stream: bool = False) -> dict:
+    return {**CHAT, "max_tokens": max_tokens, "stream": stream}
+
+
+def headers(key: str, **extra: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}", "content-type": "application/json", **extra}
+
+
+async def hold_slots(session: aiohttp.ClientSession, url: str, n: int, key: str = P0_KEY):
+    """n long streaming requests that hold their slots until cancelled; returns their tasks."""
+    started = asyncio.Queue()
+
+    async def one() -> None:
+        async with session.post(url, json=chat_body(4000, stream=True),
+                                headers=headers(key)) as response:
+            assert response.status == 200, await response.text()
+            await response.content.readline()
+            await started.put(1)
+            async for _ in response.content:
+                pass
+
+    tasks = [asyncio.create_task(one()) for _ in range(n)]
+    for _ in range(n):
+        await asyncio.wait_for(started.get(), 20)
+    return tasks
+
+
+async def cancel_all(tasks) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# (1) ---------------------------------------------------------------------------------------
+def test_openai_sdk_non_streaming_and_streaming(e2e):
+    c = client(e2e)
+    raw = c.chat.completions.with_raw_response.create(**chat_body(8))
+    completion = raw.parse()
+    assert completion.choices[0].message.content
+    assert raw.headers["x-llmvalve-class"] == "realtime-interactive"
+    assert int(raw.headers["x-llmvalve-queue-wait-ms"]) >= 0
+
+    raw = c.chat.completions.with_raw_response.create(**chat_body(8, stream=True))
+    assert raw.headers["x-llmvalve-class"] == "realtime-interactive"
+    assert "x-llmvalve-queue-wait-ms" in raw.headers
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
+    assert text.strip()
+
+    completion = c.completions.create(model="sim-small", prompt="once upon", max_tokens=4)
+    assert completion.choices[0].text
+    e2e.wait_idle()
+
+
+def test_unknown_key_is_401_openai_style(e2e):
+    with pytest.raises(openai.AuthenticationError) as info:
+        client(e2e, key="sk-nobody").chat.completions.create(**chat_body(4))
+    assert info.value.status_code == 401
+    assert info.value.body["code"] == "invalid_api_key"
+
+
+# (3) ---------------------------------------------------------------------------------------
+def test_p2_tenant_asking_for_p0_is_served_as_p2(e2e):
+    raw = client(e2e, key=P2_KEY).chat.completions.with_raw_response.create(
+        **chat_body(4), extra_headers={"x-llmvalve-priority": "0"})
+    assert raw.parse().choices[0].message.content
+    assert raw.headers["x-llmvalve-class"] == "batch-extraction"
+    e2e.wait_idle()
+
+
+# (2) ---------------------------------------------------------------------------------------
+async def test_p2_flood_gets_429_while_p0_meets_its_slo(e2e):
+    url = e2e.base_url + "/chat/completions"
+    p2_status: list[int] = []
+    rejected: list[dict] = []
+    stop = asyncio.Event()
+
+    async def flood(session: aiohttp.ClientSession) -> None:
+        while not stop.is_set():
+            async with session.post(url, json=chat_body(48), headers=headers(P2_KEY)) as r:
+                p2_status.append(r.status)
+                if r.status == 429:
+                    rejected.append({"headers": {k.lower(): v for k, v in r.headers.items()},
+                                     "body": await r.json()})
+                    await asyncio.sleep(0.05)
+                else:
+                    await r.read()
+
+    async def p0_ttft(session: aiohttp.ClientSession) -> float:
+        t0 = time.monotonic()
+        async with session.post(url, json=chat_body(16, stream=True), headers=headers(P0_KEY)) as r:
+            assert r.status == 200, await r.text()
+            first = None
+            async for line in r.content:
+                if first is None and line.startswith(b"data: {"):
+                    first = time.monotonic() - t0
+            assert first is not None
+            return first
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        flooders = [asyncio.create_task(flood(session)) for _ in range(24)]
+        await asyncio.sleep(1.0)
+        ttfts = []
+        for _ in range(8):
+            ttfts.append(await p0_ttft(session))
+            await asyncio.sleep(0.2)
+        stop.set()
+        await asyncio.gather(*flooders)
+
+    assert 429 in p2_status, p2_status[:50]
+    assert 200 in p2_status  # P2 was served too, within the limit
+    r = rejected[0]
+    assert int(r["headers"]["retry-after"]) >= 1
+    assert int(r["headers"]["retry-after-ms"]) >= 1
+    assert r["headers"]["x-llmvalve-class"] == "batch-extraction"
+    assert r["body"]["error"]["type"] == "rate_limit_exceeded"
+    assert r["body"]["error"]["code"] == r["headers"]["x-llmvalve-reason"]
+    print("P2 statuses", {s: p2_status.count(s) for s in set(p2_status)}, "P0 TTFT", ttfts)
+    assert max(ttfts) < 2.0, ttfts  # P0 TTFT SLO
+    e2e.wait_idle()
+
+
+async def test_sdk_sees_429_as_rate_limit_error(e2e):
+    url = e2e.base_url + "/chat/completions"
+    async with aiohttp.ClientSession() as session:
+        holders = await hold_slots(session, url, 8)
+        try:
+            # P2 under pressure is fast-rejected: the SDK raises RateLimitError.
+            with pytest.raises(openai.RateLimitError) as info:
+                await asyncio.to_thread(
+                    client(e2e, key=P2_KEY).chat.completions.create, **chat_body(4))
+            response = info.value.response
+            assert int(response.headers["retry-after"]) >= 1
+            assert response.headers["x-llmvalve-reason"]
+        finally:
+            await cancel_all(holders)
+    e2e.wait_idle()
+
+
+# (4) ---------------------------------------------------------------------------------------
+async def test_disconnect_while_queued_never_reaches_a_backend(e2e):
+    url = e2e.base_url + "/chat/completions"
+    async with aiohttp.ClientSession() as session:
+        holders = await hold_slots(session, url, 8)
+        try:
+            before = sum(b["requests_received"] for b in e2e.backend_stats())
+            queued = asyncio.create_task(session.post(url, json=chat_body(4),
+                                                      headers=headers(P0_KEY)))
+            end = time.monotonic() + 5
+            while e2e.pool()["classes"]["0"]["queue_depth"] != 1:
+                assert time.monotonic() < end, e2e.pool()
+                await asyncio.sleep(0.05)
+            queued.cancel()
+            await asyncio.gather(queued, return_exceptions=True)
+            end = time.monotonic() + 5
+            while e2e.pool()["classes"]["0"]["queue_depth"] != 0:
+                assert time.monotonic() < end, e2e.pool()
+                await asyncio.sleep(0.05)
+            assert e2e.status()["gateway"]["queued_streams"] == 0
+            after = sum(b["requests_received"] for b in e2e.backend_stats())
+            assert after == before
+        finally:
+            await cancel_all(holders)
+    e2e.wait_idle()
+    assert sum(b["requests_received"] for b in e2e.backend_stats()) == after
+
+
+async def test_disconnect_mid_stream_aborts_the_backend_within_200ms(e2e):
+    url = e2e.base_url + "/chat/completions"
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(url, json=chat_body(4000, stream=True),
+                                      headers=headers(P0_KEY))
+        assert response.status == 200
+        for _ in range(3):
+            await response.content.readline()
+        stats = e2e.backend_stats()
+        assert sum(b["in_flight"] for b in stats) == 1
+        assert max(b["kv_usage"] for b in stats) > 0
+        t0 = time.monotonic()
+        response.close()  # drop the connection mid-stream
+        while True:
+            stats = e2e.backend_stats()
+            if sum(b["in_flight"] for b in stats) == 0 and max(b["kv_usage"] for b in stats) == 0:
+                break
+            assert time.monotonic() - t0 < 2.0, stats
+            await asyncio.sleep(0.01)
+        freed_after = time.monotonic() - t0
+    assert freed_after < 0.2, f"KV freed {freed_after * 1000:.0f} ms after the disconnect"
+    e2e.wait_idle()
+
+
+# (5) ---------------------------------------------------------------------------------------
+async def test_1000_mixed_requests_with_30_percent_cancellations_leave_nothing_behind(e2e):
+    rng = random.Random(7)
+    url = e2e.base_url
+    statuses: dict[str, int] = {}
+    gate = asyncio.Semaphore(48)
+
+    async def one(session: aiohttp.ClientSession, i: int) -> None:
+        key = P0_KEY if rng.random() < 0.4 else P2_KEY
+        stream = rng.random() < 0.5
+        body = chat_body(rng.choice([4, 16, 48]), stream=stream)
+        path = "/chat/completions"
+        if rng.random() < 0.2:
+            path, body = "/completions", {"model": "sim-small", "prompt": "x" * rng.randint(1, 400),
+                                          "max_tokens": 8, "stream": stream}
+        cancel_after = rng.uniform(0.0, 0.15) if rng.random() < 0.3 else None
+        extra = {"x-llmvalve-priority": str(rng.choice([0, 1, 2]))} if rng.random() < 0.3 else {}
+
+        async def go() -> int:
+            async with session.post(url + path, json=body, headers=headers(key, **extra)) as r:
+                await r.read()
+                return r.status
+
+        async with gate:
+            task = asyncio.create_task(go())
+            done, _ = await asyncio.wait({task}, timeout=cancel_after)
+            if done:
+                outcome = str(task.result())
+            else:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                outcome = "cancelled"
+            statuses[outcome] = statuses.get(outcome, 0) + 1
+
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(one(session, i) for i in range(1000)))
+    assert sum(statuses.values()) == 1000
+    print("1000 mixed:", statuses)
+    assert statuses.get("200", 0) > 150, statuses
+    assert statuses.get("cancelled", 0) > 50, statuses  # the rest ended before their cancel
+    assert set(statuses) <= {"200", "429", "503", "cancelled"}, statuses
+    e2e.wait_idle(timeout_s=20)
+    s = e2e.status()
+    assert s["gateway"]["reclaimed"] == 0
+
+
+# (7) ---------------------------------------------------------------------------------------
+def test_breaker_opens_fallbacks_answer_and_it_closes_after_recovery(e2e):
+    c = client(e2e)
+    fallback_before = e2e.fallback_stats()["requests_received"]
+    e2e.set_faults(error_rate=1.0)
+    try:
+        failures = 0
+        end = time.monotonic() + 20
+        while True:
+            try:
+                c.chat.completions.create(**chat_body(4))
+            except openai.InternalServerError as exc:
+                if exc.status_code == 503 and exc.response.headers.get("x-llmvalve-reason"):
+                    break  # the breaker answered, not the backend
+                failures += 1
+            assert time.monotonic() < end, f"breaker did not open after {failures} failures"
+        assert failures >= 10
+
+        # Core traffic: 503 with Retry-After, from the gateway.
+        with pytest.raises(openai.InternalServerError) as info:
+            c.chat.completions.create(**chat_body(4))
+        response = info.value.response
+        assert response.status_code == 503
+        assert response.headers["x-llmvalve-reason"] == "breaker_open"
+        assert int(response.headers["retry-after"]) >= 1
+        assert info.value.body["type"] == "service_unavailable"
+
+        # A feature with a static fallback: the pre-written answer, plain and streaming.
+        suggest = {"x-llmvalve-feature": "suggest"}
+        raw = c.chat.completions.with_raw_response.create(**chat_body(4), extra_headers=suggest)
+        assert raw.headers["x-llmvalve-fallback"] == "static"
+        assert raw.parse().choices[0].message.content == "Suggestions are temporarily unavailable."
+        chunks = list(c.chat.completions.create(**chat_body(4, stream=True), extra_headers=suggest))
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        assert text == "Suggestions are temporarily unavailable."
+        legacy = c.completions.create(model="sim-small", prompt="x", max_tokens=4,
+                                      extra_headers=suggest)
+        assert legacy.choices[0].text == "Suggestions are temporarily unavailable."
+
+        # A feature that reroutes: served by the fallback model's cluster.
+        raw = c.chat.completions.with_raw_response.create(
+            **chat_body(4), extra_headers={"x-llmvalve-feature": "summarize"})
+        assert raw.parse().choices[0].message.content
+        assert e2e.fallback_stats()["requests_received"] == fallback_before + 1
+    finally:
+        e2e.set_faults(error_rate=0.0)
+
+    # Recovery: after `open` (2 s) probes pass, succeed, and the breaker closes.
+    end = time.monotonic() + 20
+    while True:
+        try:
+            c.chat.completions.create(**chat_body(4))
+            break
+        except openai.InternalServerError:
+            assert time.monotonic() < end, "breaker did not close after recovery"
+            time.sleep(0.25)
+    for _ in range(5):
+        c.chat.completions.create(**chat_body(4))
+    e2e.wait_idle()
+
+
+# (6) --- last: it restarts the control plane ---------------------------------------------
+async def test_control_plane_killed_under_load_then_restarted(e2e):
+    url = e2e.base_url + "/chat/completions"
+    stop = asyncio.Event()
+    seen: list[tuple[float, int]] = []
+
+    async def load(session: aiohttp.ClientSession) -> None:
+        while not stop.is_set():
+            try:
+                async with session.post(url, json=chat_body(16), headers=headers(P0_KEY)) as r:
+                    await r.read()
+                    seen.append((time.monotonic(), r.status))
+            except aiohttp.ClientError:
+                seen.append((time.monotonic(), -1))
+            await asyncio.sleep(0.01)
+
+    async with aiohttp.ClientSession() as session:
+        workers = [asyncio.create_task(load(session)) for _ in range(6)]
+        await asyncio.sleep(1.0)
+        assert any(s == 200 for _, s in seen)
+        e2e.stack.stop_control_plane(kill=True)
+        killed_at = time.monotonic()
+        # Fail closed: a new request is answered 503 at once (status_on_error), not held.
+        t0 = time.monotonic()
+        async with session.post(url, json=chat_body(4), headers=headers(P0_KEY)) as r:
+            await r.read()
+            assert r.status == 503, r.status
+        assert time.monotonic() - t0 < 1.0
+        await asyncio.sleep(0.5)
+        after_kill = [s for t, s in seen if t > killed_at + 0.2]
+        assert after_kill and all(s != 200 for s in after_kill), after_kill[:20]
+
+        # Restart the control plane on the same port; Envoy is not touched.
+        await asyncio.to_thread(e2e.stack.start_control_plane)
+        restarted_at = time.monotonic()
+        end = restarted_at + 10
+        while not any(s == 200 and t > restarted_at for t, s in seen):
+            assert time.monotonic() < end, seen[-20:]
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+        stop.set()
+        await asyncio.gather(*workers)
+    assert e2e.stack.envoy is not None and e2e.stack.envoy.alive()
+    e2e.wait_idle()
+    # No slot leaked: the backends and Envoy's upstream are empty too.
+    assert all(b["in_flight"] == 0 for b in e2e.backend_stats())
+    stats = json.loads(json.dumps(e2e.status()))
+    assert stats["pools"]["default"]["inflight_requests"] == 0
