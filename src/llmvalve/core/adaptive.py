@@ -132,9 +132,14 @@ class AdaptiveLimit:
         """The in-flight cost that should fill the KV cache to its target."""
         return self.spec.kv_target * self._capacity_live() * (self._rho or 1.0)
 
-    def hard_cap(self) -> float:
-        """Nothing is admitted past this, reserved share or not: the KV cache is full there."""
-        return self.kv_ceiling()
+    def hard_cap(self, reserved: bool = False) -> float:
+        """Nothing is admitted past this. A class inside its reserved share may use the
+        headroom above the KV target (up to 10 points of KV, at most 95 %): a reservation
+        that is borrowed when idle must still be there, at once, when its class arrives."""
+        if not reserved:
+            return self.kv_ceiling()
+        k = self.spec.kv_target
+        return self.kv_ceiling() * max(k, min(0.95, k + 0.1)) / k
 
     def reserve_base(self) -> float:
         """Reserved shares are shares of the capacity estimate, not of a limit that was just

@@ -11,7 +11,9 @@ may be in flight) and the in-flight account. A request fits its pool when
                                                  as the limiter's hard cap — for `adaptive`
                                                  the KV ceiling — is not passed),
 and the fast gate lets its class through: when the backends' saturation σ ≥ 1 the lowest
-class stops; when σ ≥ 1.25 only the highest class may start new work.
+class stops; when σ ≥ 1.25 only the highest class may start new work. The highest class is
+bounded by the limiter's hard cap rather than by L (P0's "penetration right": a limit cut for
+latency stops the lower classes first).
 
 Dispatch order is strict priority with round-robin between tenants; a class whose head does not
 fit blocks the classes below it (no small low-priority request jumps a waiting P0), except
@@ -40,6 +42,7 @@ from typing import Protocol
 
 from llmvalve.core.adaptive import AdaptiveLimit
 from llmvalve.core.limiter import Limit, SeedLimit, StaticLimit, Unlimited
+from llmvalve.core.picker import Picker
 from llmvalve.core.policy import DropPolicy, Policy, PoolSpec
 from llmvalve.core.scheduler import Scheduler, Waiting
 from llmvalve.core.types import (
@@ -107,6 +110,7 @@ class _Pool:
     tickets: dict[str, Ticket] = field(default_factory=dict)
     releases: _Rate | None = None
     override: float | None = None
+    picker: Picker = field(default_factory=Picker)
 
     def current_limit(self) -> float:
         return self.override if self.override is not None else self.limit.limit()
@@ -120,8 +124,12 @@ class Admission:
         self.controller = controller or policy.limiter.controller
         self.pools: dict[str, _Pool] = {}
         for spec in policy.pools:
-            self.pools[spec.name] = _Pool(spec, Scheduler(policy), make_limit(
-                self.controller, policy, now), releases=_Rate(now))
+            self.pools[spec.name] = _Pool(
+                spec, Scheduler(policy), make_limit(self.controller, policy, now),
+                releases=_Rate(now),
+                picker=Picker(tuple(b.name for b in spec.backends),
+                              policy.limiter.adaptive.stale_after_s,
+                              policy.limiter.adaptive.kv_target))
         self._expected_output: dict[int, float] = {}
         self._ranks = {p: i for i, p in enumerate(policy.priorities)}
         self.draining = False
@@ -157,13 +165,19 @@ class Admission:
         if not self._gate_allows(pool, priority, now):
             return False
         L = pool.current_limit()
+        if self._ranks[priority] == 0 and pool.override is None:
+            # The top class punches through a limit cut for latency: it stops only at the
+            # hard cap (the KV ceiling for `adaptive`), so lower classes stop first.
+            cap = pool.limit.hard_cap()
+            if cap != math.inf:
+                L = max(L, cap)
         # A request larger than the whole limit could never start; let it in alone.
         if shared and (pool.inflight + cost <= L or pool.inflight == 0):
             return True
         share = self.policy.queue(priority).reserved_share * (
             pool.limit.reserve_base() if pool.override is None else L)
         return (share > 0 and pool.inflight_by_class.get(priority, 0.0) + cost <= share
-                and pool.inflight + cost <= pool.limit.hard_cap())
+                and pool.inflight + cost <= pool.limit.hard_cap(reserved=True))
 
     def under_pressure(self, pool: _Pool, priority: int, now: float) -> bool:
         L = pool.current_limit()
@@ -196,8 +210,10 @@ class Admission:
 
     def _admit(self, pool: _Pool, req: RequestInfo, cost: float, now: float,
                wait_s: float) -> Admit:
+        backend = pool.picker.pick(now)
+        pool.picker.add(backend, cost)
         ticket = Ticket(req.request_id, pool.spec.name, req.priority, req.tenant, cost, now,
-                        pool.limit.epoch)
+                        pool.limit.epoch, backend)
         pool.inflight += cost
         pool.inflight_by_class[req.priority] = pool.inflight_by_class.get(req.priority, 0) + cost
         pool.tickets[req.request_id] = ticket
@@ -281,6 +297,7 @@ class Admission:
         if pool.tickets.pop(ticket.request_id, None) is None:
             raise ValueError(f"ticket {ticket.request_id} released twice or never admitted")
         pool.inflight = max(0.0, pool.inflight - ticket.cost_tokens)
+        pool.picker.remove(ticket.backend, ticket.cost_tokens)
         by_class = pool.inflight_by_class
         by_class[ticket.priority] = max(0.0, by_class.get(ticket.priority, 0) - ticket.cost_tokens)
         if not pool.tickets:  # no float drift when idle
@@ -304,7 +321,9 @@ class Admission:
 
     def on_snapshot(self, pool: str, snap: BackendSnapshot, now: float) -> None:
         """A scrape of one backend (ok=False when it failed)."""
-        self._pool(pool).limit.on_snapshot(snap, now)
+        p = self._pool(pool)
+        p.picker.observe(snap.backend, snap.ok, snap.at, snap.kv_usage, snap.waiting)
+        p.limit.on_snapshot(snap, now)
 
     def reclaim_expired_leases(self, now: float) -> list[Ticket]:
         """Release (as DROPPED) tickets older than the pool's lease timeout; returns them."""

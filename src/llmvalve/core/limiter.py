@@ -31,7 +31,7 @@ class Limit(Protocol):
 
     def reserve_base(self) -> float: ...
 
-    def hard_cap(self) -> float: ...
+    def hard_cap(self, reserved: bool = False) -> float: ...
 
     def saturation(self, now: float) -> float: ...
 
@@ -77,7 +77,7 @@ class _Passive:
     def reserve_base(self) -> float:
         return self.limit()
 
-    def hard_cap(self) -> float:
+    def hard_cap(self, reserved: bool = False) -> float:
         return math.inf
 
     def status(self) -> dict:

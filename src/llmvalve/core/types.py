@@ -61,6 +61,7 @@ class Ticket:
     cost_tokens: float
     admitted_at: float
     epoch: int  # the limiter epoch at admission: samples from older epochs are not used
+    backend: str = ""  # the backend picked for it ("" → Envoy's load balancer decides)
 
 
 @dataclass(frozen=True)

@@ -235,7 +235,7 @@ class Simulation:
             return
         st.ticket = d.ticket
         st.queue_wait_s += d.wait_s
-        b = self._route(g)
+        b = int(d.ticket.backend[1:]) if d.ticket.backend else self._route(g)
         backend = self.backends[b]
         st.backend = b
         st.sent_at = now
@@ -257,7 +257,8 @@ class Simulation:
             self._step(backend, now)
 
     def _route(self, g: Gateway) -> int:
-        """Envoy's least-request balancing, over the backends this gateway believes healthy."""
+        """Envoy's least-request balancing, over the backends this gateway believes healthy
+        (used when llmvalve does not pick: `none`, or before the first scrape)."""
         n = len(self.backends)
         candidates = [i for i in range(n) if g.healthy[i]] or list(range(n))
         g.rr += 1

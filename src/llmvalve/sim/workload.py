@@ -17,6 +17,10 @@ from pathlib import Path
 
 from llmvalve.sim.scenario import Dist, Scenario, TraceSpec, TrafficClass
 
+# A trace says how long each answer was, not what the client allowed: replayed requests ask for
+# this many tokens at most (a common client default) unless the class sets maxTokens.
+TRACE_MAX_TOKENS = 1024
+
 
 @dataclass(frozen=True)
 class Job:
@@ -114,8 +118,9 @@ def generate(sc: Scenario, load_scale: float = 1.0, seed: int | None = None) -> 
             tenants = dict(cls.trace.tenants)
             for at, prio, p, o in _trace_jobs(cls, cls.trace, sc.duration_s, load_scale, rng):
                 cancel = _cancel(cls, at, rng)
+                cap = cls.max_tokens or TRACE_MAX_TOKENS
                 jobs.append(Job(0, at, cls, prio, tenants.get(prio, f"{cls.tenant}-p{prio}"),
-                                p, min(o, cls.max_tokens or o), cls.max_tokens or o, cancel))
+                                p, min(o, cap), cap, cancel))
             continue
         for at in _poisson(cls, sc.duration_s, load_scale, rng):
             p = draw(cls.prompt, rng)
