@@ -17,13 +17,15 @@ HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
-def e2e(tmp_path_factory):
+def e2e(request, tmp_path_factory):
+    """The stack; a test module may set POLICY (a path) and BACKENDS (a count)."""
     try:
         envoy_binary()
     except FileNotFoundError:
         pytest.skip("no envoy binary")
     config = StackConfig(
-        policy=HERE / "policy.yaml", backends=2, profile="small", time_scale=4.0,
+        policy=getattr(request.module, "POLICY", HERE / "policy.yaml"),
+        backends=getattr(request.module, "BACKENDS", 2), profile="small", time_scale=4.0,
         port=0, admin_port=0, envoy_concurrency=1,
         workdir=tmp_path_factory.mktemp("stack"),
     )

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
+
+import aiohttp
+import openai
 
 from llmvalve.stack import Stack, http_get
 
@@ -72,3 +76,43 @@ class E2E:
         raise AssertionError(f"not idle after {timeout_s} s: {json.dumps(self.status())[:3000]}")
 
 
+
+
+CHAT = {"model": "sim-small", "messages": [{"role": "user", "content": "hello there"}]}
+
+
+def client(e2e, key: str = P0_KEY, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=e2e.base_url, api_key=key, max_retries=0, timeout=30, **kw)
+
+
+def chat_body(max_tokens: int, stream: bool = False) -> dict:
+    return {**CHAT, "max_tokens": max_tokens, "stream": stream}
+
+
+def headers(key: str, **extra: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}", "content-type": "application/json", **extra}
+
+
+async def hold_slots(session: aiohttp.ClientSession, url: str, n: int, key: str = P0_KEY):
+    """n long streaming requests that hold their slots until cancelled; returns their tasks."""
+    started = asyncio.Queue()
+
+    async def one() -> None:
+        async with session.post(url, json=chat_body(4000, stream=True),
+                                headers=headers(key)) as response:
+            assert response.status == 200, await response.text()
+            await response.content.readline()
+            await started.put(1)
+            async for _ in response.content:
+                pass
+
+    tasks = [asyncio.create_task(one()) for _ in range(n)]
+    for _ in range(n):
+        await asyncio.wait_for(started.get(), 20)
+    return tasks
+
+
+async def cancel_all(tasks) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

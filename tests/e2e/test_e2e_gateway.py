@@ -15,49 +15,9 @@ import time
 import aiohttp
 import openai
 import pytest
-from e2e_support import P0_KEY, P2_KEY
+from e2e_support import P0_KEY, P2_KEY, cancel_all, chat_body, client, headers, hold_slots
 
 pytestmark = pytest.mark.e2e
-
-CHAT = {"model": "sim-small", "messages": [{"role": "user", "content": "hello there"}]}
-
-
-def client(e2e, key: str = P0_KEY, **kw) -> openai.OpenAI:
-    return openai.OpenAI(base_url=e2e.base_url, api_key=key, max_retries=0, timeout=30, **kw)
-
-
-def chat_body(max_tokens: int, stream: bool = False) -> dict:
-    return {**CHAT, "max_tokens": max_tokens, "stream": stream}
-
-
-def headers(key: str, **extra: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {key}", "content-type": "application/json", **extra}
-
-
-async def hold_slots(session: aiohttp.ClientSession, url: str, n: int, key: str = P0_KEY):
-    """n long streaming requests that hold their slots until cancelled; returns their tasks."""
-    started = asyncio.Queue()
-
-    async def one() -> None:
-        async with session.post(url, json=chat_body(4000, stream=True),
-                                headers=headers(key)) as response:
-            assert response.status == 200, await response.text()
-            await response.content.readline()
-            await started.put(1)
-            async for _ in response.content:
-                pass
-
-    tasks = [asyncio.create_task(one()) for _ in range(n)]
-    for _ in range(n):
-        await asyncio.wait_for(started.get(), 20)
-    return tasks
-
-
-async def cancel_all(tasks) -> None:
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
 
 # (1) ---------------------------------------------------------------------------------------
 def test_openai_sdk_non_streaming_and_streaming(e2e):
@@ -160,6 +120,48 @@ async def test_sdk_sees_429_as_rate_limit_error(e2e):
             response = info.value.response
             assert int(response.headers["retry-after"]) >= 1
             assert response.headers["x-llmvalve-reason"]
+        finally:
+            await cancel_all(holders)
+    e2e.wait_idle()
+
+
+async def test_shed_request_with_a_feature_gets_its_fallback(e2e):
+    """Any rejection of a request whose feature has a fallback uses it (here: P2 fast-reject)."""
+    url = e2e.base_url + "/chat/completions"
+    c = client(e2e, key=P2_KEY)
+    suggest = {"x-llmvalve-feature": "suggest"}
+    fallback_before = e2e.fallback_stats()["requests_received"]
+    async with aiohttp.ClientSession() as session:
+        holders = await hold_slots(session, url, 8)
+        try:
+            raw = await asyncio.to_thread(c.chat.completions.with_raw_response.create,
+                                          **chat_body(4), extra_headers=suggest)
+            assert raw.status_code == 200
+            assert raw.headers["x-llmvalve-fallback"] == "static"
+            assert raw.headers["x-llmvalve-reason"] == "fast_reject_under_pressure"
+            answer = raw.parse().choices[0].message.content
+            assert answer == "Suggestions are temporarily unavailable."
+
+            # Streaming: the SDK sends no hint in its headers, so the gateway reads the body's
+            # `stream` (mode_override BUFFERED) and answers with SSE chunks.
+            def stream_text() -> str:
+                chunks = c.chat.completions.create(**chat_body(4, stream=True),
+                                                   extra_headers=suggest)
+                return "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+
+            assert await asyncio.to_thread(stream_text) == answer
+
+            legacy = await asyncio.to_thread(c.completions.create, model="sim-small",
+                                             prompt="x", max_tokens=4, extra_headers=suggest)
+            assert legacy.choices[0].text == answer
+
+            # A reroute fallback: served by the fallback model's cluster instead.
+            raw = await asyncio.to_thread(
+                c.chat.completions.with_raw_response.create, **chat_body(4),
+                extra_headers={"x-llmvalve-feature": "summarize"})
+            assert raw.status_code == 200
+            assert raw.parse().choices[0].message.content
+            assert e2e.fallback_stats()["requests_received"] == fallback_before + 1
         finally:
             await cancel_all(holders)
     e2e.wait_idle()

@@ -1,0 +1,66 @@
+"""Body inspection (policy `requests.bodyInspection: true`) through real Envoy.
+
+The ext_proc filter is configured for headers only; for each request the control plane asks
+for the BUFFERED body with `mode_override` and decides on `request_body`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from e2e_support import HERE, P0_KEY, P2_KEY, cancel_all, chat_body, client, headers, hold_slots
+
+pytestmark = pytest.mark.e2e
+
+POLICY = HERE / "policy-body.yaml"
+BACKENDS = 1
+
+
+def test_sdk_requests_pass_with_body_inspection(e2e):
+    c = client(e2e)
+    raw = c.chat.completions.with_raw_response.create(**chat_body(6))
+    assert raw.parse().choices[0].message.content
+    assert raw.headers["x-llmvalve-class"] == "realtime-interactive"
+    chunks = list(c.chat.completions.create(**chat_body(6, stream=True)))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert [m.id for m in c.models.list()]  # GET: no body, decided on the headers
+    e2e.wait_idle()
+
+
+async def test_invalid_json_is_400_openai_style(e2e):
+    url = e2e.base_url + "/chat/completions"
+    async with aiohttp.ClientSession() as session, session.post(
+            url, data=b'{"model": ', headers=headers(P0_KEY)) as r:
+        assert r.status == 400
+        body = await r.json()
+    assert body["error"]["type"] == "invalid_request_error"
+    assert "JSON" in body["error"]["message"]
+    e2e.wait_idle()
+
+
+def test_body_over_max_body_bytes_is_estimated_from_its_length(e2e):
+    big = {"model": "sim-small", "max_tokens": 2,
+           "messages": [{"role": "user", "content": "word " * 1200}]}  # 6 KB > 4 KiB
+    completion = client(e2e).chat.completions.create(**big)
+    assert completion.choices[0].message.content is not None
+    e2e.wait_idle()
+
+
+async def test_streaming_fallback_knows_stream_from_the_body(e2e):
+    url = e2e.base_url + "/chat/completions"
+    c = client(e2e, key=P2_KEY)
+    async with aiohttp.ClientSession() as session:
+        holders = await hold_slots(session, url, 8)
+        try:
+            def stream_text() -> str:
+                chunks = c.chat.completions.create(
+                    **chat_body(4, stream=True), extra_headers={"x-llmvalve-feature": "suggest"})
+                return "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+
+            assert await asyncio.to_thread(stream_text) == (
+                "Suggestions are temporarily unavailable.")
+        finally:
+            await cancel_all(holders)
+    e2e.wait_idle()
