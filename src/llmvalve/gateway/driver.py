@@ -82,10 +82,6 @@ class Driver:
             self.open_tickets[decision.ticket.request_id] = decision.ticket
         return decision
 
-    async def wait(self, request_id: str) -> Admit | Reject:
-        """The decision for a Queued request. On cancellation, call `abandon`."""
-        return await self._waiters[request_id]
-
     def abandon(self, request_id: str, future: asyncio.Future[Any] | None = None) -> None:
         """The stream of a queued request went away: dequeue it, or close a ticket it missed."""
         future = self._waiters.pop(request_id, None) or future
@@ -98,6 +94,8 @@ class Driver:
         self.kick()
 
     def waiter(self, request_id: str) -> asyncio.Future[Admit | Reject] | None:
+        """The future a Queued request's decision arrives on (await it; on cancellation,
+        call `abandon`)."""
         return self._waiters.get(request_id)
 
     def release(self, ticket: Ticket, outcome: Outcome) -> None:

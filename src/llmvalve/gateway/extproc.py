@@ -94,6 +94,7 @@ class _Stream:
         self.body_wanted: str | None = None  # "admission" | "fallback": why the body was asked
         self.pending_reject: Reject | None = None
         self.ticket: Ticket | None = None
+        self.future: asyncio.Future[Admit | Reject] | None = None  # while held in a queue
         self.routed = False  # continued to an upstream (admitted or rerouted)
         self.wait_s = 0.0
         self.status: int | None = None
@@ -162,19 +163,23 @@ class _Stream:
         )
         decision = self.driver.submit(info)
         if isinstance(decision, Queued):
+            # Taken now: the driver may resolve (and forget) it while the next message is sent.
+            future = self.future = self.driver.waiter(self.request_id)
+            assert future is not None
             wait_limit = self.policy.queue(info.priority).timeout_s
             if deadline_ms is not None:
                 wait_limit = min(wait_limit, deadline_ms / 1000.0)
             timeout = duration_pb2.Duration()
             timeout.FromMilliseconds(int((wait_limit + MESSAGE_TIMEOUT_MARGIN_S) * 1000))
             yield ep.ProcessingResponse(override_message_timeout=timeout)
-            future = self.driver.waiter(self.request_id)
             try:
-                decided = await self.driver.wait(self.request_id)
+                decided = await future
             except asyncio.CancelledError:
+                self.future = None
                 self.driver.abandon(self.request_id, future)
                 self.owner.metrics.decision("cancelled_in_queue", self.class_name, "cancelled")
                 raise
+            self.future = None
         else:
             decided = decision
         if isinstance(decided, Admit):
@@ -262,8 +267,10 @@ class _Stream:
         if self.ticket is not None:
             ticket, self.ticket = self.ticket, None
             self.driver.release(ticket, outcome_of(self.status, cancelled=cancelled))
-        elif self.request_id and self.driver.waiter(self.request_id) is not None:
-            self.driver.abandon(self.request_id)
+        elif self.future is not None:
+            # Ended while held (possibly between a decision and its delivery).
+            future, self.future = self.future, None
+            self.driver.abandon(self.request_id, future)
 
     def _class_name(self, priority: int) -> str:
         try:

@@ -53,8 +53,7 @@ def retry_after_headers(retry_after_s: float) -> tuple[tuple[str, str], ...]:
 
 
 def shed(reject: Reject, class_name: str) -> Reply:
-    unavailable = reject.reason in UNAVAILABLE or reject.status == 503
-    status = reject.status if reject.status in (429, 503) else (503 if unavailable else 429)
+    status = 503 if reject.reason in UNAVAILABLE or reject.status == 503 else 429
     template = MESSAGES.get(reject.reason, "Request rejected ({reason}).")
     message = template.format(cls=class_name, after=math.ceil(max(0.0, reject.retry_after_s)),
                               wait=round(reject.wait_s, 1), reason=reject.reason.value)

@@ -1,0 +1,269 @@
+"""Gateway pieces without Envoy: replies, request reading, ALS samples, driver, scraper, admin."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+from aiohttp import web
+from envoy.data.accesslog.v3 import accesslog_pb2
+
+from llmvalve.core.policy import (
+    SEED_QUEUES,
+    BackendSpec,
+    FallbackSpec,
+    Policy,
+    PoolSpec,
+    RequestSpec,
+)
+from llmvalve.core.types import Admit, Outcome, Queued, Reason, Reject, Ticket
+from llmvalve.gateway import reading, replies
+from llmvalve.gateway.admin import AdminState, build_app
+from llmvalve.gateway.als import flags_of, sample_of
+from llmvalve.gateway.driver import Driver
+from llmvalve.gateway.metrics import GatewayMetrics
+from llmvalve.gateway.scraper import Scraper
+
+POLICY = Policy(queues=SEED_QUEUES)
+
+
+# -- replies -----------------------------------------------------------------------------------
+def test_shed_reply_shape():
+    reply = replies.shed(Reject("r", 429, Reason.QUEUE_TIMEOUT, 0.2, 8.04), "agent-workflow")
+    hs = dict(reply.headers)
+    assert reply.status == 429
+    assert hs["retry-after"] == "1" and hs["retry-after-ms"] == "200"
+    assert hs["x-llmvalve-queue-wait-ms"] == "8040"
+    error = json.loads(reply.body)["error"]
+    assert error["type"] == "rate_limit_exceeded" and error["code"] == "queue_timeout"
+    assert "agent-workflow" in error["message"]
+
+
+def test_unavailable_reasons_are_503():
+    reply = replies.shed(Reject("r", 429, Reason.POOL_UNAVAILABLE, 5.0), "x")
+    assert reply.status == 503
+    assert json.loads(reply.body)["error"]["type"] == "service_unavailable"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_static_fallback_for_legacy_completions(stream):
+    reply = replies.static_fallback(FallbackSpec("static", "later"), reason=Reason.BREAKER_OPEN,
+                                    path="/v1/completions", model=None, stream=stream,
+                                    request_id="abc", created=1)
+    text = reply.body.decode()
+    if stream:
+        first = json.loads(text.split("\n\n")[0][6:])
+        assert text.endswith("data: [DONE]\n\n")
+    else:
+        first = json.loads(text)
+    assert first["object"] == "text_completion" and first["choices"][0]["text"] == "later"
+    assert first["id"] == "cmpl-llmvalve-abc" and first["model"] == "llmvalve-fallback"
+
+
+# -- reading -----------------------------------------------------------------------------------
+def test_body_facts_and_estimate():
+    body = json.dumps({"model": "m", "max_completion_tokens": 10, "stream": True,
+                       "messages": [{"role": "user", "content": [
+                           {"type": "text", "text": "abcd" * 10}]}]}).encode()
+    facts = reading.parse_body(body)
+    assert facts == reading.BodyFacts(prompt_bytes=40, max_tokens=10, stream=True, model="m")
+    est = reading.estimate(RequestSpec(), 999, facts)
+    assert (est.prompt_tokens, est.max_tokens, est.cost_tokens) == (10, 10, 20.0)
+    est = reading.estimate(RequestSpec(default_max_tokens=7), 41, None)
+    assert (est.prompt_tokens, est.max_tokens) == (11, 7)
+
+
+@pytest.mark.parametrize("body", [b"{", b"[1]", b'{"max_tokens": -1}', b'{"max_tokens": "9"}',
+                                  b"\xff"])
+def test_bad_bodies(body):
+    assert isinstance(reading.parse_body(body), str)
+
+
+def test_header_hints():
+    assert reading.stream_hint({"accept": "text/event-stream"}) is True
+    assert reading.stream_hint({"x-llmvalve-stream": "0"}) is False
+    assert reading.stream_hint({}) is None
+    assert reading.deadline_ms({"d": "250"}, "d") == 250.0
+    assert reading.deadline_ms({"d": "soon"}, "d") is None
+    assert reading.deadline_ms({"d": "-1"}, "d") is None
+    assert reading.content_length({"content-length": "x"}) == 0
+
+
+# -- access log --------------------------------------------------------------------------------
+def entry(status: int, cluster: str = "llm_backends", details: str = "via_upstream",
+          **flags: bool) -> accesslog_pb2.HTTPAccessLogEntry:
+    e = accesslog_pb2.HTTPAccessLogEntry()
+    e.request.request_id = "r1"
+    e.response.response_code.value = status
+    e.response.response_code_details = details
+    e.common_properties.upstream_cluster = cluster
+    e.common_properties.custom_tags["ttft_ms"] = "120"
+    e.common_properties.custom_tags["upstream_ms"] = "-"
+    for name, value in flags.items():
+        setattr(e.common_properties.response_flags, name, value)
+    return e
+
+
+def test_access_log_entry_to_sample():
+    sample = sample_of(entry(200), {"llm_backends": "default"})
+    assert sample is not None
+    assert (sample.request_id, sample.pool, sample.outcome) == ("r1", "default", Outcome.SUCCESS)
+    assert sample.ttft_s == 0.12 and sample.duration_s is None
+    dc = sample_of(entry(200, downstream_connection_termination=True), {"llm_backends": "d"})
+    assert dc is not None and dc.outcome is Outcome.IGNORE
+    uf = sample_of(entry(503, upstream_connection_failure=True), {"llm_backends": "d"})
+    assert uf is not None and uf.outcome is Outcome.DROPPED
+    # Answered by the gateway itself, or another cluster: not a backend sample.
+    assert sample_of(entry(429, details="llmvalve_queue_full"), {"llm_backends": "d"}) is None
+    assert sample_of(entry(200, cluster="fallback_model"), {"llm_backends": "d"}) is None
+
+
+def test_flags_of():
+    flags = accesslog_pb2.ResponseFlags(upstream_request_timeout=True,
+                                        downstream_remote_reset=True)
+    assert flags_of(flags) == {"UT", "DR"}
+
+
+# -- driver ------------------------------------------------------------------------------------
+class QueueingAdmission:
+    def __init__(self) -> None:
+        self.pending: list = []
+        self.released: list = []
+        self.deadline: float | None = None
+
+    def submit(self, req, now):
+        return Queued(req.request_id, 1)
+
+    def poll(self, now):
+        out, self.pending = self.pending, []
+        return out
+
+    def next_deadline(self):
+        return self.deadline
+
+    def cancel(self, request_id, now):
+        return True
+
+    def release(self, ticket, outcome, now):
+        self.released.append((ticket.request_id, outcome))
+
+    def reclaim_expired_leases(self, now):
+        return []
+
+
+def ticket(rid: str) -> Ticket:
+    return Ticket(rid, "default", 0, "t", 1.0, 0.0, 0)
+
+
+async def test_driver_wakes_at_the_deadline_and_releases_orphans():
+    from llmvalve.core.types import RequestInfo
+
+    admission = QueueingAdmission()
+    driver = Driver(admission, POLICY)  # type: ignore[arg-type]
+    driver.start()
+    try:
+        assert isinstance(driver.submit(RequestInfo("a", "t", 0, 1.0)), Queued)
+        with pytest.raises(ValueError, match="already in use"):
+            driver.submit(RequestInfo("a", "t", 0, 1.0))
+        waiting = driver.waiter("a")
+        assert waiting is not None
+        # A decision for a request nobody waits for (it left): its ticket is closed at once.
+        admission.pending = [Admit("a", ticket("a"), 0.0), Admit("zz", ticket("zz"), 0.0)]
+        admission.deadline = driver.clock() + 0.05  # poll() runs at the deadline
+        driver.kick()
+        decided = await asyncio.wait_for(waiting, 1)
+        assert isinstance(decided, Admit)
+        assert admission.released == [("zz", Outcome.IGNORE)]
+        assert driver.counts["orphan_admits"] == 1
+        driver.release(decided.ticket, Outcome.SUCCESS)
+        driver.release(decided.ticket, Outcome.SUCCESS)  # a second close is ignored here
+        assert admission.released[-1] == ("a", Outcome.SUCCESS) and len(admission.released) == 2
+    finally:
+        await driver.stop()
+
+
+# -- scraper -----------------------------------------------------------------------------------
+async def test_scraper_feeds_snapshots_and_reports_failures(aiohttp_free_port):
+    texts = ["vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n", "garbage{"]
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=texts[0])
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", aiohttp_free_port).start()
+    url = f"http://127.0.0.1:{aiohttp_free_port}/metrics"
+    policy = Policy(queues=SEED_QUEUES, pools=(PoolSpec(
+        backends=(BackendSpec("b0", url), BackendSpec("dead", "http://127.0.0.1:1/metrics")),
+        scrape_interval_s=0.05, scrape_timeout_s=0.5),))
+    seen: list = []
+
+    class Recorder:
+        def on_snapshot(self, pool, snap, now):
+            seen.append((pool, snap))
+
+    driver = Driver(Recorder(), policy)  # type: ignore[arg-type]
+    scraper = Scraper(driver)
+    await scraper.start(policy)
+    try:
+        for _ in range(100):
+            if {s.backend for _, s in seen} == {"b0", "dead"}:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await scraper.stop()
+        await runner.cleanup()
+    good = [s for _, s in seen if s.backend == "b0"]
+    assert good and good[0].ok and good[0].running == 3.0 and good[0].waiting == 1.0
+    assert all(not s.ok for _, s in seen if s.backend == "dead")
+    assert {p for p, _ in seen} == {"default"}
+
+
+@pytest.fixture
+def aiohttp_free_port():
+    from llmvalve.stack import free_port
+
+    return free_port()
+
+
+# -- admin -------------------------------------------------------------------------------------
+async def test_admin_endpoints(aiohttp_free_port):
+    state = AdminState()
+    metrics = GatewayMetrics()
+    status = {"pools": {"default": {"limit": 8, "inflight": 2.0, "name": "x"}}}
+    metrics.watch_status(lambda: status)
+    metrics.decision("admitted", "realtime-interactive", "")
+    runner = web.AppRunner(build_app(state, metrics, lambda: status))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", aiohttp_free_port).start()
+    base = f"http://127.0.0.1:{aiohttp_free_port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(base + "/readyz") as r:
+                assert r.status == 503
+            state.ready = True
+            async with session.get(base + "/readyz") as r:
+                assert r.status == 200
+            async with session.get(base + "/healthz") as r:
+                assert r.status == 200
+            async with session.get(base + "/status") as r:
+                body = await r.json()
+                assert body["ready"] is True and body["pools"]["default"]["limit"] == 8
+            async with session.get(base + "/metrics") as r:
+                text = await r.text()
+                assert 'llmvalve_pool_limit{pool="default"} 8.0' in text
+                assert 'llmvalve_pool_inflight{pool="default"} 2.0' in text
+                assert "llmvalve_decisions_total" in text
+            state.draining = True
+            async with session.get(base + "/readyz") as r:
+                assert r.status == 503 and "draining" in await r.text()
+    finally:
+        await runner.cleanup()
+
+
+def test_reject_type_used_by_the_tests_is_current():
+    assert Reject("r", 429, Reason.QUEUE_FULL, 1.0).fallback is None
