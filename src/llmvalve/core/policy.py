@@ -76,7 +76,7 @@ class AdaptiveLimitSpec:
     max_limit_tokens: float = 4_000_000.0
     window_s: float = 0.5
     min_samples: int = 10
-    kv_target: float = 0.85  # KV usage fraction the pool is steered to
+    kv_target: float = 0.8  # KV usage fraction the pool is steered to
     waiting_target: float = 2.0  # engine waiting requests per backend considered saturated
     queue_target_s: float = 0.0  # 0 → a quarter of the tightest class TTFT SLO
     itl_target_s: float = 0.0  # 0 → the tightest class TPOT SLO

@@ -9,8 +9,9 @@ the lowest non-empty class that has waited longer than `starvation_after_s` goes
 The scheduler never decides whether a request *fits*: the caller (`Admission`) asks the limiter
 and then calls `pop`. Every waiting request has a wait deadline (its queue timeout, capped by
 the client's deadline); `expire(now)` removes and returns those past it, so an expired request
-is never dispatched. Drained requests are counted to measure the dispatch rate that predicts
-waits and Retry-After.
+is never dispatched. When a class has a standing queue (its oldest request has waited its whole
+TTFT objective) it serves newest first — Facebook's adaptive LIFO — so that sustained
+overload costs the requests that were going to miss anyway, not every request.
 """
 
 from __future__ import annotations
@@ -42,14 +43,14 @@ class _ClassQueue:
         self.tenants.setdefault(w.req.tenant, deque()).append(w)
         self.size += 1
 
-    def head(self) -> Waiting | None:
+    def head(self, lifo: bool = False) -> Waiting | None:
         for q in self.tenants.values():
-            return q[0]
+            return q[-1] if lifo else q[0]
         return None
 
-    def pop_head(self) -> Waiting:
+    def pop_head(self, lifo: bool = False) -> Waiting:
         tenant, q = next(iter(self.tenants.items()))
-        w = q.popleft()
+        w = q.pop() if lifo else q.popleft()
         del self.tenants[tenant]
         if q:
             self.tenants[tenant] = q  # to the back: the next tenant gets the next turn
@@ -125,9 +126,10 @@ class Scheduler:
     def pop(self, w: Waiting) -> None:
         """Take `w` (a head yielded by `candidates`) out of the queue to dispatch it."""
         c = self._classes[w.req.priority]
-        head = c.head()
-        if head is w:
+        if c.head() is w:
             c.pop_head()
+        elif c.head(lifo=True) is w:
+            c.pop_head(lifo=True)
         else:
             c.remove(w)
         del self._by_id[w.req.request_id]
@@ -151,7 +153,8 @@ class Scheduler:
     # ---- dispatch order -------------------------------------------------------------------
     def candidates(self, now: float) -> Iterator[Waiting]:
         """Heads of the non-empty classes in the order they should be tried."""
-        heads = [(p, c.head()) for p, c in self._classes.items() if c.size]
+        heads = [(p, c.head(lifo=self._standing(c, now)))
+                 for p, c in self._classes.items() if c.size]
         if not heads:
             return
         s = self._policy.scheduler
@@ -165,6 +168,15 @@ class Scheduler:
         for _, w in heads:
             if w is not None:
                 yield w
+
+    @staticmethod
+    def _standing(c: _ClassQueue, now: float) -> bool:
+        """A standing queue: its oldest request has waited the class's whole TTFT objective.
+        Then the newest request is served first (adaptive LIFO): under sustained overload
+        FIFO serves every request late, LIFO serves most on time and lets the old ones reach
+        their timeout, which drops them at the head as before."""
+        oldest = c.oldest_enqueued_at()
+        return oldest is not None and now - oldest >= c.spec.slo.ttft_s
 
     def waiting(self) -> Iterator[Waiting]:
         for _, w in self._by_id.values():

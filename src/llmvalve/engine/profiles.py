@@ -64,6 +64,22 @@ SMALL = EngineProfile(
     per_ctx_token_s=0.000_001,
 )
 
+# Four times the small engine's KV cache and batch: long prompts (4k tokens) fit a dozen at a
+# time, so admission is not decided by the granularity of three requests per engine.
+MEDIUM = EngineProfile(
+    name="medium",
+    model="sim-medium",
+    num_gpu_blocks=4096,  # 65,536 KV tokens
+    block_size=16,
+    max_num_seqs=64,
+    max_num_batched_tokens=4096,
+    max_model_len=16384,
+    base_s=0.020,
+    per_seq_s=0.0004,
+    per_prefill_token_s=0.00005,  # 20k prompt tokens/s
+    per_ctx_token_s=0.000_000_25,
+)
+
 # Tiny and quick, for end-to-end tests that need answers in a fraction of a second.
 TINY = EngineProfile(
     name="tiny",
@@ -80,7 +96,8 @@ TINY = EngineProfile(
     default_output_tokens=16,
 )
 
-PROFILES: dict[str, EngineProfile] = {p.name: p for p in (LLAMA3_8B_H100, SMALL, TINY)}
+PROFILES: dict[str, EngineProfile] = {
+    p.name: p for p in (LLAMA3_8B_H100, SMALL, MEDIUM, TINY)}
 
 
 def get_profile(name: str) -> EngineProfile:

@@ -77,3 +77,32 @@ def table(result: dict) -> str:
         lines.append(f"oracle: best fixed limit {o['controller']} → goodput "
                      f"{o['goodput_tok_s']:.0f} tok/s")
     return "\n".join(lines)
+
+
+def capacity_report(run: RunResult, event_times: list[float]) -> dict:
+    """Did the admitted work stay within what the backends can hold?
+
+    A second is *overcommitted* when the engines queue more than one request per live backend
+    or their KV cache is over 95 % full: work was let through that the GPUs cannot run. After a
+    capacity event, the reaction time is how long until three overcommit-free seconds in a
+    row; None when that never happens before the traffic stops."""
+    ts = [p for p in run.timeseries if p.t <= run.duration_s]
+
+    def over(p) -> bool:  # type: ignore[no-untyped-def]
+        return p.engine_waiting > p.live_backends or p.kv_usage > 0.95
+
+    reactions: list[float | None] = []
+    for t0 in event_times:
+        after = [p for p in ts if p.t >= t0]
+        found = None
+        for i in range(len(after) - 2):
+            if not any(over(p) for p in after[i:i + 3]):
+                found = round(after[i].t - t0, 1)
+                break
+        reactions.append(found)
+    return {
+        "inflight_max": max((p.inflight_requests for p in ts), default=0),
+        "capacity_requests": max((p.live_backends for p in ts), default=0) * run.max_num_seqs,
+        "overcommitted_s": sum(1 for p in ts if over(p)),
+        "reaction_time_s": reactions,
+    }

@@ -8,7 +8,7 @@ from importlib import resources
 from llmvalve.core.policy import Policy
 from llmvalve.core.policy_load import load_policy
 from llmvalve.sim.harness import RunResult, Simulation
-from llmvalve.sim.report import summarize
+from llmvalve.sim.report import capacity_report, summarize
 from llmvalve.sim.scenario import Scenario
 from llmvalve.sim.workload import generate
 
@@ -36,9 +36,11 @@ def simulate(sc: Scenario, controllers: list[str] | None = None, seed: int | Non
     runs: dict[str, RunResult] = {}
     out: dict = {"scenario": sc.name, "seed": seed, "duration_s": sc.duration_s,
                  "controllers": {}}
+    events = sorted({e.at_s for e in sc.events})
     for c in controllers or list(sc.controllers):
         runs[c] = run_one(sc, c, seed, load_scale)
         out["controllers"][c] = summarize(runs[c], policy)
+        out["controllers"][c]["capacity"] = capacity_report(runs[c], events)
     if oracle:
         best = None
         for n in sc.oracle_sweep:
@@ -50,3 +52,20 @@ def simulate(sc: Scenario, controllers: list[str] | None = None, seed: int | Non
         assert best is not None
         out["oracle"] = {"controller": best[0], "goodput_tok_s": best[1]}
     return out, runs
+
+
+def sweep(sc: Scenario, controllers: list[str], loads: list[float],
+          seed: int | None = None) -> list[dict]:
+    """Goodput and attainment per controller at each multiple of the scenario's rates."""
+    policy = sc.policy or default_policy()
+    out = []
+    for load in loads:
+        row: dict = {"load": load, "controllers": {}}
+        for c in controllers:
+            r = summarize(run_one(sc, c, seed, load), policy)
+            row["controllers"][c] = {
+                "goodput_tok_s": r["goodput_tok_s"],
+                "slo_attainment": {p: v["slo_attainment"] for p, v in r["classes"].items()},
+                "preemptions": r["preemptions"]}
+        out.append(row)
+    return out
