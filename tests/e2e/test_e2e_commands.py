@@ -1,0 +1,139 @@
+"""`llmvalve serve` (readiness, drain on SIGTERM) and `llmvalve up` (starts, serves, stops all)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import openai
+import pytest
+from e2e_support import HERE, P0_KEY
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+from llmvalve.stack import free_port, http_get
+
+pytestmark = pytest.mark.e2e
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid:
+            out.append(int(entry.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+async def test_serve_is_ready_then_drains_open_streams_on_sigterm(tmp_path):
+    grpc_port, admin_port = free_port(), free_port()
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmvalve.cli", "serve", "--policy", str(HERE / "policy.yaml"),
+         "--grpc", f"127.0.0.1:{grpc_port}", "--admin", f"127.0.0.1:{admin_port}",
+         "--drain-timeout", "20"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    admin = f"http://127.0.0.1:{admin_port}"
+    try:
+        wait_for(lambda: _status(admin + "/readyz") == 200, 30, "/readyz")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = ep_grpc.ExternalProcessorStub(channel)
+            requests: asyncio.Queue = asyncio.Queue()
+
+            async def feed():
+                while (message := await requests.get()) is not None:
+                    yield message
+
+            call = stub.Process(feed())
+            headers = base_pb2.HeaderMap(headers=[
+                base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in {
+                    ":path": "/v1/chat/completions", "x-request-id": "drain-1",
+                    "authorization": f"Bearer {P0_KEY}"}.items()])
+            await requests.put(ep.ProcessingRequest(
+                request_headers=ep.HttpHeaders(headers=headers)))
+            response = await asyncio.wait_for(call.read(), 5)
+            assert response.HasField("request_headers")  # admitted: one stream is open
+
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.5)
+            assert proc.poll() is None  # still draining the open stream …
+            assert _status(admin + "/readyz") == 503  # … and no longer ready
+            await requests.put(None)  # the request ends
+            while await asyncio.wait_for(call.read(), 5) is not grpc.aio.EOF:
+                pass
+        assert await asyncio.to_thread(proc.wait, 10) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def _status(url: str) -> int:
+    try:
+        return http_get(url, 1.0)[0]
+    except OSError:
+        return -1
+
+
+def test_up_starts_everything_serves_and_stops_everything(tmp_path):
+    port, admin_port = free_port(), free_port()
+    out = open(tmp_path / "up.log", "wb")  # noqa: SIM115
+    up = subprocess.Popen(
+        [sys.executable, "-m", "llmvalve.cli", "up", "--port", str(port), "--admin-port",
+         str(admin_port), "--backends", "1", "--profile", "tiny", "--time-scale", "4"],
+        stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    children: list[int] = []
+    try:
+        wait_for(lambda: b"llmvalve is up." in (tmp_path / "up.log").read_bytes()
+                 or up.poll() is not None, 60, "llmvalve up")
+        banner = (tmp_path / "up.log").read_text()
+        assert up.poll() is None, banner
+        assert "sk-llmvalve-demo-p0" in banner and "curl" in banner and "OpenAI(" in banner
+        children = children_of(up.pid)
+        assert len(children) == 4  # backend, fallback model, control plane, Envoy
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=P0_KEY,
+                               max_retries=0, timeout=20)
+        completion = client.chat.completions.create(
+            model="sim-tiny", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+        assert completion.choices[0].message.content
+        assert _status(f"http://127.0.0.1:{admin_port}/readyz") == 200
+
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(30) == 0
+        wait_for(lambda: not any(alive(pid) for pid in children), 10, "children to exit")
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+        for pid in children:
+            if alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+        out.close()
