@@ -1,0 +1,154 @@
+"""Issue 2's acceptance: every built-in scenario, default controllers, fixed seeds, explicit
+thresholds. These run the real core and the real engine in virtual time (no network)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+
+from llmvalve.sim.runner import run_one, simulate, sweep
+from llmvalve.sim.scenario import builtin_names, load_scenario
+
+BUILTINS = ["steady", "burst", "prompt-shift", "capacity-drop", "overload-sweep", "retry-storm",
+            "cancel-heavy", "multi-gateway", "noise", "azure-conv"]
+
+
+def att(result: dict, ctrl: str, prio: str = "0") -> float:
+    return result["controllers"][ctrl]["classes"][prio]["slo_attainment"]
+
+
+def goodput(result: dict, ctrl: str) -> float:
+    return result["controllers"][ctrl]["goodput_tok_s"]
+
+
+def test_every_builtin_scenario_is_shipped():
+    assert sorted(BUILTINS) == builtin_names()
+
+
+def test_burst_adaptive_protects_p0_and_none_collapses():
+    res, _ = simulate(load_scenario("burst"), oracle=True)
+    assert att(res, "adaptive") >= 0.99
+    assert goodput(res, "adaptive") >= 0.9 * res["oracle"]["goodput_tok_s"]
+    assert att(res, "none") < 0.5
+    assert "seed" in res["controllers"]  # reported beside them
+    assert res["controllers"]["adaptive"]["preemptions"] <= 5
+
+
+def test_prompt_shift_adaptive_tightens_before_thrashing():
+    sc = load_scenario("prompt-shift")
+    res, runs = simulate(sc, ["adaptive"], oracle=True)
+    requests = len(runs["adaptive"].jobs)
+    assert goodput(res, "adaptive") >= 0.9 * res["oracle"]["goodput_tok_s"]
+    assert res["controllers"]["adaptive"]["preemptions"] <= 0.01 * requests
+    # The best fixed limit for the short-prompt phase alone...
+    phase1 = replace(sc, duration_s=40.0)
+    best_n = max(sc.oracle_sweep, key=lambda n: simulate(phase1, [f"static:{n}"])[0][
+        "controllers"][f"static:{n}"]["goodput_tok_s"])
+    # ...preempts heavily once prompts are 8x longer.
+    after = run_one(sc, f"static:{best_n}")
+    assert after.preemptions >= 0.1 * len(after.jobs), (best_n, after.preemptions)
+
+
+def test_noise_adaptive_does_not_shed_and_the_seed_collapses():
+    res, runs = simulate(load_scenario("noise"))
+    offered = len(runs["adaptive"].jobs)
+    rejected = sum(c["rejected"] + c["dropped"]
+                   for c in res["controllers"]["adaptive"]["classes"].values())
+    assert rejected < 0.01 * offered
+    seed_rejected = sum(c["rejected"] + c["dropped"]
+                        for c in res["controllers"]["seed"]["classes"].values())
+    assert seed_rejected > 10 * max(1, rejected)
+    assert goodput(res, "seed") < 0.85 * goodput(res, "adaptive")
+
+
+def test_capacity_drop_reaction_within_five_seconds():
+    res, _ = simulate(load_scenario("capacity-drop"), ["none", "adaptive"])
+    reactions = res["controllers"]["adaptive"]["capacity"]["reaction_time_s"]
+    assert len(reactions) == 2
+    assert all(r is not None and r <= 5.0 for r in reactions), reactions
+    # without admission control the engines never get back under capacity
+    assert res["controllers"]["none"]["capacity"]["reaction_time_s"][-1] is None
+
+
+def test_overload_sweep_goodput_never_falls():
+    sc = load_scenario("overload-sweep")
+    rows = sweep(sc, ["adaptive"], [1, 2, 3, 4, 6])
+    at_1x = rows[0]["controllers"]["adaptive"]["goodput_tok_s"]
+    for row in rows[1:]:
+        assert row["controllers"]["adaptive"]["goodput_tok_s"] >= 0.95 * at_1x, row
+
+
+def test_multi_gateway_three_replicas_stay_within_capacity():
+    res, runs = simulate(load_scenario("multi-gateway"), ["adaptive"])
+    cap = res["controllers"]["adaptive"]["capacity"]
+    assert cap["inflight_max"] <= cap["capacity_requests"]
+    assert cap["overcommitted_s"] <= 0.05 * runs["adaptive"].duration_s
+    assert att(res, "adaptive") >= 0.99
+
+
+def test_azure_conversation_trace():
+    res, _ = simulate(load_scenario("azure-conv"), ["adaptive"], oracle=True)
+    assert att(res, "adaptive") >= 0.99
+    assert goodput(res, "adaptive") >= 0.9 * res["oracle"]["goodput_tok_s"]
+
+
+def test_retry_storm_amplifies_load_and_jitter_does_not():
+    _, runs = simulate(load_scenario("retry-storm"), ["adaptive"])
+    jobs = runs["adaptive"].jobs
+    def attempts(name: str) -> float:
+        js = [s for s in jobs if s.job.cls.name == name]
+        return sum(s.attempt + 1 for s in js) / len(js)
+    assert attempts("batch-storm") > 1.5 * attempts("batch-polite")
+
+
+def test_same_seed_same_numbers():
+    sc = load_scenario("steady")
+    a, _ = simulate(sc, ["adaptive", "seed"])
+    b, _ = simulate(sc, ["adaptive", "seed"])
+    assert a == b
+    c, _ = simulate(sc, ["adaptive"], seed=2)
+    assert c["controllers"]["adaptive"] != a["controllers"]["adaptive"]
+
+
+def test_results_json_has_the_design_shape():
+    out = subprocess.run(
+        [sys.executable, "-m", "llmvalve.cli", "simulate", "--scenario", "steady", "--json",
+         "--oracle"], capture_output=True, text=True, check=True)
+    res = json.loads(out.stdout)
+    assert set(res) >= {"scenario", "seed", "duration_s", "controllers", "oracle"}
+    assert set(res["controllers"]) == {"none", "static:32", "seed", "adaptive"}
+    ctrl = res["controllers"]["adaptive"]
+    assert set(ctrl) >= {"goodput_tok_s", "throughput_tok_s", "classes", "preemptions",
+                         "kv_usage_max", "retry_after_s"}
+    cls = ctrl["classes"]["0"]
+    assert set(cls) >= {"offered", "completed", "rejected", "dropped", "cancelled", "slo_met",
+                        "slo_attainment", "ttft_p50_s", "ttft_p99_s", "tpot_p99_s",
+                        "queue_wait_p99_s"}
+    assert set(res["oracle"]) == {"controller", "goodput_tok_s"}
+
+
+@pytest.mark.parametrize("name", ["burst", "azure-conv"])
+def test_one_simulate_run_takes_under_20_seconds(name):
+    t0 = time.perf_counter()
+    simulate(load_scenario(name))
+    assert time.perf_counter() - t0 < 20.0
+
+
+def test_plot_writes_a_png(tmp_path):
+    png = tmp_path / "burst.png"
+    subprocess.run([sys.executable, "-m", "llmvalve.cli", "simulate", "--scenario", "steady",
+                    "--controllers", "none,adaptive", "--plot", str(png)], check=True,
+                   capture_output=True)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unknown_scenario_is_a_clear_error():
+    out = subprocess.run([sys.executable, "-m", "llmvalve.cli", "simulate", "--scenario",
+                          "no-such"], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "built-ins are" in out.stderr
