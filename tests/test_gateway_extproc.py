@@ -353,3 +353,32 @@ async def test_request_without_body_is_decided_on_headers_even_with_inspection()
     response = await conv.send(headers_msg(end_of_stream=True, authorization="Bearer k0"))
     assert response.HasField("request_headers") and not response.HasField("mode_override")
     await conv.end()
+
+
+async def test_picked_backend_is_addressed_directly():
+    from llmvalve.core.policy import BackendSpec
+    from llmvalve.gateway.extproc import backend_addresses
+
+    pool = dataclasses.replace(POLICY.pools[0], backends=(
+        BackendSpec("gpu-0", "http://10.0.0.7:8000/metrics"),
+        BackendSpec("gpu-1", "http://vllm-1:8000/metrics"),  # a name: not addressable
+        BackendSpec("gpu-2", "http://[fd00::2]:9000/metrics")))
+    policy = dataclasses.replace(POLICY, pools=(pool,))
+    assert backend_addresses(policy) == {"gpu-0": "10.0.0.7:8000", "gpu-2": "[fd00::2]:9000"}
+
+    class Picking(ScriptedAdmission):
+        def ticket(self, req):
+            return dataclasses.replace(super().ticket(req), backend=self.backend)
+
+    for backend, cluster, upstream in (("gpu-0", "llm_direct", "10.0.0.7:8000"),
+                                       ("gpu-1", "llm_backends", None), ("", "llm_backends", None)):
+        admission = Picking()
+        admission.backend = backend
+        admission.script = ["admit"]
+        conv = Conversation(ExtProcServicer(Driver(admission, policy)))  # type: ignore[arg-type]
+        response = await conv.send(headers_msg(authorization="Bearer k0"))
+        hs = set_headers(response.request_headers.response.header_mutation)
+        assert hs["x-llmvalve-cluster"] == cluster
+        assert hs.get("x-llmvalve-upstream") == upstream
+        assert hs["x-llmvalve-pool"] == "default"
+        await conv.end()

@@ -267,3 +267,10 @@ async def test_admin_endpoints(aiohttp_free_port):
 
 def test_reject_type_used_by_the_tests_is_current():
     assert Reject("r", 429, Reason.QUEUE_FULL, 1.0).fallback is None
+
+
+def test_direct_cluster_sample_takes_the_pool_from_the_logged_header():
+    e = entry(200, cluster="llm_direct")
+    e.request.request_headers["x-llmvalve-pool"] = "default"
+    sample = sample_of(e, {"llm_backends": "default"})
+    assert sample is not None and sample.pool == "default"

@@ -54,6 +54,15 @@ class E2E:
         assert self.stack.fallback is not None
         return get_json(f"http://127.0.0.1:{self.stack.fallback[1]}/admin/stats")
 
+    def envoy_stat(self, name: str) -> int:
+        status, body = http_get(self.stack.envoy_admin_url + f"/stats?filter=^{name}$")
+        assert status == 200
+        for line in body.decode().splitlines():
+            key, _, value = line.partition(": ")
+            if key == name:
+                return int(value)
+        return 0
+
     def set_faults(self, **faults) -> None:
         for i in range(len(self.stack.backends)):
             post_json(self.stack.backend_url(i) + "/admin/faults", faults)

@@ -37,6 +37,8 @@ def test_openai_sdk_non_streaming_and_streaming(e2e):
     completion = c.completions.create(model="sim-small", prompt="once upon", max_tokens=4)
     assert completion.choices[0].text
     e2e.wait_idle()
+    # The core picked the backend (KV-aware) and Envoy went straight to it.
+    assert e2e.envoy_stat("cluster.llm_direct.upstream_rq_total") >= 3
 
 
 def test_unknown_key_is_401_openai_style(e2e):

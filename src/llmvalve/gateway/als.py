@@ -19,6 +19,7 @@ from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from llmvalve.core.outcomes import outcome_of
 from llmvalve.core.types import Sample
 from llmvalve.gateway.driver import Driver
+from llmvalve.gateway.extproc import DIRECT_CLUSTER
 from llmvalve.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("llmvalve.als")
@@ -61,6 +62,8 @@ def sample_of(entry: accesslog_pb2.HTTPAccessLogEntry, pools_by_cluster: dict[st
               ) -> Sample | None:
     common = entry.common_properties
     pool = pools_by_cluster.get(common.upstream_cluster)
+    if pool is None and common.upstream_cluster == DIRECT_CLUSTER:
+        pool = entry.request.request_headers.get("x-llmvalve-pool")
     if pool is None or entry.response.response_code_details.startswith("llmvalve_"):
         return None
     response = entry.response

@@ -18,11 +18,13 @@ Flow of a stream (docs/envoy.md has the Envoy side):
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import itertools
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
+from urllib.parse import urlsplit
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -56,6 +58,8 @@ ASK_FOR_BODY = ep.ProcessingResponse(request_headers=ep.HeadersResponse(),
                                      mode_override=BUFFER_BODY)
 OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 CLUSTER_HEADER = "x-llmvalve-cluster"
+UPSTREAM_HEADER = "x-llmvalve-upstream"  # IP:PORT for the ORIGINAL_DST cluster DIRECT_CLUSTER
+DIRECT_CLUSTER = "llm_direct"
 MESSAGE_TIMEOUT_MARGIN_S = 2.0
 
 
@@ -77,6 +81,23 @@ def immediate(reply: replies.Reply) -> ep.ProcessingResponse:
         body=reply.body,
         details=reply.details,
     ))
+
+
+def backend_addresses(policy: Policy) -> dict[str, str]:
+    """Backend name → "IP:PORT" of its API, taken from its metrics URL (vLLM, SGLang and
+    TensorRT-LLM serve /metrics on the API port). Host names are left out: Envoy's
+    ORIGINAL_DST cluster needs an address, so those backends go through the pool's cluster."""
+    out: dict[str, str] = {}
+    for pool in policy.pools:
+        for backend in pool.backends:
+            url = urlsplit(backend.metrics_url)
+            try:
+                ip = ipaddress.ip_address(url.hostname or "")
+                port = url.port or (443 if url.scheme == "https" else 80)
+            except ValueError:
+                continue
+            out[backend.name] = f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+    return out
 
 
 class _Stream:
@@ -188,7 +209,13 @@ class _Stream:
             self.routed = True
             self.owner.metrics.decision("admitted", self.class_name, "")
             self.owner.metrics.queue_wait(self.class_name, decided.wait_s)
-            yield self.continue_to(self.policy.pools[0].cluster, self.admitted_headers())
+            mutations = self.admitted_headers()
+            cluster = self.policy.pools[0].cluster
+            address = self.owner.backend_addresses(self.policy).get(decided.ticket.backend)
+            if address is not None:  # the core picked a backend we can address directly
+                cluster = DIRECT_CLUSTER
+                mutations.append(header(UPSTREAM_HEADER, address))
+            yield self.continue_to(cluster, mutations)
             return
         assert isinstance(decided, Reject)
         self.wait_s = decided.wait_s
@@ -231,6 +258,7 @@ class _Stream:
             header("x-llmvalve-priority", priority),
             header("x-llmvalve-tenant", self.classified.tenant),
             header("x-llmvalve-queue-wait-ms", str(round(self.wait_s * 1000))),
+            header("x-llmvalve-pool", self.policy.pools[0].name),
         ]
         priority_header = self.policy.requests.priority_header
         if priority_header != "x-llmvalve-priority":
@@ -287,12 +315,18 @@ class ExtProcServicer(ep_grpc.ExternalProcessorServicer):
         self.wall_clock = wall_clock
         self.streams_open = 0
         self._classifier: tuple[Policy, Classifier] | None = None
+        self._addresses: dict[str, str] = {}
         self._dups = itertools.count(1)
 
     def classifier(self, policy: Policy) -> Classifier:
         if self._classifier is None or self._classifier[0] is not policy:
             self._classifier = (policy, Classifier(policy))
+            self._addresses = backend_addresses(policy)
         return self._classifier[1]
+
+    def backend_addresses(self, policy: Policy) -> dict[str, str]:
+        self.classifier(policy)
+        return self._addresses
 
     def unique_id(self, request_id: str | None) -> str:
         if not request_id:
