@@ -162,16 +162,19 @@ class SimBackend:
         resp = web.StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": base})
         await resp.prepare(request)  # headers at once, as vLLM
         max_tokens = shaper.req.max_tokens
-        while True:
-            await box.wait()
-            if box.failed:
-                return self._cut(request)
-            start, end = box.take()
-            reason = finish_reason(end, max_tokens) if box.finished else None
-            await resp.write(shaper.chunk(start, end, reason))
-            if reason is not None:
-                break
-        await resp.write_eof()
+        try:
+            while True:
+                await box.wait()
+                if box.failed:
+                    return self._cut(request)
+                start, end = box.take()
+                reason = finish_reason(end, max_tokens) if box.finished else None
+                await resp.write(shaper.chunk(start, end, reason))
+                if reason is not None:
+                    break
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass  # the client left between two chunks; the caller aborts the request
         return resp
 
     @staticmethod
