@@ -86,10 +86,8 @@ class AdaptiveLimit:
     unit = "tokens"
 
     def __init__(self, policy: Policy, now: float = 0.0) -> None:
-        self.spec: AdaptiveLimitSpec = policy.limiter.adaptive
+        self.reconfigure(policy)
         s = self.spec
-        self.itl_target_s = s.itl_target_s or min(q.slo.tpot_s for q in policy.queues) * 0.8
-        self.queue_target_s = s.queue_target_s or min(q.slo.ttft_s for q in policy.queues) / 4
         self.backends: dict[str, _Backend] = {}
         self.epoch = 0
         self.u = 0.0  # set from initial_limit_tokens or the first known capacity
@@ -104,6 +102,14 @@ class AdaptiveLimit:
         self._last_pressure = 0.0
         self._last_action = "start"
         self._rho: float | None = None
+
+    def reconfigure(self, policy: Policy) -> None:
+        """Take a reloaded policy's settings; the learned state (utilisation, backends, cost
+        ratio, epoch) carries over."""
+        self.spec: AdaptiveLimitSpec = policy.limiter.adaptive
+        s = self.spec
+        self.itl_target_s = s.itl_target_s or min(q.slo.tpot_s for q in policy.queues) * 0.8
+        self.queue_target_s = s.queue_target_s or min(q.slo.ttft_s for q in policy.queues) / 4
 
     # ---- capacity and limit ---------------------------------------------------------------
     def _live(self, now: float) -> list[_Backend]:

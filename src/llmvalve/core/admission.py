@@ -37,7 +37,7 @@ together.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from llmvalve.core.adaptive import AdaptiveLimit
@@ -337,8 +337,58 @@ class Admission:
         return out
 
     def replace_policy(self, policy: Policy, now: float) -> None:
-        """Apply a new policy without losing queued or in-flight requests."""
-        raise NotImplementedError
+        """Apply a new policy without losing queued or in-flight requests.
+
+        Waiting requests move to the new queues with their original arrival time (a shorter
+        timeout may expire them at the next poll); a queue that shrank below its content keeps
+        it and refuses arrivals until it drains; a request whose class disappeared moves to
+        the next lower class that exists (else the lowest). In-flight tickets and what the
+        limiters learned carry over; a pool that is no longer in the policy keeps serving its
+        in-flight requests to their end and takes no new ones."""
+        old_policy, self.policy = self.policy, policy
+        self._ranks = {p: i for i, p in enumerate(policy.priorities)}
+        names = [spec.name for spec in policy.pools]
+        for spec in policy.pools:
+            pool = self.pools.get(spec.name)
+            if pool is None:
+                self.pools[spec.name] = _Pool(
+                    spec, Scheduler(policy), make_limit(self.controller, policy, now),
+                    releases=_Rate(now),
+                    picker=Picker(tuple(b.name for b in spec.backends),
+                                  policy.limiter.adaptive.stale_after_s,
+                                  policy.limiter.adaptive.kv_target))
+                continue
+            waiting = sorted(pool.scheduler.waiting(), key=lambda w: w.enqueued_at)
+            pool.spec = spec
+            pool.scheduler = Scheduler(policy)
+            for w in waiting:
+                req = w.req
+                if req.priority not in self._ranks:
+                    lower = [p for p in policy.priorities if p > req.priority]
+                    req = replace(req, priority=lower[0] if lower else policy.lowest_priority)
+                pool.scheduler.push(req, now, enqueued_at=w.enqueued_at)
+            for b in spec.backends:
+                pool.picker.cost.setdefault(b.name, 0.0)
+            pool.limit = self._carry_limit(pool.limit, old_policy, policy, now)
+        # Pools that left the policy: queued requests in them are moved to the first pool.
+        first = self.pools[names[0]]
+        for name, pool in self.pools.items():
+            if name not in names:
+                for w in sorted(pool.scheduler.waiting(), key=lambda w: w.enqueued_at):
+                    pool.scheduler.remove(w.req.request_id)
+                    req = replace(w.req, pool=names[0])
+                    if req.priority not in self._ranks:
+                        req = replace(req, priority=policy.lowest_priority)
+                    first.scheduler.push(req, now, enqueued_at=w.enqueued_at)
+
+    def _carry_limit(self, limit: Limit, old: Policy, new: Policy, now: float) -> Limit:
+        if isinstance(limit, AdaptiveLimit):
+            limit.reconfigure(new)
+        elif isinstance(limit, SeedLimit):
+            limit.reconfigure(new.limiter.seed)
+        elif self.controller == "static" and new.limiter.static != old.limiter.static:
+            return StaticLimit(new.limiter.static.limit)
+        return limit
 
     def status(self, now: float) -> dict:
         """JSON-able snapshot: policy version, pools (limit, in-flight, signals), classes."""

@@ -114,13 +114,18 @@ class SeedLimit(_Passive):
     name = "seed"
 
     def __init__(self, spec: SeedLimitSpec) -> None:
-        self.min_limit = spec.min_limit
-        self.max_limit = spec.max_limit
+        self.reconfigure(spec)
         self.current = float(spec.min_limit)  # starts at min, as NewAdaptiveLimiter does
         self.base_rtt = 3600.0  # time.Hour
         self.sample_rtt = 0.0
+
+    def reconfigure(self, spec: SeedLimitSpec) -> None:
+        self.min_limit = spec.min_limit
+        self.max_limit = spec.max_limit
         self.alpha = spec.alpha
         self.beta = spec.beta
+        if hasattr(self, "current"):
+            self.current = min(float(self.max_limit), max(float(self.min_limit), self.current))
 
     def on_release(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
         # OnRequestDone(rtt): every finished request, whatever its outcome (flaw 3 kept).

@@ -102,13 +102,16 @@ class Scheduler:
         return 0.0 if t is None else now - t
 
     # ---- changes --------------------------------------------------------------------------
-    def push(self, req: RequestInfo, now: float) -> Waiting:
+    def push(self, req: RequestInfo, now: float, enqueued_at: float | None = None) -> Waiting:
+        """Queue `req`; `enqueued_at` keeps the original arrival when a policy reload moves
+        waiting requests into new queues (their timeout counts from then)."""
         spec = self._classes[req.priority].spec
-        wait_deadline = now + spec.timeout_s
+        since = now if enqueued_at is None else enqueued_at
+        wait_deadline = since + spec.timeout_s
         by_client = req.deadline is not None and req.deadline < wait_deadline
         if by_client:
             wait_deadline = req.deadline  # type: ignore[assignment]
-        w = Waiting(req, now, wait_deadline, by_client)
+        w = Waiting(req, since, wait_deadline, by_client)
         self._classes[req.priority].push(w)
         self._by_id[req.request_id] = (req.priority, w)
         self._seq += 1
