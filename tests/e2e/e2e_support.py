@@ -94,8 +94,8 @@ def client(e2e, key: str = P0_KEY, **kw) -> openai.OpenAI:
     return openai.OpenAI(base_url=e2e.base_url, api_key=key, max_retries=0, timeout=30, **kw)
 
 
-def chat_body(max_tokens: int, stream: bool = False) -> dict:
-    return {**CHAT, "max_tokens": max_tokens, "stream": stream}
+def chat_body(max_tokens: int, stream: bool = False, **extra) -> dict:
+    return {**CHAT, "max_tokens": max_tokens, "stream": stream, **extra}
 
 
 def headers(key: str, **extra: str) -> dict[str, str]:
@@ -107,7 +107,8 @@ async def hold_slots(session: aiohttp.ClientSession, url: str, n: int, key: str 
     started = asyncio.Queue()
 
     async def one() -> None:
-        async with session.post(url, json=chat_body(4000, stream=True),
+        # ignore_eos (a vLLM sampling parameter): generate all 4000 tokens, not a natural stop.
+        async with session.post(url, json=chat_body(4000, stream=True, ignore_eos=True),
                                 headers=headers(key)) as response:
             assert response.status == 200, await response.text()
             await response.content.readline()

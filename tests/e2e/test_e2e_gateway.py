@@ -169,6 +169,35 @@ async def test_shed_request_with_a_feature_gets_its_fallback(e2e):
     e2e.wait_idle()
 
 
+async def test_held_longer_than_the_message_timeout_then_admitted_or_shed(e2e):
+    """Envoy's message_timeout is 2 s; a queued request gets override_message_timeout."""
+    url = e2e.base_url + "/chat/completions"
+    async with aiohttp.ClientSession() as session:
+        holders = await hold_slots(session, url, 8)
+        try:
+            t0 = time.monotonic()
+            waiting = asyncio.create_task(session.post(url, json=chat_body(4),
+                                                       headers=headers(P0_KEY)))
+            deadline = asyncio.create_task(session.post(
+                url, json=chat_body(4), headers=headers(P0_KEY, **{
+                    "x-llmvalve-deadline-ms": "3000"})))
+            await asyncio.sleep(3.5)
+            assert not waiting.done()
+            # The one with a 3 s deadline was shed by the gateway, not timed out by Envoy.
+            shed = await asyncio.wait_for(deadline, 5)
+            assert shed.status == 429, (shed.status, await shed.text())
+            assert shed.headers["x-llmvalve-reason"] in ("client_deadline", "queue_timeout")
+            assert 2.5 < time.monotonic() - t0 < 5.0
+            holders.pop().cancel()  # a slot frees up: the held request goes through
+            response = await asyncio.wait_for(waiting, 10)
+            assert response.status == 200, await response.text()
+            assert int(response.headers["x-llmvalve-queue-wait-ms"]) >= 3000
+            await response.read()
+        finally:
+            await cancel_all(holders)
+    e2e.wait_idle()
+
+
 # (4) ---------------------------------------------------------------------------------------
 async def test_disconnect_while_queued_never_reaches_a_backend(e2e):
     url = e2e.base_url + "/chat/completions"
@@ -200,7 +229,7 @@ async def test_disconnect_while_queued_never_reaches_a_backend(e2e):
 async def test_disconnect_mid_stream_aborts_the_backend_within_200ms(e2e):
     url = e2e.base_url + "/chat/completions"
     async with aiohttp.ClientSession() as session:
-        response = await session.post(url, json=chat_body(4000, stream=True),
+        response = await session.post(url, json=chat_body(4000, stream=True, ignore_eos=True),
                                       headers=headers(P0_KEY))
         assert response.status == 200
         for _ in range(3):
