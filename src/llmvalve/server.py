@@ -150,8 +150,12 @@ class ControlPlane:
         except Exception as exc:
             log.error("policy reload failed, keeping the current policy: %s", exc)
             return
+        try:
+            self.driver.replace_policy(policy)
+        except Exception:
+            log.exception("policy reload failed in the core, keeping the current policy")
+            return
         self.policy = policy
-        self.driver.replace_policy(policy)
         await self.scraper.start(policy)
         log.info("policy reloaded: %s", policy.version or "-")
 

@@ -117,7 +117,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compose", action="store_true",
                         help="the compose/Kubernetes config (the default parameters)")
     parser.add_argument("--failure-mode-allow", action="store_true")
-    parser.parse_args(argv)
     args = parser.parse_args(argv)
     sys.stdout.write(render(EnvoyParams(failure_mode_allow=args.failure_mode_allow)))
     return 0
