@@ -116,6 +116,11 @@ class _Pool:
         return self.override if self.override is not None else self.limit.limit()
 
 
+def _finite(x: float) -> float | None:
+    """JSON has no infinity: an unlimited pool (`none`) reports its limit as null."""
+    return None if math.isinf(x) else x
+
+
 class Admission:
     def __init__(self, policy: Policy, rng: Rng, controller: str | None = None,
                  now: float = 0.0) -> None:
@@ -395,7 +400,7 @@ class Admission:
         pools = {}
         for name, pool in self.pools.items():
             pools[name] = {
-                "limit": pool.current_limit(),
+                "limit": _finite(pool.current_limit()),
                 "inflight": pool.inflight,
                 "inflight_requests": len(pool.tickets),
                 "saturation": pool.limit.saturation(now),

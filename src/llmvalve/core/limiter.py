@@ -81,7 +81,9 @@ class _Passive:
         return math.inf
 
     def status(self) -> dict:
-        return {"controller": self.name, "unit": self.unit, "limit": self.limit()}
+        limit = self.limit()
+        return {"controller": self.name, "unit": self.unit,
+                "limit": None if math.isinf(limit) else limit}
 
 
 class StaticLimit(_Passive):
