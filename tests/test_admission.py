@@ -5,7 +5,6 @@ Retry-After, draining, `none`, lease reclaim and status. Seeded rng, literal vir
 from __future__ import annotations
 
 import json
-import math
 import random
 
 import pytest
