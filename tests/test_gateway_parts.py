@@ -274,3 +274,18 @@ def test_direct_cluster_sample_takes_the_pool_from_the_logged_header():
     e.request.request_headers["x-llmvalve-pool"] = "default"
     sample = sample_of(e, {"llm_backends": "default"})
     assert sample is not None and sample.pool == "default"
+
+
+def test_status_command_renders_pools_and_classes():
+    from llmvalve.admin_cli import render
+
+    text = render({"policy_version": "abc", "controller": "static", "ready": True,
+                   "draining": False, "gateway": {"streams_open": 2, "last_sample": None},
+                   "pools": {"default": {"limit": 8, "inflight": 2.0, "inflight_requests": 2,
+                                         "saturation": 0.1, "classes": {
+                                             "0": {"name": "realtime-interactive",
+                                                   "queue_depth": 3, "oldest_wait_s": 0.5,
+                                                   "inflight": 2.0}}}}})
+    assert "policy abc" in text and "streams_open 2" in text
+    assert "pool default: limit 8" in text
+    assert "P0 realtime-interactive" in text and "queued     3" in text

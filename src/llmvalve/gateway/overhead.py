@@ -155,6 +155,74 @@ async def closed_loop(url: str, concurrency: int, duration_s: float) -> dict:
             "p99_ms": percentile(latencies, 0.99) * 1000}
 
 
+def core_decisions_per_s(duration_s: float = 2.0) -> dict:
+    """`Admission.submit` + `release` in a loop: the pure core's cost per request."""
+    import random
+
+    from llmvalve.core.admission import Admission
+    from llmvalve.core.policy_load import load_policy_file
+    from llmvalve.core.types import Admit, Outcome, RequestInfo
+    from llmvalve.server import default_policy_path
+
+    policy = load_policy_file(default_policy_path())
+    admission = Admission(policy, random.Random(1), controller="static:1000000")
+    n = 0
+    start = time.perf_counter()
+    end = start + duration_s
+    while time.perf_counter() < end:
+        for _ in range(1000):
+            now = time.perf_counter()
+            decision = admission.submit(RequestInfo(f"r{n}", "interactive-app", 0, 300.0), now)
+            assert isinstance(decision, Admit)
+            admission.release(decision.ticket, Outcome.SUCCESS, now)
+            n += 1
+    return {"decisions_per_s": n / (time.perf_counter() - start)}
+
+
+async def _servicer_requests_per_s(duration_s: float) -> dict:
+    """The ext_proc servicer's Python, in process (no gRPC): headers, response headers, end."""
+    import random
+
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+    from llmvalve.core.admission import Admission
+    from llmvalve.core.policy_load import load_policy_file
+    from llmvalve.gateway.driver import Driver
+    from llmvalve.gateway.extproc import ExtProcServicer
+    from llmvalve.server import default_policy_path
+
+    policy = load_policy_file(default_policy_path())
+    driver = Driver(Admission(policy, random.Random(1), controller="static:1000000"), policy)
+    servicer = ExtProcServicer(driver)
+
+    def headers(i: int) -> ep.ProcessingRequest:
+        return ep.ProcessingRequest(request_headers=ep.HttpHeaders(headers=base_pb2.HeaderMap(
+            headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in {
+                ":method": "POST", ":path": "/v1/chat/completions", "x-request-id": f"r{i}",
+                "authorization": f"Bearer {KEY}", "content-length": "120",
+                "content-type": "application/json", "user-agent": "bench"}.items()])))
+
+    response = ep.ProcessingRequest(response_headers=ep.HttpHeaders(headers=base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=":status", raw_value=b"200")])))
+
+    async def one(i: int) -> None:
+        async def messages():
+            yield headers(i)
+            yield response
+
+        async for _ in servicer.Process(messages(), None):
+            pass
+
+    n = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < duration_s:
+        for _ in range(500):
+            await one(n)
+            n += 1
+    return {"requests_per_s": n / (time.perf_counter() - start)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -216,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"closed loop c={args.concurrency} {mode:>8}: {r['req_per_s']:7.0f} req/s "
                   f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms errors {r['errors']}",
                   flush=True)
+        results["core"] = core_decisions_per_s()
+        results["servicer_in_process"] = asyncio.run(_servicer_requests_per_s(2.0))
+        print(f"core alone (submit + release): {results['core']['decisions_per_s']:,.0f}/s; "
+              f"servicer in process, no gRPC: "
+              f"{results['servicer_in_process']['requests_per_s']:,.0f} requests/s")
         status = json.loads(http_get(f"http://127.0.0.1:{ports['admin']}/status")[1])
         results["control_plane_gateway"] = status.get("gateway", {})
         if args.json:
