@@ -1,0 +1,37 @@
+"""The `none` mode's Envoy: the shipped template with no admission control at all.
+
+Rendered from the same template as every other mode (`gateway.envoy_config.render`), then the
+ext_proc filter, the access log to the control plane and the per-route ext_proc overrides are
+removed. What a platform team has without llmvalve is Envoy balancing over healthy backends,
+so the backend cluster gets least-request balancing (what the simulator's `none` gateway does)
+and an active health check on the backends' /health, as frequent as the scenario's scrapes.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from llmvalve.gateway.envoy_config import EnvoyParams, render
+
+
+def render_alone(params: EnvoyParams, health_interval_s: float = 0.5) -> str:
+    doc = yaml.safe_load(render(params))
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]
+    hcm["http_filters"] = [f for f in hcm["http_filters"]
+                           if f["name"] != "envoy.filters.http.ext_proc"]
+    hcm.pop("access_log", None)
+    for route in hcm["route_config"]["virtual_hosts"][0]["routes"]:
+        route.pop("typed_per_filter_config", None)
+    interval = f"{max(0.05, health_interval_s):.3f}s"
+    for cluster in doc["static_resources"]["clusters"]:
+        if cluster["name"] == "llm_backends":
+            cluster["lb_policy"] = "LEAST_REQUEST"
+            cluster["health_checks"] = [{
+                "timeout": "1s", "interval": interval, "no_traffic_interval": interval,
+                "unhealthy_threshold": 1, "healthy_threshold": 1,
+                "http_health_check": {"path": "/health"}}]
+    doc["static_resources"]["clusters"] = [
+        c for c in doc["static_resources"]["clusters"] if c["name"] != "llmvalve"]
+    return "# Envoy alone (llmvalve bench, mode none): no ext_proc, no access log.\n" + \
+        yaml.safe_dump(doc, sort_keys=False)

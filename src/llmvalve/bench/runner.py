@@ -1,0 +1,363 @@
+"""`llmvalve bench`: one scenario, several modes, each through real processes.
+
+For each mode the run is: write the policy (policygen) → start the simulated backends, the
+control plane and Envoy (`stack.Stack`; for `none` Envoy alone, envoy_alone) → drive the
+scenario's jobs with the open-loop load generator while the collector samples the backends and
+the control plane every engine second and the capacity events of the scenario are applied
+through the backends' fault endpoint → stop every process → summarise the jobs with the
+simulator's own `summarize`, so the results JSON has the simulator's shape, plus what only a
+real run has (`bench`: wall time, load-generator lag and CPU, CPU per process, backend
+requests, engine resyncs; `timeseries`; attempts per traffic class).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import math
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from llmvalve.bench.collect import Collector
+from llmvalve.bench.envoy_alone import render_alone
+from llmvalve.bench.loadgen import LoadGenerator, LoadResult, Target
+from llmvalve.bench.policygen import bench_policy
+from llmvalve.bench.progress import Progress
+from llmvalve.core.policy import Policy
+from llmvalve.engine.profiles import get_profile
+from llmvalve.sim.harness import RunResult
+from llmvalve.sim.report import capacity_report, summarize
+from llmvalve.sim.runner import default_policy
+from llmvalve.sim.scenario import Scenario
+from llmvalve.sim.workload import generate
+from llmvalve.stack import Stack, StackConfig, envoy_binary
+
+DEFAULT_TIME_SCALE = 4.0
+DEFAULT_TOKENS_PER_CHUNK = 8
+DEFAULT_DRAIN_S = 60.0
+
+
+@dataclass
+class BenchOptions:
+    time_scale: float = DEFAULT_TIME_SCALE
+    tokens_per_chunk: int = DEFAULT_TOKENS_PER_CHUNK
+    drain_s: float = DEFAULT_DRAIN_S  # engine seconds after the traffic for answers to end
+    seed: int | None = None
+    load_scale: float = 1.0
+    envoy_concurrency: int = 1
+    workdir: Path | None = None
+    simulate: bool = True  # also run `simulate` on the same scenario, for the comparison
+
+
+@dataclass
+class BenchStack(Stack):
+    """`Stack` with the `none` mode: backends and Envoy alone, no control plane."""
+
+    mode: str = "adaptive"
+    health_interval_s: float = 0.5
+
+    def envoy_config(self) -> str:
+        if self.mode != "none":
+            return super().envoy_config()
+        from llmvalve.gateway.envoy_config import EnvoyParams
+
+        c = self.config
+        return render_alone(EnvoyParams(
+            listen_address=c.listen_address, listen_port=c.port, admin_address=c.host,
+            admin_port=c.envoy_admin_port, control_plane=(c.host, c.grpc_port),
+            clusters={"llm_backends": tuple((c.host, port) for _, port in self.backends)},
+            note="llmvalve bench, mode none"), self.health_interval_s)
+
+    def start(self) -> BenchStack:
+        if self.mode != "none":
+            super().start()
+            return self
+        try:
+            self.start_backends()
+            self.start_envoy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def procs(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {"backends": [p.pid for p, _ in self.backends]}
+        if self.control_plane is not None:
+            out["control_plane"] = [self.control_plane.pid]
+        if self.envoy is not None:
+            out["envoy"] = [self.envoy.pid]
+        return out
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def resolve_modes(sc: Scenario, modes: list[str] | None) -> list[str]:
+    """The modes to run; a bare `static` (or the placeholder `static:N`) is the scenario's
+    own fixed limit (static:32 unless the scenario lists another)."""
+    default_static = next((c for c in sc.controllers if c.startswith("static:")), "static:32")
+    out = []
+    for m in modes or list(sc.controllers):
+        m = m.strip()
+        if m in ("static", "static:N", "static:n"):
+            m = default_static
+        name, _, n = m.partition(":")
+        if name not in ("none", "static", "seed", "adaptive") or (name == "static" and not (
+                n.isdigit() and int(n) > 0)) or (name != "static" and n):
+            raise ValueError(f"unknown mode {m!r}: none, static:N, seed, adaptive")
+        out.append(m)
+    return out
+
+
+def machine() -> dict:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    envoy = ""
+    with contextlib.suppress(OSError, subprocess.SubprocessError, FileNotFoundError):
+        out = subprocess.run([envoy_binary(), "--version"], capture_output=True, text=True,
+                             timeout=10).stdout
+        envoy = next((w for w in out.split() if w.count("/") >= 1 and w[0].isalnum()
+                      and "." in w), out.strip()[:80])
+    return {"cpus": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
+            "platform": platform.platform(terse=True), "envoy": envoy}
+
+
+def traffic_classes(run: RunResult, policy: Policy) -> dict:
+    """Per traffic class of the scenario: retry mode, requests, attempts (load amplification
+    at the gateway), completed and within-SLO counts."""
+    out: dict[str, dict] = {}
+    for st in run.jobs:
+        c = st.job.cls
+        row = out.setdefault(c.name, {"priority": c.priority, "retry": c.retry.mode,
+                                      "offered": 0, "attempts": 0, "completed": 0,
+                                      "slo_met": 0})
+        row["offered"] += 1
+        started = st.status != "pending" or st.attempt > 0 or st.req_id != ""
+        row["attempts"] += (st.attempt + 1) if started else 0
+        if st.status == "completed" and st.first_token_at is not None:
+            row["completed"] += 1
+            slo = policy.queue(st.job.priority).slo
+            ttft = st.first_token_at - st.job.arrival_s
+            tpot = (st.finished_at - st.first_token_at) / max(1, st.output_tokens - 1)  # type: ignore[operator]
+            if ttft <= slo.ttft_s and tpot <= slo.tpot_s:
+                row["slo_met"] += 1
+    for row in out.values():
+        row["attempts_per_request"] = round(row["attempts"] / row["offered"], 3) \
+            if row["offered"] else 0.0
+        row["slo_attainment"] = round(row["slo_met"] / row["offered"], 4) \
+            if row["offered"] else 1.0
+    return out
+
+
+def _json_safe(x: float) -> float | None:
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+def timeseries_json(run: RunResult) -> list[dict]:
+    out = []
+    for p in run.timeseries:
+        d = dataclasses.asdict(p)
+        d["limit"] = _json_safe(d["limit"])
+        d["kv_usage"] = round(d["kv_usage"], 4)
+        d["inflight_cost"] = round(d["inflight_cost"], 1)
+        d["queue_depth"] = {str(k): v for k, v in d["queue_depth"].items()}
+        out.append(d)
+    return out
+
+
+@dataclass
+class ModeRun:
+    mode: str
+    run: RunResult
+    load: LoadResult
+    summary: dict
+    wall_s: float
+    extras: dict = field(default_factory=dict)
+
+
+async def _events(sc: Scenario, gen: LoadGenerator, urls: list[str], session) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    for ev in sorted(sc.events, key=lambda e: e.at_s):
+        delay = gen.wall_at(ev.at_s) - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        update: dict = {}
+        if ev.slowdown is not None:
+            update["slowdown"] = float(ev.slowdown)
+        if ev.kv_blocks is not None:
+            update["kv_blocks"] = int(ev.kv_blocks)
+        if ev.leave:
+            update["down"] = "503"
+        if ev.rejoin:
+            update["down"] = None
+        if update and 0 <= ev.backend < len(urls):
+            with contextlib.suppress(Exception):
+                async with session.post(urls[ev.backend] + "/admin/faults", json=update) as r:
+                    await r.read()
+
+
+async def _drive(sc: Scenario, stack: BenchStack, gen: LoadGenerator, policy: Policy,
+                 mode: str, progress: Progress) -> tuple[LoadResult, Collector]:
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    urls = [stack.backend_url(i) for i in range(len(stack.backends))]
+    admin = stack.admin_url if mode != "none" else None
+    collector = Collector(gen, urls, admin, policy.priorities, mode)
+    t0 = loop.time() + 0.2
+    gen._loop, gen.t0 = loop, t0
+    gen.on_tick = lambda: progress.show({**gen.snapshot(), "duration": sc.duration_s})
+    async with aiohttp.ClientSession() as session:
+        tasks = [asyncio.create_task(collector.run(session)),
+                 asyncio.create_task(_events(sc, gen, urls, session))]
+        try:
+            result = await gen.run(t0)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await collector.sample(session)  # final counters, after the drain
+    return result, collector
+
+
+def run_mode(sc: Scenario, mode: str, opts: BenchOptions, progress: Progress,
+             workdir: Path) -> ModeRun:
+    seed = sc.seed if opts.seed is None else opts.seed
+    policy = sc.policy or default_policy()
+    jobs = generate(sc, opts.load_scale, seed)
+    profile = get_profile(sc.profile)
+    x = opts.time_scale
+    doc, keys = bench_policy(policy, jobs, x, None if mode == "none" else mode)
+    workdir.mkdir(parents=True, exist_ok=True)
+    policy_path = workdir / "policy.yaml"
+    policy_path.write_text("# Generated by llmvalve bench (bench/policygen.py); times are "
+                           f"wall seconds at time scale {x:g}.\n" + yaml.safe_dump(doc))
+    stack = BenchStack(StackConfig(
+        policy=policy_path, backends=sc.backends, profile=sc.profile, time_scale=x,
+        backend_args=("--tokens-per-chunk", str(opts.tokens_per_chunk)),
+        fallback_backend=False, port=0, admin_port=0, grpc_port=0, envoy_admin_port=0,
+        controller=None if mode == "none" else mode, envoy_concurrency=opts.envoy_concurrency,
+        serve_args=("--log-level", "WARNING"), workdir=workdir),
+        mode=mode, health_interval_s=max(0.05, sc.scrape_interval_s / x))
+    progress.phase("starting")
+    t_start = time.monotonic()
+    stack.start()
+    try:
+        target = Target(stack.gateway_url, model=profile.model, keys=keys,
+                        priority_header=policy.requests.priority_header)
+        gen = LoadGenerator(jobs, target, time_scale=x, duration_s=sc.duration_s,
+                            drain_s=opts.drain_s, seed=seed)
+        pids = stack.procs()
+        cpu0 = {k: sum(cpu_seconds(p) for p in v) for k, v in pids.items()}
+        w0 = time.monotonic()
+        load, collector = asyncio.run(_drive(sc, stack, gen, policy, mode, progress))
+        w1 = time.monotonic()
+        cpu = {k: round((sum(cpu_seconds(p) for p in v) - cpu0[k]) / (w1 - w0), 3)
+               for k, v in pids.items()}
+        cpu["loadgen"] = round(load.cpu, 3)
+        progress.phase("stopping")
+    finally:
+        stack.stop()
+    wall = time.monotonic() - t_start
+    totals = collector.totals()
+    run = RunResult(mode, load.states, sc.duration_s, totals["preemptions"], collector.kv_max,
+                    load.retry_after, collector.points, profile.kv_capacity_tokens,
+                    profile.max_num_seqs)
+    summary = summarize(run, policy)
+    summary["capacity"] = capacity_report(run, sorted({e.at_s for e in sc.events}))
+    tightest = min(q.slo.ttft_s for q in policy.queues)
+    bottleneck = load.bottleneck(tightest)
+    summary["traffic_classes"] = traffic_classes(run, policy)
+    summary["bench"] = {
+        "wall_s": round(wall, 1), "traffic_wall_s": round(load.wall_s, 1),
+        "offered": len(jobs), "attempts": load.attempts,
+        "backend_requests": totals["backend_requests"],
+        "backend_requests_per_offered": round(totals["backend_requests"] / len(jobs), 3)
+        if jobs else 0.0,
+        "unfinished": load.unfinished, "engine_resyncs": totals["resyncs"],
+        "errors": load.errors, "loadgen": {**load.lag_summary(), "bottleneck": bottleneck},
+        "cpu": cpu,
+    }
+    return ModeRun(mode, run, load, summary, wall)
+
+
+def simulate_same(sc: Scenario, modes: list[str], opts: BenchOptions) -> tuple[dict, dict]:
+    from llmvalve.sim.runner import simulate
+
+    res, runs = simulate(sc, modes, opts.seed, load_scale=opts.load_scale)
+    policy = sc.policy or default_policy()
+    for m, r in runs.items():
+        res["controllers"][m]["traffic_classes"] = traffic_classes(r, policy)
+    return res, runs
+
+
+def compare(bench: dict, sim: dict) -> dict:
+    """Per mode: goodput and P0 attainment, bench against simulate, and the relative gap."""
+    out = {}
+    for m, b in bench["controllers"].items():
+        s = sim["controllers"].get(m)
+        if s is None:
+            continue
+        p0 = min(b["classes"])
+        gap = (b["goodput_tok_s"] - s["goodput_tok_s"]) / s["goodput_tok_s"] \
+            if s["goodput_tok_s"] else 0.0
+        out[m] = {"goodput_bench": b["goodput_tok_s"], "goodput_sim": s["goodput_tok_s"],
+                  "goodput_gap": round(gap, 3),
+                  "p0_attainment_bench": b["classes"][p0]["slo_attainment"],
+                  "p0_attainment_sim": s["classes"][p0]["slo_attainment"],
+                  "preemptions_bench": b["preemptions"], "preemptions_sim": s["preemptions"]}
+    return out
+
+
+def bench(sc: Scenario, modes: list[str], opts: BenchOptions,
+          progress: Progress | None = None) -> tuple[dict, dict[str, RunResult]]:
+    """Every mode in turn; the results JSON and the runs (for plots)."""
+    progress = progress or Progress(enabled=False)
+    root = opts.workdir or Path(tempfile.mkdtemp(prefix="llmvalve-bench-"))
+    seed = sc.seed if opts.seed is None else opts.seed
+    t0 = time.monotonic()
+    out: dict = {"scenario": sc.name, "seed": seed, "duration_s": sc.duration_s,
+                 "controllers": {}}
+    runs: dict[str, RunResult] = {}
+    for i, mode in enumerate(modes):
+        progress.start(f"[{sc.name}] {mode} ({i + 1}/{len(modes)})")
+        mr = run_mode(sc, mode, opts, progress, root / mode.replace(":", "-"))
+        runs[mode] = mr.run
+        out["controllers"][mode] = mr.summary
+        b = mr.summary["bench"]
+        progress.done(f"[{sc.name}] {mode}: {b['wall_s']:.0f} s, goodput "
+                      f"{mr.summary['goodput_tok_s']:.0f} tok/s"
+                      + (f"  (load generator: {b['loadgen']['bottleneck']})"
+                         if b["loadgen"]["bottleneck"] else ""))
+    out["bench"] = {"time_scale": opts.time_scale, "tokens_per_chunk": opts.tokens_per_chunk,
+                    "drain_s": opts.drain_s, "load_scale": opts.load_scale,
+                    "wall_s": round(time.monotonic() - t0, 1), "machine": machine(),
+                    "workdir": str(root)}
+    if opts.simulate:
+        progress.phase("simulate")
+        sim, _ = simulate_same(sc, modes, opts)
+        out["simulate"] = {m: {k: v for k, v in r.items() if k not in ("capacity",)}
+                           for m, r in sim["controllers"].items()}
+        out["comparison"] = compare(out, sim)
+        progress.done()
+    for mode in out["controllers"]:
+        out["controllers"][mode]["timeseries"] = timeseries_json(runs[mode])
+    return out, runs
