@@ -28,8 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--ports", type=_ports, help="comma-separated ports, one backend each")
     parser.add_argument("--count", type=int, default=1, help="backends to run with --port")
     parser.add_argument("--host", default="127.0.0.1")
+    from llmvalve.engine.profiles import PROFILES  # pure data: cheap to import
+
     parser.add_argument("--profile", default="small",
-                        help="engine profile: small, tiny, llama3-8b-h100 (default small)")
+                        help=f"engine profile: {', '.join(PROFILES)} (default small)")
     parser.add_argument("--model", default=None, help="served model name (default: profile's)")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="engine time = X × wall time (2: twice as fast)")
