@@ -18,7 +18,8 @@ HERE = Path(__file__).parent
 
 @pytest.fixture(scope="module")
 def e2e(request, tmp_path_factory):
-    """The stack; a test module may set POLICY (a path) and BACKENDS (a count)."""
+    """The stack; a test module may set POLICY (a path), BACKENDS (a count) and
+    FAILURE_MODE_ALLOW (overrides the policy's)."""
     try:
         envoy_binary()
     except FileNotFoundError:
@@ -28,6 +29,7 @@ def e2e(request, tmp_path_factory):
         backends=getattr(request.module, "BACKENDS", 2), profile="small", time_scale=4.0,
         port=0, admin_port=0, envoy_concurrency=1,
         workdir=tmp_path_factory.mktemp("stack"),
+        failure_mode_allow=getattr(request.module, "FAILURE_MODE_ALLOW", None),
     )
     stack = Stack(config)
     stack.start()
