@@ -50,11 +50,24 @@ def envoy_binary() -> str:
     return found
 
 
-def _parent_death_signal() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
+def _prctl():
+    """libc's prctl, looked up in the parent: the child only calls it (no dlopen after fork)."""
+    if sys.platform != "linux":
+        return None
+    try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()
+
+
+def _parent_death_signal() -> None:  # runs in the child between fork and exec
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class Proc:
@@ -71,7 +84,7 @@ class Proc:
         self.popen = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=env,
-            preexec_fn=_parent_death_signal if in_main and sys.platform == "linux" else None,
+            preexec_fn=_parent_death_signal if in_main and _PRCTL is not None else None,
         )
 
     @property
