@@ -135,7 +135,7 @@ class ControlPlane:
         return {"gateway": {"streams_open": self.extproc.streams_open,
                             "queued_streams": self.driver.waiting,
                             "open_tickets": len(self.driver.open_tickets),
-                            "last_sample": self.als.last_sample,
+                            "last_sample": _sample_json(self.als.last_sample),
                             **self.driver.counts},
                 **self.driver.status()}
 
@@ -175,6 +175,14 @@ class ControlPlane:
         await self.scraper.stop()
         await self.driver.stop()
         await self.runner.cleanup()
+
+
+def _sample_json(sample: Any) -> dict[str, Any] | None:
+    if sample is None:
+        return None
+    out = dataclasses.asdict(sample)
+    out["outcome"] = sample.outcome.value
+    return out
 
 
 async def _main(args: argparse.Namespace) -> int:

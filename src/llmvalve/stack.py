@@ -79,6 +79,7 @@ class Proc:
         self.argv = argv
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 (closed in stop)
+        self._offset = self._log.tell()  # a restarted child appends: read only its own output
         # The parent-death signal fires when the *thread* that forked exits: only from main.
         in_main = threading.current_thread() is threading.main_thread()
         self.popen = subprocess.Popen(
@@ -95,7 +96,9 @@ class Proc:
         return self.popen.poll() is None
 
     def output(self) -> bytes:
-        return self.log_path.read_bytes()
+        with open(self.log_path, "rb") as f:
+            f.seek(self._offset)
+            return f.read()
 
     def send(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):

@@ -39,6 +39,14 @@ def test_openai_sdk_non_streaming_and_streaming(e2e):
     e2e.wait_idle()
     # The core picked the backend (KV-aware) and Envoy went straight to it.
     assert e2e.envoy_stat("cluster.llm_direct.upstream_rq_total") >= 3
+    # The access log came back with the backend's time to first token.
+    end = time.monotonic() + 5
+    while (sample := e2e.status()["gateway"]["last_sample"]) is None:
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    assert sample["pool"] == "default" and sample["outcome"] == "success"
+    assert sample["ttft_s"] is not None and sample["duration_s"] is not None
+    assert 0 <= sample["ttft_s"] <= sample["duration_s"] < 5
 
 
 def test_unknown_key_is_401_openai_style(e2e):
