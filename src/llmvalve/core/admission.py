@@ -129,17 +129,19 @@ class Admission:
         self.controller = controller or policy.limiter.controller
         self.pools: dict[str, _Pool] = {}
         for spec in policy.pools:
-            self.pools[spec.name] = _Pool(
-                spec, Scheduler(policy), make_limit(self.controller, policy, now),
-                releases=_Rate(now),
-                picker=Picker(tuple(b.name for b in spec.backends),
-                              policy.limiter.adaptive.stale_after_s,
-                              policy.limiter.adaptive.kv_target))
+            self.pools[spec.name] = self._new_pool(spec, now)
         self._expected_output: dict[int, float] = {}
         self._ranks = {p: i for i, p in enumerate(policy.priorities)}
         self.draining = False
 
     # ---- helpers --------------------------------------------------------------------------
+    def _new_pool(self, spec: PoolSpec, now: float) -> _Pool:
+        a = self.policy.limiter.adaptive
+        return _Pool(spec, Scheduler(self.policy), make_limit(self.controller, self.policy, now),
+                     releases=_Rate(now),
+                     picker=Picker(tuple(b.name for b in spec.backends), a.stale_after_s,
+                                   a.kv_target))
+
     def _pool(self, name: str) -> _Pool:
         pool = self.pools.get(name)
         if pool is None:
@@ -356,12 +358,7 @@ class Admission:
         for spec in policy.pools:
             pool = self.pools.get(spec.name)
             if pool is None:
-                self.pools[spec.name] = _Pool(
-                    spec, Scheduler(policy), make_limit(self.controller, policy, now),
-                    releases=_Rate(now),
-                    picker=Picker(tuple(b.name for b in spec.backends),
-                                  policy.limiter.adaptive.stale_after_s,
-                                  policy.limiter.adaptive.kv_target))
+                self.pools[spec.name] = self._new_pool(spec, now)
                 continue
             waiting = sorted(pool.scheduler.waiting(), key=lambda w: w.enqueued_at)
             pool.spec = spec
