@@ -21,12 +21,12 @@ class Progress:
         self.every_s = every_s if every_s is not None else (0.5 if self.tty else 10.0)
         self.started = time.monotonic()
         self.label = ""
+        self.suffix = ""  # appended to every label (the sweep's load)
         self._last = 0.0
         self._dirty = False
 
     def start(self, label: str) -> None:
-        self.label = label
-        self.started_mode = time.monotonic()
+        self.label = label + self.suffix
 
     def phase(self, phase: str) -> None:
         self.show({"phase": phase}, force=True)

@@ -361,3 +361,33 @@ def bench(sc: Scenario, modes: list[str], opts: BenchOptions,
     for mode in out["controllers"]:
         out["controllers"][mode]["timeseries"] = timeseries_json(runs[mode])
     return out, runs
+
+
+def bench_sweep(sc: Scenario, modes: list[str], loads: list[float], opts: BenchOptions,
+                progress: Progress | None = None) -> tuple[list[dict], dict | None,
+                                                           dict[str, RunResult]]:
+    """Each mode at each multiple of the scenario's rates: goodput rows (the simulator's
+    `sweep` shape), the full result at load 1 (or the first load), and its runs."""
+    progress = progress or Progress(enabled=False)
+    rows: list[dict] = []
+    main: dict | None = None
+    main_runs: dict[str, RunResult] = {}
+    for load in loads:
+        o = dataclasses.replace(opts, load_scale=load, simulate=load == 1.0 and opts.simulate,
+                                workdir=(opts.workdir / f"load-{load:g}") if opts.workdir
+                                else None)
+        progress.suffix = f" load x{load:g}"
+        try:
+            res, runs = bench(sc, modes, o, progress)
+        finally:
+            progress.suffix = ""
+        rows.append({"load": load, "controllers": {
+            m: {"goodput_tok_s": r["goodput_tok_s"],
+                "slo_attainment": {p: v["slo_attainment"] for p, v in r["classes"].items()},
+                "preemptions": r["preemptions"],
+                "loadgen_bottleneck": r["bench"]["loadgen"]["bottleneck"]}
+            for m, r in res["controllers"].items()}})
+        if main is None or load == 1.0:
+            main, main_runs = res, runs
+    return rows, main, main_runs
+

@@ -1,0 +1,161 @@
+"""`llmvalve bench`: a scenario through real Envoy, control plane and simulated backends.
+
+    llmvalve bench --scenario burst --modes none,static:N,seed,adaptive [--plot out.png]
+
+For each mode the backends, the control plane and Envoy are started as real processes, the
+scenario's requests are sent by the open-loop load generator, and everything is stopped again;
+the table is `llmvalve simulate`'s, followed by the same scenario under `simulate` for
+comparison, CPU per process and the load generator's own lag. `--scenario overhead` measures
+the admission hop itself (decisions per second, added latency) against Envoy alone.
+Docs: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario", required=True,
+                   help="built-in name, a YAML file, or `overhead` (the admission hop's cost)")
+    p.add_argument("--modes", help="comma list of none, static:N, seed, adaptive (default: the "
+                   "scenario's controllers; `static` alone is the scenario's fixed limit)")
+    p.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
+    p.add_argument("--time-scale", type=float, default=None,
+                   help="engine seconds per wall second (default 4: a 120 s scenario takes "
+                   "30 s per mode)")
+    p.add_argument("--tokens-per-chunk", type=int, default=None,
+                   help="output tokens per SSE event from the backends (default 8)")
+    p.add_argument("--drain", type=float, default=None, metavar="S",
+                   help="scenario seconds to wait for answers after the traffic (default 60)")
+    p.add_argument("--load-scale", type=float, default=1.0,
+                   help="multiply the scenario's request rates")
+    p.add_argument("--sweep-loads", help="overload-sweep: comma list of load multiples "
+                   "(default: the scenario's sweepLoads)")
+    p.add_argument("--no-simulate", action="store_true",
+                   help="skip the comparison with `llmvalve simulate`")
+    p.add_argument("--json", metavar="FILE", help="write the results JSON to FILE ('-': stdout)")
+    p.add_argument("--plot", metavar="PNG", help="write plots: PNG (time series), "
+                   "PNG-ttft.png (TTFT per class), PNG-sweep.png (overload-sweep)")
+    p.add_argument("--workdir", type=Path, help="keep logs and generated configs here")
+    p.add_argument("--rates", help="overhead: request rates (req/s), default 50,200,500")
+    p.add_argument("--duration", type=float, default=None,
+                   help="overhead: seconds per rate (default 8)")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+def _run_overhead(args: argparse.Namespace) -> int:
+    import tempfile
+
+    try:
+        from llmvalve.gateway import overhead
+    except ImportError as exc:
+        print(f"llmvalve bench: the overhead measurement is not available: {exc}",
+              file=sys.stderr)
+        return 2
+    out = Path(args.json) if args.json and args.json != "-" else \
+        Path(tempfile.mkdtemp(prefix="llmvalve-overhead-")) / "overhead.json"
+    argv = ["--json", str(out)]
+    if args.rates:
+        argv += ["--rates", args.rates]
+    if args.duration:
+        argv += ["--duration", str(args.duration)]
+    code = overhead.main(argv)
+    if code == 0 and args.json == "-":
+        print(out.read_text())
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    from llmvalve.bench.progress import Progress
+    from llmvalve.bench.report import full_text
+    from llmvalve.bench.runner import (
+        DEFAULT_DRAIN_S,
+        DEFAULT_TIME_SCALE,
+        DEFAULT_TOKENS_PER_CHUNK,
+        BenchOptions,
+        bench,
+        bench_sweep,
+        resolve_modes,
+    )
+    from llmvalve.sim.scenario import ScenarioError, load_scenario
+    from llmvalve.stack import envoy_binary
+
+    if args.scenario == "overhead":
+        return _run_overhead(args)
+    try:
+        sc = load_scenario(args.scenario)
+        modes = resolve_modes(sc, args.modes.split(",") if args.modes else None)
+        loads = ([float(x) for x in args.sweep_loads.split(",") if x]
+                 if args.sweep_loads else list(sc.sweep_loads))
+        envoy_binary()
+    except (ScenarioError, OSError, ValueError) as exc:
+        print(f"llmvalve bench: {exc}", file=sys.stderr)
+        return 2
+    opts = BenchOptions(
+        time_scale=args.time_scale or DEFAULT_TIME_SCALE,
+        tokens_per_chunk=args.tokens_per_chunk or DEFAULT_TOKENS_PER_CHUNK,
+        drain_s=DEFAULT_DRAIN_S if args.drain is None else args.drain,
+        seed=args.seed, load_scale=args.load_scale, workdir=args.workdir,
+        simulate=not args.no_simulate)
+    if opts.time_scale <= 0 or opts.tokens_per_chunk < 1:
+        print("llmvalve bench: --time-scale must be > 0 and --tokens-per-chunk >= 1",
+              file=sys.stderr)
+        return 2
+    raise_fd_limit()
+    progress = Progress(enabled=not args.quiet)
+    try:
+        if loads:
+            rows, res, runs = bench_sweep(sc, modes, loads, opts, progress)
+            assert res is not None
+            res["sweep"] = rows
+            if opts.simulate:
+                from llmvalve.sim.runner import sweep
+
+                res["sweep_simulate"] = sweep(sc, modes, loads, args.seed)
+        else:
+            res, runs = bench(sc, modes, opts, progress)
+    except KeyboardInterrupt:
+        progress.done("interrupted; every process was stopped")
+        return 130
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        progress.done()
+        print(f"llmvalve bench: {exc}", file=sys.stderr)
+        return 1
+    if args.plot:
+        from llmvalve.bench.plot import plot_sweep, plot_timeseries, plot_ttft
+        from llmvalve.sim.runner import default_policy
+
+        stem = args.plot.removesuffix(".png")
+        plot_timeseries(runs, args.plot, f"llmvalve bench — {sc.name} (real Envoy, time scale "
+                        f"{opts.time_scale:g})")
+        plot_ttft(runs, sc.policy or default_policy(), stem + "-ttft.png",
+                  f"{sc.name}: time to first token by class")
+        if res.get("sweep"):
+            plot_sweep(res["sweep"], stem + "-sweep.png",
+                       f"{sc.name}: goodput against offered load (real Envoy)",
+                       res.get("sweep_simulate"))
+    if args.json:
+        text = json.dumps(res, indent=1)
+        if args.json == "-":
+            print(text)
+            return 0
+        Path(args.json).write_text(text)
+    print(full_text(res))
+    return 0
+
+
+def raise_fd_limit() -> None:
+    """Hundreds of streams stay open in `none` mode: lift the soft descriptor limit."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 65536 if hard == resource.RLIM_INFINITY else hard
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError):
+        pass

@@ -1,0 +1,188 @@
+"""`llmvalve load`: drive any running gateway with a scenario's traffic, live.
+
+    llmvalve up &                                  # or any deployment of llmvalve + Envoy
+    llmvalve load --target http://127.0.0.1:8080 --scenario burst
+
+Sends the scenario's requests open-loop (streaming, cancellations, retries as the scenario
+says; `llmvalve bench` uses the same generator), prints a line every few seconds while it runs
+(requests sent, in flight, answered, refused, recent P0 time to first token) and at the end
+the per-class table of `llmvalve simulate` (SLOs from `--policy`, else the scenario's, else the
+packaged default).
+
+Who is asking: `--key KEY` sends every request with that API key and the request's class in the
+priority header (the gateway clamps it to the key's tenant). The default is the P0 demo key
+that `llmvalve up` prints, whose tenant may use every class; `--keys tenant=KEY,...` maps the
+scenario's tenants to keys of your own deployment.
+
+`--time-scale X` compresses the schedule X-fold for backends that run X times faster than the
+wall clock (`llmvalve up --time-scale X`, `sim-backend --time-scale X`); times are reported in
+scenario seconds. The control plane of `llmvalve up` keeps wall-clock timeouts and SLOs, so
+against it X = 1 (the default) is the faithful setting: a 120 s scenario takes two minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DEMO_KEY = "sk-llmvalve-demo-p0"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="http://127.0.0.1:8080",
+                   help="the gateway's base URL (default http://127.0.0.1:8080)")
+    p.add_argument("--scenario", required=True, help="built-in name or a YAML file")
+    p.add_argument("--key", default=None,
+                   help=f"API key for every request (default: the demo key {DEMO_KEY})")
+    p.add_argument("--keys", default=None, metavar="TENANT=KEY,...",
+                   help="API keys per scenario tenant (others use --key)")
+    p.add_argument("--model", default=None,
+                   help="model name to ask for (default: the first of GET /v1/models)")
+    p.add_argument("--path", default="/v1/chat/completions")
+    p.add_argument("--policy", type=Path, default=None,
+                   help="policy whose SLOs and priority header to use (default: the "
+                   "scenario's, else the packaged default)")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="engine seconds per wall second of the backends (default 1)")
+    p.add_argument("--load-scale", type=float, default=1.0,
+                   help="multiply the scenario's request rates")
+    p.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
+    p.add_argument("--drain", type=float, default=60.0, metavar="S",
+                   help="scenario seconds to wait for answers after the traffic (default 60)")
+    p.add_argument("--no-sim-headers", action="store_true",
+                   help="do not send x-sim-prompt-tokens / x-sim-output-tokens")
+    p.add_argument("--every", type=float, default=5.0, metavar="S",
+                   help="wall seconds between live lines (0: none)")
+    p.add_argument("--json", metavar="FILE", help="write the results JSON to FILE ('-': stdout)")
+
+
+def _keys(text: str | None) -> dict[str, str]:
+    out = {}
+    for item in (text or "").split(","):
+        if item.strip():
+            tenant, sep, key = item.partition("=")
+            if not sep or not tenant.strip() or not key.strip():
+                raise ValueError(f"--keys wants TENANT=KEY pairs, got {item!r}")
+            out[tenant.strip()] = key.strip()
+    return out
+
+
+def _discover_model(target: str, key: str | None) -> str | None:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(target.rstrip("/") + "/v1/models",
+                                 headers={"authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=3.0) as r:
+            data = json.loads(r.read()).get("data") or []
+            return str(data[0]["id"]) if data else None
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def live_line(gen, last: dict) -> str:  # type: ignore[no-untyped-def]
+    """One line of what happened since the previous line."""
+    snap = gen.snapshot()
+    now = snap["t"]
+    p0 = min((st.job.priority for st in gen.states), default=0)
+    recent = sorted(st.first_token_at - st.job.arrival_s for st in gen.states
+                    if st.job.priority == p0 and st.first_token_at is not None
+                    and st.first_token_at >= last.get("t", 0.0))
+    dt = max(1e-9, now - last.get("t", 0.0))
+    rate = (snap["sent"] - last.get("sent", 0)) / dt
+    line = (f"t={now:6.1f} s  sent {snap['sent']:5d} ({rate:5.1f}/s)"
+            f"  in flight {snap['in_flight']:4d}  answered {snap['completed']:5d}"
+            f"  refused {(snap['rejections'] - last.get('rejections', 0)) / dt:5.1f}/s")
+    if recent:
+        line += f"  P{p0} TTFT p50 {recent[len(recent) // 2]:.2f} s"
+    last.update(t=now, sent=snap["sent"], rejections=snap["rejections"])
+    return line
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from llmvalve.bench.cli import raise_fd_limit
+    from llmvalve.bench.loadgen import LoadGenerator, Target
+    from llmvalve.bench.report import notes
+    from llmvalve.core.policy_load import PolicyError, load_policy_file
+    from llmvalve.sim.harness import RunResult
+    from llmvalve.sim.report import summarize, table
+    from llmvalve.sim.runner import default_policy
+    from llmvalve.sim.scenario import ScenarioError, load_scenario
+    from llmvalve.sim.workload import generate
+
+    try:
+        sc = load_scenario(args.scenario)
+        policy = (load_policy_file(args.policy) if args.policy else None) or sc.policy \
+            or default_policy()
+        keys = _keys(args.keys)
+        if args.time_scale <= 0 or args.load_scale <= 0:
+            raise ValueError("--time-scale and --load-scale must be > 0")
+    except (ScenarioError, PolicyError, OSError, ValueError) as exc:
+        print(f"llmvalve load: {exc}", file=sys.stderr)
+        return 2
+    raise_fd_limit()
+    key = args.key or DEMO_KEY
+    model = args.model or _discover_model(args.target, key) or "sim-model"
+    seed = sc.seed if args.seed is None else args.seed
+    jobs = generate(sc, args.load_scale, seed)
+    target = Target(args.target.rstrip("/"), path=args.path, model=model, keys=keys,
+                    default_key=key, priority_header=policy.requests.priority_header,
+                    sim_headers=not args.no_sim_headers)
+    gen = LoadGenerator(jobs, target, time_scale=args.time_scale, duration_s=sc.duration_s,
+                        drain_s=args.drain, seed=seed)
+    print(f"llmvalve load: {sc.name} ({len(jobs)} requests over {sc.duration_s:.0f} s of "
+          f"scenario time, {sc.duration_s / args.time_scale:.0f} s wall) → {args.target}, "
+          f"model {model}", file=sys.stderr, flush=True)
+
+    async def main():  # type: ignore[no-untyped-def]
+        last: dict = {}
+
+        async def ticker() -> None:
+            while True:
+                await asyncio.sleep(args.every)
+                print(live_line(gen, last), file=sys.stderr, flush=True)
+
+        task = asyncio.create_task(ticker()) if args.every > 0 else None
+        try:
+            return await gen.run()
+        finally:
+            if task is not None:
+                task.cancel()
+
+    try:
+        load = asyncio.run(main())
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    run_ = RunResult("gateway", load.states, sc.duration_s, 0, 0.0, load.retry_after, [], 0, 0)
+    summary = summarize(run_, policy)
+    from llmvalve.bench.runner import traffic_classes
+
+    summary["traffic_classes"] = traffic_classes(run_, policy)
+    summary["bench"] = {
+        "wall_s": round(load.wall_s, 1), "offered": len(jobs), "attempts": load.attempts,
+        "unfinished": load.unfinished, "errors": load.errors,
+        "loadgen": {**load.lag_summary(),
+                    "bottleneck": load.bottleneck(min(q.slo.ttft_s for q in policy.queues))},
+        "cpu": {"loadgen": round(load.cpu, 3)}}
+    res = {"scenario": sc.name, "seed": seed, "duration_s": sc.duration_s,
+           "target": args.target, "time_scale": args.time_scale,
+           "bench": {"drain_s": args.drain}, "controllers": {"gateway": summary}}
+    if args.json:
+        text = json.dumps(res, indent=1)
+        if args.json == "-":
+            print(text)
+            return 0
+        Path(args.json).write_text(text)
+    lines = table(res).splitlines()  # without the preemption column: not seen from outside
+    print("\n".join([lines[0], *(line[:-8] for line in lines[1:])]))
+    for line in notes(res):
+        print(line)
+    if load.errors:
+        print("errors: " + ", ".join(f"{k} ×{v}" for k, v in sorted(load.errors.items())))
+    return 0
