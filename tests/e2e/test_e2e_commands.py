@@ -137,3 +137,43 @@ def test_up_starts_everything_serves_and_stops_everything(tmp_path):
             if alive(pid):
                 os.killpg(pid, signal.SIGKILL)
         out.close()
+
+
+def test_serve_reloads_its_policy_on_sighup(tmp_path):
+    import json
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text((HERE / "policy.yaml").read_text())
+    grpc_port, admin_port = free_port(), free_port()
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmvalve.cli", "serve", "--policy", str(policy),
+         "--grpc", f"127.0.0.1:{grpc_port}", "--admin", f"127.0.0.1:{admin_port}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    status_url = f"http://127.0.0.1:{admin_port}/status"
+
+    def version() -> str:
+        return json.loads(http_get(status_url)[1])["policy_version"]
+
+    try:
+        wait_for(lambda: _status(status_url) == 200, 30, "/status")
+        before = version()
+        policy.write_text(policy.read_text().replace("static: {limit: 8}", "static: {limit: 5}"))
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: version() != before, 10, "the new policy")
+        after = version()
+        assert json.loads(http_get(status_url)[1])["pools"]["default"]["limit"] == 5
+        # A broken file is refused: the running policy stays.
+        policy.write_text("queues: [oops")
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert proc.poll() is None and version() == after
+        assert b"policy reload failed" in (tmp_path / "serve.log").read_bytes()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
