@@ -48,7 +48,7 @@ def test_body_over_max_body_bytes_is_estimated_from_its_length(e2e):
     e2e.wait_idle()
 
 
-async def test_streaming_fallback_knows_stream_from_the_body(e2e):
+async def test_fallbacks_decided_on_the_body(e2e):
     url = e2e.base_url + "/chat/completions"
     c = client(e2e, key=P2_KEY)
     async with aiohttp.ClientSession() as session:
@@ -61,6 +61,14 @@ async def test_streaming_fallback_knows_stream_from_the_body(e2e):
 
             assert await asyncio.to_thread(stream_text) == (
                 "Suggestions are temporarily unavailable.")
+
+            # A reroute decided on the body phase: header mutation + clear_route_cache there.
+            before = e2e.fallback_stats()["requests_received"]
+            raw = await asyncio.to_thread(
+                c.chat.completions.with_raw_response.create, **chat_body(4),
+                extra_headers={"x-llmvalve-feature": "summarize"})
+            assert raw.status_code == 200 and raw.parse().choices[0].message.content
+            assert e2e.fallback_stats()["requests_received"] == before + 1
         finally:
             await cancel_all(holders)
     e2e.wait_idle()
