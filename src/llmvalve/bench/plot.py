@@ -34,7 +34,8 @@ def plot_ttft(runs: dict[str, RunResult], policy: Policy, path: str, title: str)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    prios = list(policy.priorities)
+    prios = [p for p in policy.priorities
+             if any(s.job.priority == p for r in runs.values() for s in r.jobs)]
     fig, axes = plt.subplots(1, len(prios), figsize=(4.6 * len(prios), 4.0), squeeze=False)
     for col, p in enumerate(prios):
         ax = axes[0][col]
@@ -46,9 +47,9 @@ def plot_ttft(runs: dict[str, RunResult], policy: Policy, path: str, title: str)
             ttft = sorted(s.first_token_at - s.job.arrival_s for s in jobs  # type: ignore[operator]
                           if s.status == "completed" and s.first_token_at is not None)
             n = len(jobs)
-            xs = [max(t, 1e-3) for t in ttft]
+            xs = [max(t, 1e-2) for t in ttft]
             ys = [(k + 1) / n for k in range(len(xs))]
-            ax.step([1e-3, *xs], [0.0, *ys], where="post", color=_color(mode, i), label=mode)
+            ax.step([1e-2, *xs], [0.0, *ys], where="post", color=_color(mode, i), label=mode)
         ax.axvline(q.slo.ttft_s, color="black", linestyle=":", linewidth=1)
         ax.text(q.slo.ttft_s, 1.02, f" SLO {q.slo.ttft_s:g} s", fontsize=7, va="bottom")
         ax.set_xscale("log")

@@ -159,6 +159,7 @@ def traffic_classes(run: RunResult, policy: Policy) -> dict:
             tpot = (st.finished_at - st.first_token_at) / max(1, st.output_tokens - 1)  # type: ignore[operator]
             if ttft <= slo.ttft_s and tpot <= slo.tpot_s:
                 row["slo_met"] += 1
+    out = dict(sorted(out.items(), key=lambda kv: (kv[1]["priority"], kv[0])))
     for row in out.values():
         row["attempts_per_request"] = round(row["attempts"] / row["offered"], 3) \
             if row["offered"] else 0.0

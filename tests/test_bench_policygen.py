@@ -1,0 +1,88 @@
+"""The bench's generated policy (wall-clock times, one key per tenant) and Envoy-alone config."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+
+import pytest
+import yaml
+
+from llmvalve.bench.envoy_alone import render_alone
+from llmvalve.bench.policygen import bench_policy, policy_dict, scale_policy, tenant_key
+from llmvalve.bench.runner import resolve_modes
+from llmvalve.core.classify import Classified, Classifier
+from llmvalve.core.policy_load import load_policy
+from llmvalve.gateway.envoy_config import EnvoyParams
+from llmvalve.sim.runner import default_policy
+from llmvalve.sim.scenario import load_scenario
+from llmvalve.sim.workload import generate
+
+
+def test_policy_dict_round_trips():
+    p = default_policy()
+    q = load_policy(yaml.safe_dump(policy_dict(p)))
+    assert dataclasses.replace(q, version="") == dataclasses.replace(p, version="")
+
+
+def test_scaling_divides_schedules_and_pins_engine_side_targets():
+    p = default_policy()
+    s = scale_policy(p, 4.0)
+    assert s.queues[0].timeout_s == p.queues[0].timeout_s / 4
+    assert s.queues[0].slo.ttft_s == p.queues[0].slo.ttft_s / 4
+    assert s.queues[2].slo.tpot_s == p.queues[2].slo.tpot_s / 4
+    assert s.retry_after.min_s == p.retry_after.min_s / 4
+    assert s.pools[0].scrape_interval_s == p.pools[0].scrape_interval_s / 4
+    assert s.pools[0].scrape_timeout_s == p.pools[0].scrape_timeout_s  # not a schedule
+    a = s.limiter.adaptive
+    assert a.window_s == p.limiter.adaptive.window_s / 4
+    # compared with the backends' histograms, which stay in engine seconds
+    assert a.itl_target_s == pytest.approx(min(q.slo.tpot_s for q in p.queues) * 0.8)
+    assert a.queue_target_s == pytest.approx(min(q.slo.ttft_s for q in p.queues) / 4)
+    assert scale_policy(p, 1.0) is p
+
+
+def test_bench_policy_gives_each_tenant_a_key_at_its_class():
+    sc = load_scenario("burst")
+    jobs = generate(sc)
+    doc, keys = bench_policy(default_policy(), jobs, 4.0, "static:24")
+    p = load_policy(yaml.safe_dump(doc))
+    assert p.limiter.controller == "static" and p.limiter.static.limit == 24
+    assert p.anonymous is None and p.requests.body_inspection
+    assert set(keys) == {"interactive-app", "agents", "batch-jobs"}
+    c = Classifier(p)
+    for tenant, prio in (("interactive-app", 0), ("agents", 1), ("batch-jobs", 2)):
+        got = c.classify(f"Bearer {keys[tenant]}", None)
+        assert got == Classified(tenant, prio)
+        # a request may lower its class, never raise it
+        assert c.classify(f"Bearer {keys[tenant]}", "0").priority == prio
+    assert tenant_key("a b/c") == "sk-bench-a-b-c"
+
+
+def test_modes_resolve():
+    sc = load_scenario("burst")
+    assert resolve_modes(sc, None) == ["none", "static:32", "seed", "adaptive"]
+    assert resolve_modes(sc, ["static:N", "static", "static:8"]) == [
+        "static:32", "static:32", "static:8"]
+    for bad in ("static:0", "fast", "seed:3"):
+        with pytest.raises(ValueError):
+            resolve_modes(sc, [bad])
+
+
+def test_envoy_alone_has_no_ext_proc_and_validates(envoy_bin, tmp_path):
+    text = render_alone(EnvoyParams(
+        listen_address="127.0.0.1", listen_port=18080, admin_port=18081,
+        control_plane=("127.0.0.1", 19000),
+        clusters={"llm_backends": (("127.0.0.1", 18001), ("127.0.0.1", 18002))}), 0.125)
+    doc = yaml.safe_load(text)
+    body = yaml.safe_dump(doc)
+    assert "ext_proc" not in body and "access_log" not in body
+    cluster = next(c for c in doc["static_resources"]["clusters"]
+                   if c["name"] == "llm_backends")
+    assert cluster["lb_policy"] == "LEAST_REQUEST"
+    assert cluster["health_checks"][0]["http_health_check"]["path"] == "/health"
+    path = tmp_path / "envoy.yaml"
+    path.write_text(text)
+    done = subprocess.run([envoy_bin, "--mode", "validate", "-c", str(path), "--log-level",
+                           "error"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr

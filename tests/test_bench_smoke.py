@@ -1,0 +1,68 @@
+"""`llmvalve bench` end to end, short: the burst through real Envoy with no protection and with
+llmvalve, at time scale 10 (about 30 s here). Asserts the direction of the result — interactive
+users keep their SLO with llmvalve and lose it without — not exact numbers, and that every
+process the bench started is gone afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def open_into(directory: Path) -> list[int]:
+    """PIDs (other than ours) holding a file open inside `directory`: leaked children."""
+    out = []
+    root = str(directory.resolve())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(root):
+                    out.append(int(pid))
+                    break
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_bench_burst_none_against_adaptive(envoy_bin, tmp_path):
+    out = tmp_path / "burst.json"
+    work = tmp_path / "work"
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "llmvalve.cli", "bench", "--scenario", "burst",
+         "--modes", "none,adaptive", "--time-scale", "10", "--drain", "30",
+         "--json", str(out), "--workdir", str(work), "--quiet"],
+        capture_output=True, text=True, timeout=110)
+    elapsed = time.monotonic() - t0
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert elapsed < 60, f"the smoke run took {elapsed:.0f} s"
+    res = json.loads(out.read_text())
+    none, adaptive = res["controllers"]["none"], res["controllers"]["adaptive"]
+
+    # the direction: P0 keeps its SLO behind llmvalve, and loses it without protection
+    p0_none = none["classes"]["0"]["slo_attainment"]
+    p0_adaptive = adaptive["classes"]["0"]["slo_attainment"]
+    assert p0_adaptive >= 0.9, p0_adaptive
+    assert p0_none < 0.6, p0_none
+    assert adaptive["goodput_tok_s"] > none["goodput_tok_s"]
+    assert adaptive["preemptions"] < none["preemptions"]
+    assert sum(c["rejected"] for c in adaptive["classes"].values()) > 0  # it sheds
+    # the shape: the simulator's, plus what only a real run has
+    assert set(res["controllers"]["adaptive"]["classes"]) == {"0", "1", "2"}
+    assert adaptive["timeseries"] and adaptive["timeseries"][-1]["t"] >= 100
+    assert adaptive["bench"]["loadgen"]["arrival_lag_p99_ms"] >= 0
+    assert "adaptive" in res["comparison"] and "burst" == res["scenario"]
+    assert "bench against simulate" in done.stdout
+    # every process is gone
+    assert open_into(work) == []
