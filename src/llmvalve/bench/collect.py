@@ -19,11 +19,11 @@ from llmvalve.sim.harness import TimePoint
 
 
 class Collector:
-    def __init__(self, gen: LoadGenerator, backend_urls: list[str], admin_url: str | None,
+    def __init__(self, gen: LoadGenerator, backend_urls: list[str], admin_urls: list[str],
                  priorities: tuple[int, ...], controller: str) -> None:
         self.gen = gen
         self.backend_urls = backend_urls
-        self.admin_url = admin_url
+        self.admin_urls = admin_urls  # one per gateway replica; their pools are summed
         self.priorities = priorities
         self.controller = controller
         self.points: list[TimePoint] = []
@@ -44,18 +44,18 @@ class Collector:
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
             return None
 
-    async def sample(self, session) -> tuple[list[dict | None], dict | None]:  # type: ignore[no-untyped-def]
+    async def sample(self, session) -> tuple[list[dict | None], list[dict | None]]:  # type: ignore[no-untyped-def]
         calls = [self._get(session, u + "/admin/stats") for u in self.backend_urls]
-        if self.admin_url:
-            calls.append(self._get(session, self.admin_url + "/status"))
+        calls += [self._get(session, u + "/status") for u in self.admin_urls]
         got = await asyncio.gather(*calls)
-        stats = list(got[:len(self.backend_urls)])
+        n = len(self.backend_urls)
+        stats = list(got[:n])
         for i, s in enumerate(stats):
             if s is not None:
                 if self.first_stats[i] is None:
                     self.first_stats[i] = s
                 self.last_stats[i] = s
-        return stats, (got[-1] if self.admin_url else None)
+        return stats, list(got[n:])
 
     async def run(self, session) -> None:  # type: ignore[no-untyped-def]
         """Until cancelled: a point at every engine second from 0."""
@@ -70,7 +70,8 @@ class Collector:
             self.points.append(self._point(float(k), stats, status))
             k += 1
 
-    def _point(self, t: float, stats: list[dict | None], status: dict | None) -> TimePoint:
+    def _point(self, t: float, stats: list[dict | None],
+               statuses: list[dict | None]) -> TimePoint:
         live = [s for i, s in enumerate(stats) if s is not None and self.alive[i]
                 and not (s.get("faults") or {}).get("down")]
         kv_all = [float(s.get("kv_usage", 0.0)) for s in live]
@@ -79,26 +80,27 @@ class Collector:
         kv = sum(kv_all) / len(kv_all) if kv_all else 0.0
         preempt = sum(int((s or {}).get("preemptions", 0)) for s in self.last_stats)
         depth = dict.fromkeys(self.priorities, 0)
-        limit, unit = math.inf, "requests"
+        limit, unit = (math.inf if not self.admin_urls else 0.0), "requests"
         inflight_req = self.gen.streaming + self.gen.waiting
         inflight_cost = 0.0
-        pool = None
-        if status is not None:
-            pools = status.get("pools") or {}
-            pool = next(iter(pools.values()), None)
-        if pool is not None:
+        pools = [next(iter((st.get("pools") or {}).values()), None)
+                 for st in statuses if st is not None]
+        pools = [p for p in pools if p is not None]
+        if len(pools) < len(self.admin_urls):
+            self.status_errors += 1
+        if pools:
+            inflight_req = 0
+        else:
+            limit = math.inf
+        for pool in pools:
             lim = pool.get("limit")
-            limit = math.inf if lim is None else float(lim)
+            limit += math.inf if lim is None else float(lim)
             unit = (pool.get("limiter") or {}).get("unit", unit)
-            inflight_req = int(pool.get("inflight_requests", 0))
-            inflight_cost = float(pool.get("inflight", 0.0))
+            inflight_req += int(pool.get("inflight_requests", 0))
+            inflight_cost += float(pool.get("inflight", 0.0))
             for p, c in (pool.get("classes") or {}).items():
                 with contextlib.suppress(ValueError):
-                    depth[int(p)] = int(c.get("queue_depth", 0))
-        elif self.admin_url:
-            self.status_errors += 1
-        elif self.controller == "none":
-            inflight_req = self.gen.streaming + self.gen.waiting
+                    depth[int(p)] = depth.get(int(p), 0) + int(c.get("queue_depth", 0))
         return TimePoint(
             t=t, limit=limit, limit_unit=unit, inflight_requests=inflight_req,
             inflight_cost=inflight_cost, kv_usage=kv,

@@ -22,12 +22,10 @@ from llmvalve.bench.report import comparison_table, cpu_table, notes, sweep_tabl
 from llmvalve.sim.report import table
 from llmvalve.sim.scenario import builtin_names, load_scenario
 
-# What the published page runs. multi-gateway needs several Envoy + control-plane replicas,
-# which the bench does not start (yet): it is listed as not run.
+# What the published page runs (every built-in).
 SCENARIOS = ["burst", "prompt-shift", "capacity-drop", "retry-storm", "steady", "cancel-heavy",
-             "noise", "azure-conv", "overload-sweep"]
-NOT_RUN = {"multi-gateway": "needs several gateway replicas (Envoy + control plane each); "
-           "`llmvalve bench` runs one — see `llmvalve simulate --scenario multi-gateway`"}
+             "noise", "multi-gateway", "azure-conv", "overload-sweep"]
+NOT_RUN: dict[str, str] = {}
 SWEEP_LOADS = [0.5, 1.0, 2.0, 4.0]
 MODES = ["none", "static:32", "seed", "adaptive"]
 OVERHEAD_RATES = "50,100,200,400"

@@ -50,6 +50,7 @@ PROMPT_UNIT = "lore"  # 4 characters: one prompt token for the gateway's estimat
 @dataclass
 class Target:
     url: str  # the gateway, e.g. http://127.0.0.1:8080
+    replicas: tuple[str, ...] = ()  # several gateways: attempt n of job j goes to (j + n) % N
     path: str = "/v1/chat/completions"
     model: str = "sim-model"
     keys: dict[str, str] = field(default_factory=dict)  # tenant → API key
@@ -270,6 +271,13 @@ class LoadGenerator:
             headers["x-sim-output-tokens"] = str(job.output_tokens)
         return body, headers
 
+    def _url(self, st: JobState) -> str:
+        urls = self.target.replicas
+        if not urls:
+            return self.target.url
+        st.gateway = (st.job.job_id + st.attempt) % len(urls)
+        return urls[st.gateway]
+
     def _error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
@@ -288,7 +296,7 @@ class LoadGenerator:
         counted = "waiting"
         resp = None
         try:
-            resp = await self.session.post(self.target.url + self.target.path, data=body,
+            resp = await self.session.post(self._url(st) + self.target.path, data=body,
                                            headers=headers)
             if resp.status != 200:
                 await resp.read()
