@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -238,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ports = {name: free_port() for name in (
         "up", "up_admin", "with", "with_admin", "without", "without_admin", "grpc", "admin")}
     procs: list[Proc] = []
+    ok = False
     try:
         (workdir / "upstream.yaml").write_text(upstream_config(ports["up"], ports["up_admin"]))
         (workdir / "with.yaml").write_text(gateway_config(
@@ -293,9 +295,14 @@ def main(argv: list[str] | None = None) -> int:
         results["control_plane_gateway"] = status.get("gateway", {})
         if args.json:
             args.json.write_text(json.dumps(results, indent=1, default=str))
+        ok = True
     finally:
         for proc in reversed(procs):
             proc.stop(grace_s=3.0)
+        if ok:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"logs: {workdir}", file=sys.stderr)
     return 0
 
 
