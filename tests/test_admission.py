@@ -22,6 +22,7 @@ from llmvalve.core.policy import (
     RetryAfterSpec,
     Slo,
 )
+from llmvalve.core.policy_load import load_policy
 from llmvalve.core.types import (
     Admit,
     BackendSnapshot,
@@ -371,3 +372,25 @@ def test_status_of_none_is_strict_json():
     status = adm("none").status(0.0)
     json.dumps(status, allow_nan=False)
     assert status["pools"]["default"]["limit"] is None
+
+
+def test_breaker_opens_on_failures_answers_503_and_closes_after_recovery():
+    text = """
+queues:
+  - {priority: 0, name: p0, maxQueueSize: 10, timeout: 8s, dropPolicy: tail}
+pools:
+  - {name: default, breaker: {failureRatio: 0.5, minRequests: 4, window: 10s, open: 5s}}
+"""
+    a = Admission(load_policy(text), random.Random(1), "none")
+    for i in range(4):
+        d = a.submit(RequestInfo(f"f{i}", "t", 0, 1.0), 0.0)
+        a.release(d.ticket, Outcome.DROPPED, 0.1)
+    rejected = a.submit(RequestInfo("x", "t", 0, 1.0), 0.2)
+    assert isinstance(rejected, Reject)
+    assert rejected.status == 503 and rejected.reason is Reason.BREAKER_OPEN
+    assert rejected.retry_after_s >= 4.0  # not before the breaker half-opens
+    assert a.status(0.2)["pools"]["default"]["breaker"] == "open"
+    probe = a.submit(RequestInfo("p", "t", 0, 1.0), 5.5)  # half-open: a probe passes
+    assert isinstance(probe, Admit)
+    a.release(probe.ticket, Outcome.SUCCESS, 5.6)
+    assert isinstance(a.submit(RequestInfo("y", "t", 0, 1.0), 5.7), Admit)

@@ -41,9 +41,10 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from llmvalve.core.adaptive import AdaptiveLimit
+from llmvalve.core.breaker import Breaker
 from llmvalve.core.limiter import Limit, SeedLimit, StaticLimit, Unlimited
 from llmvalve.core.picker import Picker
-from llmvalve.core.policy import DropPolicy, Policy, PoolSpec
+from llmvalve.core.policy import BreakerSpec, DropPolicy, Policy, PoolSpec
 from llmvalve.core.scheduler import Scheduler, Waiting
 from llmvalve.core.types import (
     Admit,
@@ -111,6 +112,7 @@ class _Pool:
     releases: _Rate | None = None
     override: float | None = None
     picker: Picker = field(default_factory=Picker)
+    breaker: Breaker = field(default_factory=lambda: Breaker(BreakerSpec()))
 
     def current_limit(self) -> float:
         return self.override if self.override is not None else self.limit.limit()
@@ -140,7 +142,8 @@ class Admission:
         return _Pool(spec, Scheduler(self.policy), make_limit(self.controller, self.policy, now),
                      releases=_Rate(now),
                      picker=Picker(tuple(b.name for b in spec.backends), a.stale_after_s,
-                                   a.kv_target))
+                                   a.kv_target),
+                     breaker=Breaker(spec.breaker))
 
     def _pool(self, name: str) -> _Pool:
         pool = self.pools.get(name)
@@ -201,9 +204,10 @@ class Admission:
             return 0.0 if pool.inflight == 0 else math.inf
         return ahead / rate
 
-    def retry_after_s(self, pool: _Pool, priority: int, now: float) -> float:
+    def retry_after_s(self, pool: _Pool, priority: int, now: float,
+                      floor_s: float = 0.0) -> float:
         ra = self.policy.retry_after
-        drain = self.predicted_wait_s(pool, priority, now)
+        drain = max(floor_s, self.predicted_wait_s(pool, priority, now))
         base = min(ra.max_s, max(ra.min_s, drain))
         spread = base * (1.0 + ra.jitter * (self.rng.random() - 0.5))
         return min(ra.max_s, max(ra.min_s, spread))
@@ -211,8 +215,9 @@ class Admission:
     def _reject(self, pool: _Pool, req: RequestInfo, reason: Reason, now: float,
                 wait_s: float = 0.0, status: int = 429) -> Reject:
         feature = self.policy.feature(req.feature)
+        floor = pool.breaker.retry_after_s(now) if reason is Reason.BREAKER_OPEN else 0.0
         return Reject(req.request_id, status, reason,
-                      self.retry_after_s(pool, req.priority, now), wait_s,
+                      self.retry_after_s(pool, req.priority, now, floor), wait_s,
                       feature.fallback if feature else None)
 
     def _admit(self, pool: _Pool, req: RequestInfo, cost: float, now: float,
@@ -236,6 +241,8 @@ class Admission:
             return self._reject(pool, req, Reason.DRAINING, now, status=503)
         if req.deadline is not None and req.deadline <= now:
             return self._reject(pool, req, Reason.DEADLINE, now)
+        if not pool.breaker.allow(now):
+            return self._reject(pool, req, Reason.BREAKER_OPEN, now, status=503)
         cost = self.cost_of(req, pool)
         blocked_above = any(pool.scheduler.depth(p) for p in self._ranks if p < req.priority)
         own_queue = pool.scheduler.depth(req.priority)
@@ -313,6 +320,7 @@ class Admission:
         assert pool.releases is not None
         pool.releases.add(now)
         pool.limit.on_release(ticket, outcome, now)
+        pool.breaker.record(outcome, now)
 
     def observe(self, sample: Sample, now: float, priority: int | None = None,
                 ticket_epoch: int | None = None) -> None:
@@ -372,6 +380,8 @@ class Admission:
             for b in spec.backends:
                 pool.picker.cost.setdefault(b.name, 0.0)
             pool.limit = self._carry_limit(pool.limit, old_policy, policy, now)
+            if pool.breaker.spec != spec.breaker:
+                pool.breaker = Breaker(spec.breaker)
         # Pools that left the policy: queued requests in them are moved to the first pool.
         first = self.pools[names[0]]
         for name, pool in self.pools.items():
@@ -402,6 +412,7 @@ class Admission:
                 "inflight_requests": len(pool.tickets),
                 "saturation": pool.limit.saturation(now),
                 "override": pool.override,
+                "breaker": pool.breaker.state(now).value,
                 "limiter": pool.limit.status(),
                 "classes": {
                     str(q.priority): {
