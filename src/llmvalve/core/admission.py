@@ -110,7 +110,8 @@ class _Pool:
     inflight_by_class: dict[int, float] = field(default_factory=dict)
     tickets: dict[str, Ticket] = field(default_factory=dict)
     releases: _Rate | None = None
-    override: float | None = None
+    override: float | None = None  # an operator's limit (set_override), replaces L
+    override_until: float | None = None  # when the override lapses (None: until cleared)
     picker: Picker = field(default_factory=Picker)
     breaker: Breaker = field(default_factory=lambda: Breaker(BreakerSpec()))
 
@@ -268,10 +269,30 @@ class Admission:
         """The client left while queued: remove it. True if it was queued."""
         return any(p.scheduler.remove(request_id) is not None for p in self.pools.values())
 
+    def set_override(self, pool: str, limit: float | None, until: float | None,
+                     now: float) -> None:
+        """An operator's temporary limit for `pool` (incident response): it replaces the
+        limiter's L for every class (the top class does not punch through it) until `until`
+        (absolute, on the caller's clock; None: until cleared). `limit=None` clears it. The
+        limiter keeps learning underneath and takes over again when the override lapses."""
+        p = self.pools.get(pool)
+        if p is None:
+            raise KeyError(f"no pool {pool!r} (pools: {', '.join(self.pools)})")
+        if limit is None:
+            p.override = p.override_until = None
+            return
+        if not limit > 0 or math.isinf(limit):
+            raise ValueError(f"override limit must be a positive number, got {limit!r}")
+        if until is not None and until <= now:
+            raise ValueError(f"override must end in the future (until {until} <= now {now})")
+        p.override, p.override_until = float(limit), until
+
     def poll(self, now: float) -> list[Admit | Reject]:
         """Expire, update limiters, dispatch: decisions for requests that were Queued."""
         out: list[Admit | Reject] = []
         for pool in self.pools.values():
+            if pool.override_until is not None and now >= pool.override_until:
+                pool.override = pool.override_until = None
             pool.limit.update(now, pool.inflight)
             for w in pool.scheduler.expire(now):
                 reason = Reason.DEADLINE if w.by_client_deadline else Reason.QUEUE_TIMEOUT
@@ -300,7 +321,8 @@ class Admission:
         """The earliest time poll() has something to do (a queue timeout, a window end)."""
         times = []
         for pool in self.pools.values():
-            for t in (pool.scheduler.next_deadline(), pool.limit.next_update()):
+            for t in (pool.scheduler.next_deadline(), pool.limit.next_update(),
+                      pool.override_until):
                 if t is not None:
                     times.append(t)
         return min(times) if times else None
@@ -412,6 +434,8 @@ class Admission:
                 "inflight_requests": len(pool.tickets),
                 "saturation": pool.limit.saturation(now),
                 "override": pool.override,
+                "override_expires_in_s": (None if pool.override_until is None
+                                          else max(0.0, pool.override_until - now)),
                 "breaker": pool.breaker.state(now).value,
                 "limiter": pool.limit.status(),
                 "classes": {
