@@ -4,7 +4,9 @@ One asyncio process: one gRPC port serving ExternalProcessor (admission and rele
 AccessLogService (feedback), one admin HTTP port (/metrics, /healthz, /readyz, /status), the
 backend scraper, and the driver that wakes `Admission` at its deadlines.
 Signals: SIGTERM/SIGINT → /readyz turns 503, open streams drain (up to --drain-timeout), then
-exit 0. SIGHUP → reload the policy file (a bad file is logged and ignored).
+exit 0. SIGHUP, or a change of the policy file (polled every --watch-interval s; see
+gateway/policy_watch.py) → reload the policy file (a bad file is refused: logged, in /status
+and in llmvalve_policy_reloads_total{result="error"}; the running policy stays).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "the policy's list)")
     parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                         help="on SIGTERM, wait this long for open requests (default 30)")
+    parser.add_argument("--watch-interval", type=float, default=1.0, metavar="S",
+                        help="poll the policy file for changes every S seconds (0: only on "
+                        "SIGHUP; default 1)")
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -64,17 +69,20 @@ class ControlPlane:
 
     def __init__(self, policy: Any, grpc_addr: str = "127.0.0.1:0",
                  admin_addr: str = "127.0.0.1:0", controller: str | None = None,
-                 policy_path: Path | None = None, metrics_urls: tuple[str, ...] = ()) -> None:
+                 policy_path: Path | None = None, metrics_urls: tuple[str, ...] = (),
+                 watch_interval_s: float = 0.0) -> None:
         self.policy = with_backends(policy, list(metrics_urls))
         self.grpc_addr = grpc_addr
         self.admin_addr = admin_addr
         self.controller = controller
         self.policy_path = policy_path
         self.metrics_urls = metrics_urls
+        self.watch_interval_s = watch_interval_s
         self.grpc_port = 0
         self.admin_port = 0
 
     async def start(self) -> None:
+        import asyncio
         import random
 
         import grpc
@@ -89,6 +97,7 @@ class ControlPlane:
         from llmvalve.gateway.driver import Driver
         from llmvalve.gateway.extproc import ExtProcServicer
         from llmvalve.gateway.metrics import GatewayMetrics
+        from llmvalve.gateway.policy_watch import PolicyWatcher, ReloadLog
         from llmvalve.gateway.scraper import Scraper
 
         prometheus_client.disable_created_metrics()
@@ -100,6 +109,12 @@ class ControlPlane:
         self.metrics.watch_status(self.driver.status)
         self.extproc = ExtProcServicer(self.driver, self.metrics)
         self.state = AdminState()
+        self.reloads = ReloadLog(self.metrics, self.policy_path)
+        self._reload_lock = asyncio.Lock()
+        self.watcher = None
+        if self.policy_path is not None and self.watch_interval_s > 0:
+            self.watcher = PolicyWatcher(self.policy_path, lambda: self.reload("watch"),
+                                         self.watch_interval_s)
 
         self.server = grpc.aio.server(options=[
             ("grpc.so_reuseport", 0),
@@ -128,6 +143,9 @@ class ControlPlane:
         await site.start()
         self.admin_port = self.runner.addresses[0][1]
         self.state.ready = True
+        if self.watcher is not None:
+            self.watcher.start()
+            self.reloads.watching = True
         log.info("serving: grpc %s:%d admin %s:%d policy %s", split_addr(self.grpc_addr)[0],
                  self.grpc_port, host, self.admin_port, self.policy.version or "-")
 
@@ -137,32 +155,41 @@ class ControlPlane:
                             "open_tickets": len(self.driver.open_tickets),
                             "last_sample": _sample_json(self.als.last_sample),
                             **self.driver.counts},
+                "policy": self.reloads.status(self.policy.version),
                 **self.driver.status()}
 
-    async def reload(self) -> None:
+    async def reload(self, trigger: str = "sighup") -> bool:
+        """Load the policy file again and apply it; False (and the old policy) if it is bad."""
         from llmvalve.core.policy_load import load_policy_file
 
         if self.policy_path is None:
             log.info("SIGHUP: no policy file to reload (running the packaged default)")
-            return
-        try:
-            policy = with_backends(load_policy_file(self.policy_path), list(self.metrics_urls))
-        except Exception as exc:
-            log.error("policy reload failed, keeping the current policy: %s", exc)
-            return
-        try:
-            self.driver.replace_policy(policy)
-        except Exception:
-            log.exception("policy reload failed in the core, keeping the current policy")
-            return
-        self.policy = policy
-        await self.scraper.start(policy)
-        log.info("policy reloaded: %s", policy.version or "-")
+            return False
+        async with self._reload_lock:
+            try:
+                policy = with_backends(load_policy_file(self.policy_path),
+                                       list(self.metrics_urls))
+            except Exception as exc:
+                log.error("policy reload failed, keeping the current policy: %s", exc)
+                self.reloads.failed(trigger, exc, self.policy.version)
+                return False
+            try:
+                self.driver.replace_policy(policy)
+            except Exception as exc:
+                log.exception("policy reload failed in the core, keeping the current policy")
+                self.reloads.failed(trigger, f"the core refused it: {exc}", self.policy.version)
+                return False
+            self.policy = policy
+            await self.scraper.start(policy)
+            self.reloads.applied(trigger, policy.version)
+            log.info("policy reloaded (%s): %s", trigger, policy.version or "-")
+            return True
 
     async def drain(self, timeout_s: float) -> None:
         import asyncio
 
         self.state.draining = True
+        self.driver.admission.draining = True  # new requests: 503 + Retry-After (draining)
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
         while self.extproc.streams_open > 0 and loop.time() < end:
@@ -171,6 +198,8 @@ class ControlPlane:
             log.warning("drain deadline: %d streams still open", self.extproc.streams_open)
 
     async def stop(self) -> None:
+        if self.watcher is not None:
+            await self.watcher.stop()
         await self.server.stop(0.5)
         await self.scraper.stop()
         await self.driver.stop()
@@ -194,7 +223,8 @@ async def _main(args: argparse.Namespace) -> int:
     policy_path = args.policy or default_policy_path()
     policy = load_policy_file(policy_path)
     plane = ControlPlane(policy, args.grpc, args.admin, args.controller,
-                         policy_path=args.policy or None, metrics_urls=tuple(args.metrics_url))
+                         policy_path=args.policy or None, metrics_urls=tuple(args.metrics_url),
+                         watch_interval_s=args.watch_interval)
     await plane.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
