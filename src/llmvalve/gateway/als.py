@@ -98,4 +98,5 @@ class AccessLogServicer(als_pb2_grpc.AccessLogServiceServicer):
                     self.driver.observe(sample)
                 except Exception:
                     log.exception("Admission.observe failed for %s", sample.request_id)
+                self.metrics.sampled(sample)
         return als_pb2.StreamAccessLogsResponse()

@@ -120,6 +120,7 @@ class _Stream:
         self.wait_s = 0.0
         self.status: int | None = None
         self.done = False  # an immediate response was sent
+        self.queued = False  # held in a queue before its decision (a reject is then a drop)
 
     # -- request headers ---------------------------------------------------------------------
     async def on_request_headers(self, msg: ep.HttpHeaders) -> AsyncIterator[ep.ProcessingResponse]:
@@ -131,7 +132,7 @@ class _Stream:
         if isinstance(result, Unauthorized):
             code = ("missing_api_key" if result.reason is AuthFailure.MISSING_KEY
                     else "invalid_api_key")
-            self.owner.metrics.decision("unauthorized", "", "unauthorized")
+            self.record("unauthorized", "unauthorized")
             yield self.finish(replies.unauthorized(result.message, code))
             return
         self.classified = result
@@ -153,7 +154,7 @@ class _Stream:
             facts = reading.parse_body(msg.body)
         if wanted == "admission":
             if isinstance(facts, str):
-                self.owner.metrics.decision("bad_request", self.class_name, "bad_request")
+                self.record("bad_request", "bad_request")
                 yield self.finish(replies.bad_request(facts))
                 return
             async for response in self.decide(facts, body_follows=False):
@@ -187,6 +188,7 @@ class _Stream:
             # Taken now: the driver may resolve (and forget) it while the next message is sent.
             future = self.future = self.driver.waiter(self.request_id)
             assert future is not None
+            self.queued = True
             wait_limit = self.policy.queue(info.priority).timeout_s
             if deadline_ms is not None:
                 wait_limit = min(wait_limit, deadline_ms / 1000.0)
@@ -198,7 +200,7 @@ class _Stream:
             except asyncio.CancelledError:
                 self.future = None
                 self.driver.abandon(self.request_id, future)
-                self.owner.metrics.decision("cancelled_in_queue", self.class_name, "cancelled")
+                self.record("cancelled_in_queue", "cancelled")
                 raise
             self.future = None
         else:
@@ -207,7 +209,7 @@ class _Stream:
             self.ticket = decided.ticket
             self.wait_s = decided.wait_s
             self.routed = True
-            self.owner.metrics.decision("admitted", self.class_name, "")
+            self.record("admitted", "")
             self.owner.metrics.queue_wait(self.class_name, decided.wait_s)
             mutations = self.admitted_headers()
             cluster = self.policy.pools[0].cluster
@@ -235,20 +237,28 @@ class _Stream:
                          model: str | None) -> ep.ProcessingResponse:
         fallback: FallbackSpec | None = reject.fallback
         if fallback is not None and fallback.kind == "static":
-            self.owner.metrics.decision("fallback_static", self.class_name, reject.reason.value)
+            self.record("fallback_static", reject.reason.value, reject)
             return self.finish(replies.static_fallback(
                 fallback, reason=reject.reason, path=self.headers.get(":path", ""), model=model,
                 stream=stream, request_id=self.request_id, created=int(self.owner.wall_clock())))
         if fallback is not None and fallback.kind == "reroute" and fallback.cluster:
-            self.owner.metrics.decision("fallback_reroute", self.class_name, reject.reason.value)
+            self.record("fallback_reroute", reject.reason.value, reject)
             self.routed = True
             extra = [header("x-llmvalve-fallback", "reroute"),
                      header("x-llmvalve-reason", reject.reason.value)]
             if fallback.model:
                 extra.append(header("x-llmvalve-model", fallback.model))
             return self.continue_to(fallback.cluster, self.admitted_headers() + extra)
-        self.owner.metrics.decision("rejected", self.class_name, reject.reason.value)
+        self.record("dropped" if self.queued else "rejected", reject.reason.value, reject)
         return self.finish(replies.shed(reject, self.class_name))
+
+    def record(self, decision: str, reason: str, reject: Reject | None = None) -> None:
+        """Metrics and the decision log line (ids and names only: never the key or body)."""
+        self.owner.metrics.decision(
+            decision, self.class_name, reason,
+            tenant=self.classified.tenant if self.classified is not None else "",
+            request_id=self.request_id, wait_s=self.wait_s,
+            retry_after_s=None if reject is None else reject.retry_after_s)
 
     def admitted_headers(self) -> list[base_pb2.HeaderValueOption]:
         assert self.classified is not None
@@ -295,6 +305,8 @@ class _Stream:
         if self.ticket is not None:
             ticket, self.ticket = self.ticket, None
             self.driver.release(ticket, outcome_of(self.status, cancelled=cancelled))
+            if cancelled:
+                self.record("cancelled_in_flight", "cancelled")
         elif self.future is not None:
             # Ended while held (possibly between a decision and its delivery).
             future, self.future = self.future, None

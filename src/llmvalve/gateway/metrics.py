@@ -2,11 +2,16 @@
 
 Event counters are updated on the request path; pool gauges (limit, in flight, queue depth)
 are read from `Admission.status` when /metrics is scraped, so they cost nothing per request.
-Each server builds its own registry (tests run several in one process).
+Each server builds its own registry (tests run several in one process). docs/metrics.md lists
+every series. `decision`, `sampled` and `scraped` are the hooks the servicers call; they also
+feed the in-memory views of `telemetry` (SLO attainment, backend signals as seen) and the
+structured decision log (`logs`). Tenant labels go through `TenantLabels` (bounded).
 """
 
 from __future__ import annotations
 
+import collections
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,16 +19,47 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from llmvalve.core.types import BackendSnapshot, Sample
+from llmvalve.gateway import logs
+from llmvalve.gateway.telemetry import SignalsSeen, SloTracker, TenantLabels
+
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60)
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60)
+RETRY_AFTER_BUCKETS = (1, 2, 3, 5, 8, 13, 20, 30, 45, 60, 120)
+# Decisions that answer the request without the backend: a miss of the class's SLO.
+SHED = frozenset({"rejected", "dropped", "fallback_static", "fallback_reroute"})
 
 
 class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None,
+                 tenants: TenantLabels | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry or CollectorRegistry()
+        self.tenants = tenants or TenantLabels()
+        self.clock = clock
+        self.slo = SloTracker()
+        self.signals = SignalsSeen()
+        # (class, decision) → count, for the dashboard's rates.
+        self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        # class name → its TTFT objective (the server points this at the live policy).
+        self.ttft_slo: Callable[[str], float | None] = lambda _klass: None
         r = self.registry
         self.decisions = Counter(
             "llmvalve_decisions", "Admission decisions delivered to Envoy",
-            ["decision", "class", "reason"], registry=r)
+            ["decision", "class", "tenant", "reason"], registry=r)
+        self.retry_after = Histogram(
+            "llmvalve_retry_after_seconds", "Retry-After handed out with 429/503 answers",
+            ["class", "reason"], buckets=RETRY_AFTER_BUCKETS, registry=r)
+        self.backend_ttft = Histogram(
+            "llmvalve_backend_ttft_seconds", "Backend time to first token as Envoy measured "
+            "it (request sent upstream to first body byte), from the access log",
+            ["class"], buckets=TTFT_BUCKETS, registry=r)
+        self.gateway_ttft = Histogram(
+            "llmvalve_ttft_seconds", "Time to first token at the gateway: queue wait + "
+            "backend TTFT", ["class"], buckets=TTFT_BUCKETS, registry=r)
+        self.slo_verdicts = Counter(
+            "llmvalve_slo_verdicts", "Requests judged against their class's TTFT objective "
+            "(shed requests are misses)", ["class", "met"], registry=r)
         self.waits = Histogram(
             "llmvalve_queue_wait_seconds", "Time admitted requests waited in the queue",
             ["class"], buckets=WAIT_BUCKETS, registry=r)
@@ -37,14 +73,51 @@ class GatewayMetrics:
         self.scrapes = Counter(
             "llmvalve_backend_scrapes", "Backend /metrics scrapes", ["backend", "ok"], registry=r)
 
-    def decision(self, decision: str, klass: str, reason: str) -> None:
-        self.decisions.labels(decision, klass, reason).inc()
+    def decision(self, decision: str, klass: str, reason: str, *, tenant: str = "",
+                 request_id: str = "", wait_s: float | None = None,
+                 retry_after_s: float | None = None) -> None:
+        """One decision delivered to Envoy (or a request that left): counters, the SLO
+        view, and one DEBUG log line."""
+        self.decisions.labels(decision, klass, self.tenants(tenant), reason).inc()
+        self.counts[(klass, decision)] += 1
+        if retry_after_s is not None:
+            self.retry_after.labels(klass, reason).observe(retry_after_s)
+        if decision == "admitted":
+            self.slo.admitted(request_id, klass, wait_s or 0.0, self.ttft_slo(klass))
+        elif decision in SHED:
+            self.slo.shed(klass, self.clock())
+            self.slo_verdicts.labels(klass, "no").inc()
+        logs.decision(request_id=request_id, tenant=tenant, klass=klass, decision=decision,
+                      reason=reason, wait_s=wait_s, retry_after_s=retry_after_s)
+
+    def sampled(self, sample: Sample) -> None:
+        """An access-log sample (after `Admission.observe`): per-class TTFT and SLO."""
+        before = self.slo.totals.copy()
+        joined = self.slo.sample(sample, self.clock())
+        if joined is None:
+            return
+        klass, ttft = joined
+        if sample.ttft_s is not None:
+            self.backend_ttft.labels(klass).observe(sample.ttft_s)
+        if ttft is not None:
+            self.gateway_ttft.labels(klass).observe(ttft)
+        for (k, met), n in (self.slo.totals - before).items():
+            self.slo_verdicts.labels(k, "yes" if met else "no").inc(n)
+
+    def scraped(self, pool: str, snap: BackendSnapshot) -> None:
+        """A backend scrape, as handed to the core."""
+        self.scrapes.labels(snap.backend, "yes" if snap.ok else "no").inc()
+        flipped = self.signals.record(pool, snap, self.clock())
+        if flipped is not None:
+            logs.state("backend_scrape", pool=pool, backend=snap.backend,
+                       ok=flipped, level=20 if flipped else 30)
 
     def queue_wait(self, klass: str, wait_s: float) -> None:
         self.waits.labels(klass).observe(wait_s)
 
     def watch_status(self, status: Callable[[], dict[str, Any]]) -> None:
         self.registry.register(_StatusCollector(status))
+        self.registry.register(_SeenCollector(self))
 
 
 def _number(value: Any) -> float | None:
@@ -55,31 +128,120 @@ def _number(value: Any) -> float | None:
     return None
 
 
+BREAKER_STATES = ("closed", "open", "half_open")
+CLASS_FIELDS = {"queue_depth": ("llmvalve_queue_depth", "Requests waiting in the class's queue"),
+                "oldest_wait_s": ("llmvalve_queue_oldest_wait_seconds",
+                                  "How long the oldest queued request of the class has waited"),
+                "inflight": ("llmvalve_class_inflight", "In-flight cost of the class (the "
+                             "limiter's unit: KV tokens for adaptive, requests otherwise)")}
+
+
+def _metric_name(prefix: str, key: str) -> str:
+    return prefix + "".join(c if c.isalnum() else "_" for c in key)
+
+
 class _StatusCollector(Collector):
-    """Every numeric field of each pool in Admission.status → gauge llmvalve_pool_<field>."""
+    """Admission.status at scrape time: every numeric field of each pool → gauge
+    llmvalve_pool_<field>; numeric limiter fields → llmvalve_limiter_<field>; per class the
+    queue depth, oldest wait and in-flight; the breaker state; the policy version."""
 
     def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
         self.status = status
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
-            pools = self.status().get("pools", {})
+            status = self.status()
         except Exception:
             return
+        pools = status.get("pools", {})
         if isinstance(pools, list):
             pools = {str(p.get("name", i)): p for i, p in enumerate(pools)}
         families: dict[str, GaugeMetricFamily] = {}
+
+        def family(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+            if name not in families:
+                families[name] = GaugeMetricFamily(name, doc, labels=labels)
+            return families[name]
+
         for pool_name, pool in pools.items():
             if not isinstance(pool, dict):
                 continue
             for key, value in pool.items():
                 number = _number(value)
-                if number is None:
-                    continue
-                name = "llmvalve_pool_" + "".join(c if c.isalnum() else "_" for c in key)
-                family = families.get(name)
-                if family is None:
-                    family = families[name] = GaugeMetricFamily(
-                        name, f"Admission.status pools.*.{key}", labels=["pool"])
-                family.add_metric([str(pool_name)], number)
+                if number is not None:
+                    family(_metric_name("llmvalve_pool_", key),
+                           f"Admission.status pools.*.{key}", ["pool"]).add_metric(
+                        [str(pool_name)], number)
+            for key, value in (pool.get("limiter") or {}).items():
+                number = _number(value)
+                if number is not None and key != "limit":
+                    family(_metric_name("llmvalve_limiter_", key),
+                           f"Admission.status pools.*.limiter.{key}", ["pool"]).add_metric(
+                        [str(pool_name)], number)
+            breaker = pool.get("breaker")
+            if isinstance(breaker, str):
+                f = family("llmvalve_breaker_state", "1 for the pool's circuit breaker state",
+                           ["pool", "state"])
+                for state in BREAKER_STATES:
+                    f.add_metric([str(pool_name), state], 1.0 if breaker == state else 0.0)
+            for cls in (pool.get("classes") or {}).values():
+                for key, (name, doc) in CLASS_FIELDS.items():
+                    number = _number(cls.get(key))
+                    if number is not None:
+                        family(name, doc, ["pool", "class"]).add_metric(
+                            [str(pool_name), str(cls.get("name", ""))], number)
+        if status.get("policy_version") is not None:
+            family("llmvalve_policy_info", "The running policy (value 1)",
+                   ["version", "controller"]).add_metric(
+                [str(status.get("policy_version") or ""), str(status.get("controller", ""))],
+                1.0)
         yield from families.values()
+
+
+BACKEND_FIELDS = {
+    "kv_usage": ("llmvalve_backend_kv_usage", "KV-cache usage (0..1) at the last scrape"),
+    "waiting": ("llmvalve_backend_waiting", "Requests waiting inside the engine"),
+    "running": ("llmvalve_backend_running", "Requests running inside the engine"),
+    "ttft_p90_s": ("llmvalve_backend_ttft_p90_seconds",
+                   "The engine's TTFT p90 over the last scrape interval"),
+    "itl_p90_s": ("llmvalve_backend_itl_p90_seconds",
+                  "The engine's inter-token latency p90 over the last scrape interval"),
+    "queue_time_p90_s": ("llmvalve_backend_queue_time_p90_seconds",
+                         "The engine's queue time p90 over the last scrape interval"),
+    "preemptions_total": ("llmvalve_backend_preemptions",
+                          "The engine's preemption counter, as last scraped"),
+    "age_s": ("llmvalve_backend_scrape_age_seconds", "Seconds since the last scrape"),
+}
+
+
+class _SeenCollector(Collector):
+    """Backend signals as the core last saw them, and SLO attainment per class."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = self.metrics.clock()
+        up = GaugeMetricFamily("llmvalve_backend_up", "1 when the last scrape succeeded",
+                               labels=["pool", "backend"])
+        families = {key: GaugeMetricFamily(name, doc, labels=["pool", "backend"])
+                    for key, (name, doc) in BACKEND_FIELDS.items()}
+        for pool, backends in self.metrics.signals.backends(now).items():
+            for backend, signals in backends.items():
+                up.add_metric([pool, backend], 1.0 if signals["ok"] else 0.0)
+                if not signals["ok"]:
+                    continue  # a failed scrape carries no values
+                for key, family in families.items():
+                    number = _number(signals.get(key))
+                    if number is not None:
+                        family.add_metric([pool, backend], number)
+        yield up
+        yield from families.values()
+        slo = GaugeMetricFamily(
+            "llmvalve_slo_attainment", "Fraction of requests judged in the last "
+            f"{self.metrics.slo.window_s:g} s that met their class's TTFT objective",
+            labels=["class"])
+        for klass, view in self.metrics.slo.attainment(now).items():
+            if view["attainment"] is not None:
+                slo.add_metric([klass], view["attainment"])
+        yield slo

@@ -81,7 +81,7 @@ class Scraper:
         next_at = loop.time()
         while True:
             snap = await self.scrape_once(url, reader, timeout_s)
-            self.metrics.scrapes.labels(reader.backend, "yes" if snap.ok else "no").inc()
+            self.metrics.scraped(pool, snap)
             try:
                 self.driver.on_snapshot(pool, snap)
             except Exception:

@@ -1,0 +1,96 @@
+"""Structured logs of the control plane: one JSON object per line.
+
+Two kinds of event have their own logger and level:
+- `llmvalve.decisions` (DEBUG): one line per admission decision, with `request_id`, `tenant`,
+  `class`, `decision`, `reason`, `wait_ms` (and `retry_after_s` for a shed request);
+- `llmvalve.state` (INFO): one line per state change — policy loaded or refused, limit
+  override set or lapsed, breaker opened or closed, a backend's scrapes failing or back,
+  draining.
+Everything else (warnings, errors, the startup line) goes through the same formatter.
+
+What is never logged: API keys (a tenant is logged by its policy name), prompts, request or
+response bodies, headers. Fields come only from the keyword arguments of `decision` and
+`state`, which callers fill with ids, names and numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+DECISIONS = logging.getLogger("llmvalve.decisions")
+STATE = logging.getLogger("llmvalve.state")
+FORMATS = ("json", "text")
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 6)
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    return str(value)
+
+
+class JsonFormatter(logging.Formatter):
+    """`{"ts", "level", "logger", "msg", ...fields}`; `ts` is UTC ISO 8601 with milliseconds."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        out: dict[str, Any] = {"ts": f"{ts}.{int(record.msecs):03d}Z",
+                               "level": record.levelname.lower(), "logger": record.name,
+                               "msg": record.getMessage()}
+        for key, value in (getattr(record, "fields", None) or {}).items():
+            out.setdefault(key, _clean(value))
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+
+
+class TextFormatter(logging.Formatter):
+    """The classic line with the fields appended as key=value."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = getattr(record, "fields", None)
+        if fields:
+            line += " " + " ".join(f"{k}={_clean(v)}" for k, v in fields.items())
+        return line
+
+
+def setup(level: str = "INFO", fmt: str = "json", stream: Any = None) -> None:
+    """Configure the root logger once for the process (`llmvalve serve`)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {FORMATS}, got {fmt!r}")
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    # aiohttp's access log and grpc's chatter are not decisions; keep them at WARNING.
+    for noisy in ("aiohttp.access", "grpc._cython.cygrpc"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def decision(*, request_id: str, tenant: str, klass: str, decision: str, reason: str,
+             wait_s: float | None, retry_after_s: float | None = None) -> None:
+    if not DECISIONS.isEnabledFor(logging.DEBUG):
+        return
+    fields: dict[str, Any] = {"event": "decision", "request_id": request_id, "tenant": tenant,
+                              "class": klass, "decision": decision, "reason": reason,
+                              "wait_ms": None if wait_s is None else round(wait_s * 1000, 3)}
+    if retry_after_s is not None:
+        fields["retry_after_s"] = retry_after_s
+    DECISIONS.debug("decision", extra={"fields": fields})
+
+
+def state(event: str, level: int = logging.INFO, **fields: Any) -> None:
+    """A state change: `event` names it (e.g. "breaker", "policy_reload", "override")."""
+    STATE.log(level, event, extra={"fields": {"event": event, **fields}})
