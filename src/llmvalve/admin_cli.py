@@ -1,4 +1,8 @@
-"""`llmvalve status`: print a running control plane's /status (admin port)."""
+"""`llmvalve status`: print a running control plane's status.
+
+By default it asks the admin gRPC API (`GetStatus`, protos/llmvalve/admin/v1/admin.proto) on
+the control plane's gRPC port; `--admin URL` reads the admin HTTP port's /status instead.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,16 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+DEFAULT_GRPC_ADDR = "127.0.0.1:9000"
 DEFAULT_ADMIN_URL = "http://127.0.0.1:9100"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--admin", default=DEFAULT_ADMIN_URL, metavar="URL",
-                        help=f"the control plane's admin URL (default {DEFAULT_ADMIN_URL})")
+    parser.add_argument("--grpc", default=DEFAULT_GRPC_ADDR, metavar="ADDR",
+                        help=f"the control plane's gRPC address (default {DEFAULT_GRPC_ADDR})")
+    parser.add_argument("--admin", default=None, metavar="URL",
+                        help=f"read /status over HTTP from this admin URL instead (e.g. "
+                        f"{DEFAULT_ADMIN_URL})")
     parser.add_argument("--json", action="store_true", help="print the raw JSON")
     parser.add_argument("--timeout", type=float, default=3.0)
 
@@ -23,6 +31,10 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
 
 
 def render(status: dict[str, Any]) -> str:
@@ -35,24 +47,61 @@ def render(status: dict[str, Any]) -> str:
                                              if not isinstance(v, dict | list)
                                              and k != "last_sample"))
     for name, pool in (status.get("pools") or {}).items():
+        override = ""
+        if pool.get("override") is not None:
+            expires = pool.get("override_expires_in_s")
+            override = (f"  OVERRIDE {_fmt(pool['override'])}"
+                        + ("" if expires is None else f" for {expires:.0f} s"))
         lines.append(f"pool {name}: limit {_fmt(pool.get('limit'))}  in flight "
                      f"{_fmt(pool.get('inflight'))} ({pool.get('inflight_requests')} requests)  "
-                     f"saturation {_fmt(pool.get('saturation'))}")
+                     f"saturation {_fmt(pool.get('saturation'))}  breaker "
+                     f"{pool.get('breaker', '-')}{override}")
         for priority, cls in (pool.get("classes") or {}).items():
             lines.append(f"  P{priority} {cls.get('name', ''):24s} queued "
                          f"{cls.get('queue_depth', 0):5d}  oldest "
                          f"{_fmt(cls.get('oldest_wait_s', 0.0))} s  in flight "
-                         f"{_fmt(cls.get('inflight', 0.0))}")
+                         f"{_fmt(cls.get('inflight', 0.0))}  SLO "
+                         f"{_pct(cls.get('slo_attainment'))}")
+        for backend, b in (pool.get("backends") or {}).items():
+            if b.get("ok"):
+                lines.append(f"  backend {backend}: KV {_pct(b.get('kv_usage'))}  running "
+                             f"{_fmt(b.get('running'))}  waiting {_fmt(b.get('waiting'))}  "
+                             f"scraped {_fmt(b.get('age_s'))} s ago")
+            else:
+                lines.append(f"  backend {backend}: scrape failing")
     return "\n".join(lines)
 
 
+def grpc_status(addr: str, timeout_s: float) -> dict[str, Any]:
+    """GetStatus over gRPC → the /status document (with ready and draining)."""
+    import grpc
+
+    from llmvalve.admin.v1 import admin_pb2 as pb
+    from llmvalve.admin.v1 import admin_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(addr) as channel:
+        reply = pb_grpc.AdminStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout_s)
+    status = json.loads(reply.status_json) if reply.status_json else {}
+    status.update(ready=reply.ready, draining=reply.draining)
+    return status
+
+
+def http_status(url: str, timeout_s: float) -> dict[str, Any]:
+    with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
 def run(args: argparse.Namespace) -> int:
-    url = args.admin.rstrip("/") + "/status"
+    import grpc
+
+    where = args.admin or args.grpc
     try:
-        with urllib.request.urlopen(url, timeout=args.timeout) as response:
-            status = json.loads(response.read())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"llmvalve status: cannot read {url}: {exc}", file=sys.stderr)
+        status = (http_status(args.admin, args.timeout) if args.admin
+                  else grpc_status(args.grpc, args.timeout))
+    except (urllib.error.URLError, OSError, ValueError, grpc.RpcError) as exc:
+        detail = exc.details() if isinstance(exc, grpc.RpcError) else exc
+        print(f"llmvalve status: cannot read the status from {where}: {detail}",
+              file=sys.stderr)
         return 1
     print(json.dumps(status, indent=1) if args.json else render(status))
     return 0

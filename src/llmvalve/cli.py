@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "load": ("llmvalve.bench.load_cli", "drive a running gateway with a scenario's traffic"),
     "policy": ("llmvalve.policy_cli", "policy tools: `llmvalve policy check FILE`"),
     "status": ("llmvalve.admin_cli", "print the control plane's status"),
+    "top": ("llmvalve.top", "a live terminal view of the control plane (admin gRPC)"),
+    "override": ("llmvalve.override_cli", "hold a pool at a fixed limit for a while, or clear it"),
 }
 
 

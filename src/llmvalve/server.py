@@ -45,7 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--watch-interval", type=float, default=1.0, metavar="S",
                         help="poll the policy file for changes every S seconds (0: only on "
                         "SIGHUP; default 1)")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO",
+                        help="INFO (state changes), DEBUG (also one line per decision)")
+    parser.add_argument("--log-format", default="json", choices=("json", "text"),
+                        help="json (one object per line, default) or text")
+    parser.add_argument("--metrics-tenants", default="*", metavar="LIST",
+                        help="tenants with their own metrics label, comma-separated; the "
+                        "others count as `other` ('*': the first 64 seen, default; '': none)")
 
 
 def split_addr(addr: str) -> tuple[str, int]:
@@ -70,7 +76,7 @@ class ControlPlane:
     def __init__(self, policy: Any, grpc_addr: str = "127.0.0.1:0",
                  admin_addr: str = "127.0.0.1:0", controller: str | None = None,
                  policy_path: Path | None = None, metrics_urls: tuple[str, ...] = (),
-                 watch_interval_s: float = 0.0) -> None:
+                 watch_interval_s: float = 0.0, metrics_tenants: str = "*") -> None:
         self.policy = with_backends(policy, list(metrics_urls))
         self.grpc_addr = grpc_addr
         self.admin_addr = admin_addr
@@ -78,6 +84,7 @@ class ControlPlane:
         self.policy_path = policy_path
         self.metrics_urls = metrics_urls
         self.watch_interval_s = watch_interval_s
+        self.metrics_tenants = metrics_tenants
         self.grpc_port = 0
         self.admin_port = 0
 
@@ -91,17 +98,22 @@ class ControlPlane:
         from envoy.service.accesslog.v3 import als_pb2_grpc
         from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
+        from llmvalve.admin.v1 import admin_pb2_grpc
         from llmvalve.core.admission import Admission
+        from llmvalve.gateway import dashboard
         from llmvalve.gateway.admin import AdminState, build_app
+        from llmvalve.gateway.admin_grpc import AdminServicer
         from llmvalve.gateway.als import AccessLogServicer
         from llmvalve.gateway.driver import Driver
         from llmvalve.gateway.extproc import ExtProcServicer
         from llmvalve.gateway.metrics import GatewayMetrics
         from llmvalve.gateway.policy_watch import PolicyWatcher, ReloadLog
         from llmvalve.gateway.scraper import Scraper
+        from llmvalve.gateway.telemetry import TenantLabels, ttft_objective
 
         prometheus_client.disable_created_metrics()
-        self.metrics = GatewayMetrics()
+        self.metrics = GatewayMetrics(tenants=TenantLabels.parse(self.metrics_tenants))
+        self.metrics.ttft_slo = lambda klass: ttft_objective(self.driver.policy, klass)
         admission = Admission(self.policy, random.Random(), controller=self.controller)
         self.driver = Driver(admission, self.policy)
         self.driver.on_release = lambda _t, outcome: self.metrics.releases.labels(
@@ -109,6 +121,8 @@ class ControlPlane:
         self.metrics.watch_status(self.driver.status)
         self.extproc = ExtProcServicer(self.driver, self.metrics)
         self.state = AdminState()
+        self.history = dashboard.History(lambda: {"ready": self.state.ready,
+                                                  **self.driver.status()}, self.metrics)
         self.reloads = ReloadLog(self.metrics, self.policy_path)
         self._reload_lock = asyncio.Lock()
         self.watcher = None
@@ -126,6 +140,9 @@ class ControlPlane:
         ep_grpc.add_ExternalProcessorServicer_to_server(self.extproc, self.server)
         self.als = AccessLogServicer(self.driver, self.metrics)
         als_pb2_grpc.add_AccessLogServiceServicer_to_server(self.als, self.server)
+        admin_pb2_grpc.add_AdminServicer_to_server(
+            AdminServicer(lambda: {"ready": self.state.ready, "draining": self.state.draining,
+                                   **self._status()}, self.driver), self.server)
         self.grpc_port = self.server.add_insecure_port(self.grpc_addr)
         if self.grpc_port == 0:
             raise OSError(f"cannot listen on {self.grpc_addr} (gRPC)")
@@ -136,13 +153,15 @@ class ControlPlane:
         await self.server.start()
 
         host, port = split_addr(self.admin_addr)
-        self.runner = web.AppRunner(build_app(self.state, self.metrics, self._status),
-                                    access_log=None)
+        app = build_app(self.state, self.metrics, self._status)
+        dashboard.install(app, self.history)
+        self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, port, reuse_address=True)
         await site.start()
         self.admin_port = self.runner.addresses[0][1]
         self.state.ready = True
+        self.history.start()
         if self.watcher is not None:
             self.watcher.start()
             self.reloads.watching = True
@@ -156,7 +175,7 @@ class ControlPlane:
                             "last_sample": _sample_json(self.als.last_sample),
                             **self.driver.counts},
                 "policy": self.reloads.status(self.policy.version),
-                **self.driver.status()}
+                **self.history.enrich(self.driver.status())}
 
     async def reload(self, trigger: str = "sighup") -> bool:
         """Load the policy file again and apply it; False (and the old policy) if it is bad."""
@@ -200,6 +219,7 @@ class ControlPlane:
     async def stop(self) -> None:
         if self.watcher is not None:
             await self.watcher.stop()
+        await self.history.stop()
         await self.server.stop(0.5)
         await self.scraper.stop()
         await self.driver.stop()
@@ -224,7 +244,8 @@ async def _main(args: argparse.Namespace) -> int:
     policy = load_policy_file(policy_path)
     plane = ControlPlane(policy, args.grpc, args.admin, args.controller,
                          policy_path=args.policy or None, metrics_urls=tuple(args.metrics_url),
-                         watch_interval_s=args.watch_interval)
+                         watch_interval_s=args.watch_interval,
+                         metrics_tenants=args.metrics_tenants)
     await plane.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -243,9 +264,9 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from llmvalve.core.policy_load import PolicyError
+    from llmvalve.gateway import logs
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup(args.log_level, args.log_format)
     try:
         return asyncio.run(_main(args))
     except PolicyError as exc:

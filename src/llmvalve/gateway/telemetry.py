@@ -168,3 +168,48 @@ class SloTracker:
             out[klass] = {"met": met, "judged": judged,
                           "attainment": met / judged if judged else None}
         return out
+
+
+class StateWatch:
+    """Diffs successive /status documents into state changes worth one INFO log line each:
+    a pool's breaker state, its limit override, the policy version, draining."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, Any] | None = None
+
+    @staticmethod
+    def _facts(status: dict[str, Any]) -> dict[str, Any]:
+        facts: dict[str, Any] = {"policy_version": status.get("policy_version"),
+                                 "draining": bool(status.get("draining"))}
+        for name, pool in (status.get("pools") or {}).items():
+            facts[f"breaker/{name}"] = pool.get("breaker")
+            facts[f"override/{name}"] = pool.get("override")
+        return facts
+
+    def diff(self, status: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        facts = self._facts(status)
+        last, self._last = self._last, facts
+        if last is None:
+            return []
+        out: list[tuple[str, dict[str, Any]]] = []
+        for key, value in facts.items():
+            if key not in last or last[key] == value:
+                continue
+            kind, _, pool = key.partition("/")
+            if kind == "breaker":
+                out.append(("breaker", {"pool": pool, "state": value, "was": last[key]}))
+            elif kind == "override":
+                out.append(("override", {"pool": pool, "limit": value, "was": last[key]}))
+            elif kind == "policy_version":
+                out.append(("policy", {"version": value, "was": last[key]}))
+            elif kind == "draining":
+                out.append(("draining", {"draining": value}))
+        return out
+
+
+def ttft_objective(policy: Any, klass: str) -> float | None:
+    """The TTFT objective (seconds) of the policy's class named `klass`."""
+    for q in policy.queues:
+        if q.name == klass:
+            return q.slo.ttft_s
+    return None

@@ -1,0 +1,1 @@
+"""Generated from protos/ (python protos/generate.py)."""

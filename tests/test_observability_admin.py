@@ -1,0 +1,179 @@
+"""The assembled control plane (in process, no Envoy): /status, the dashboard's page and data,
+the admin gRPC API (status, stream, limit override) and the commands that use it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import aiohttp
+import grpc
+import pytest
+from aiohttp import web
+
+from llmvalve.admin.v1 import admin_pb2 as pb
+from llmvalve.admin.v1 import admin_pb2_grpc as pb_grpc
+from llmvalve.core.policy_load import load_policy
+from llmvalve.server import ControlPlane
+
+POLICY = load_policy("""
+queues:
+  - {priority: 0, name: interactive, maxQueueSize: 10, timeout: 8s, dropPolicy: tail}
+  - {priority: 2, name: batch, maxQueueSize: 10, timeout: 60s, dropPolicy: fast-reject}
+limiter: {controller: static, static: {limit: 8}}
+""")
+METRICS_TEXT = """# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3
+vllm:num_requests_waiting{model_name="m"} 1
+vllm:kv_cache_usage_perc{model_name="m"} 0.42
+"""
+
+
+@pytest.fixture
+async def backend_metrics():
+    async def metrics(_):
+        return web.Response(text=METRICS_TEXT)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}/metrics"
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def plane(backend_metrics):
+    plane = ControlPlane(POLICY, metrics_urls=(backend_metrics,))
+    await plane.start()
+    plane.history.interval_s = 0.2
+    try:
+        yield plane
+    finally:
+        await plane.stop()
+
+
+async def wait_for(predicate, timeout_s: float = 5.0):
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not (result := await predicate()):
+        assert loop.time() < end, "timed out"
+        await asyncio.sleep(0.05)
+    return result
+
+
+async def test_status_and_dashboard_show_backends_classes_and_history(plane):
+    base = f"http://127.0.0.1:{plane.admin_port}"
+    async with aiohttp.ClientSession() as session:
+        async def scraped():
+            async with session.get(base + "/status") as r:
+                status = await r.json()
+            backends = status["pools"]["default"]["backends"]
+            return status if backends.get("backend-0", {}).get("ok") else None
+
+        status = await wait_for(scraped)
+        pool = status["pools"]["default"]
+        assert pool["backends"]["backend-0"]["kv_usage"] == 0.42
+        assert pool["backends"]["backend-0"]["waiting"] == 1
+        assert status["policy_version"] == POLICY.version and pool["limit"] == 8
+        cls = pool["classes"]["0"]
+        assert {"queue_depth", "oldest_wait_s", "slo_attainment", "admitted_per_s",
+                "shed_per_s"} <= set(cls)
+        async with session.get(base + "/dashboard") as r:
+            assert r.status == 200 and r.content_type == "text/html"
+            html = await r.text()
+        assert "<svg" in html and "dashboard/data" in html
+        assert "http" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing external
+
+        async def history():
+            async with session.get(base + "/dashboard/data?since=0") as r:
+                data = await r.json()
+            return data if len(data["points"]) >= 3 else None
+
+        data = await history() or await wait_for(history)
+        assert data["classes"] == ["interactive", "batch"]
+        last = data["points"][-1]
+        assert last["pools"]["default"]["limit"] == 8
+        assert last["pools"]["default"]["kv_usage"] == 0.42
+        assert last["classes"]["interactive"]["admitted_per_s"] == 0
+        async with session.get(base + f"/dashboard/data?since={data['seq']}") as r:
+            assert len((await r.json())["points"]) <= 1
+        async with session.get(base + "/metrics") as r:
+            text = await r.text()
+        assert 'llmvalve_backend_kv_usage{backend="backend-0",pool="default"} 0.42' in text
+        assert 'llmvalve_queue_depth{class="interactive",pool="default"} 0.0' in text
+
+
+async def test_admin_grpc_status_stream_and_limit_override(plane):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{plane.grpc_port}") as channel:
+        stub = pb_grpc.AdminStub(channel)
+        status = await stub.GetStatus(pb.GetStatusRequest())
+        assert status.ready and status.policy_version == POLICY.version
+        [pool] = status.pools
+        assert pool.name == "default" and pool.limit == 8 and pool.unit == "requests"
+        assert [(c.priority, c.name) for c in pool.classes] == [(0, "interactive"),
+                                                                (2, "batch")]
+        assert json.loads(status.status_json)["pools"]["default"]["limit"] == 8
+        assert not pool.override.active
+
+        reply = await stub.SetLimitOverride(pb.SetLimitOverrideRequest(limit=2,
+                                                                       duration_s=300))
+        assert reply.active and reply.limit == 2 and 299 < reply.expires_in_s <= 300
+        status = await stub.GetStatus(pb.GetStatusRequest())
+        assert status.pools[0].limit == 2 and status.pools[0].override.active
+
+        stream = stub.WatchStatus(pb.WatchStatusRequest(interval_s=0.1))
+        seen = []
+        async for snapshot in stream:
+            seen.append(snapshot.unix_time_s)
+            if len(seen) == 3:
+                stream.cancel()
+                break
+        assert seen == sorted(seen) and seen[2] - seen[0] >= 0.15
+
+        for request, code in [
+            (pb.SetLimitOverrideRequest(limit=2, duration_s=0), grpc.StatusCode.INVALID_ARGUMENT),
+            (pb.SetLimitOverrideRequest(limit=-1, duration_s=5),
+             grpc.StatusCode.INVALID_ARGUMENT),
+            (pb.SetLimitOverrideRequest(pool="nope", limit=2, duration_s=5),
+             grpc.StatusCode.NOT_FOUND),
+        ]:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.SetLimitOverride(request)
+            assert err.value.code() == code
+        reply = await stub.ClearLimitOverride(pb.ClearLimitOverrideRequest(pool="default"))
+        assert not reply.active
+        assert (await stub.GetStatus(pb.GetStatusRequest())).pools[0].limit == 8
+
+
+def llmvalve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmvalve.cli", *args], capture_output=True,
+                          text=True, timeout=30)
+
+
+async def test_status_top_and_override_commands(plane):
+    addr = f"127.0.0.1:{plane.grpc_port}"
+    run = asyncio.to_thread
+    done = await run(llmvalve, "override", "--grpc", addr, "--limit", "3", "--for", "2m")
+    assert done.returncode == 0, done.stderr
+    assert "limit held at 3 for 120 s" in done.stdout
+    status = await run(llmvalve, "status", "--grpc", addr)
+    assert status.returncode == 0, status.stderr
+    assert "pool default: limit 3" in status.stdout and "OVERRIDE 3" in status.stdout
+    assert "P0 interactive" in status.stdout
+    top = await run(llmvalve, "top", "--grpc", addr, "--iterations", "2", "--interval", "0.1")
+    assert top.returncode == 0, top.stderr
+    assert top.stdout.count("llmvalve top") == 2
+    assert "LIMIT OVERRIDE 3" in top.stdout and "P2 batch" in top.stdout
+    assert "\x1b[2J" not in top.stdout  # not a terminal: no screen clearing
+    done = await run(llmvalve, "override", "--grpc", addr, "--clear")
+    assert done.returncode == 0 and "no override" in done.stdout
+    http = await run(llmvalve, "status", "--admin", f"http://127.0.0.1:{plane.admin_port}",
+                     "--json")
+    assert json.loads(http.stdout)["pools"]["default"]["limit"] == 8
+    bad = await run(llmvalve, "status", "--grpc", "127.0.0.1:1", "--timeout", "0.5")
+    assert bad.returncode == 1 and "cannot read the status" in bad.stderr
