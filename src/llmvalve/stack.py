@@ -339,6 +339,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Envoy listener address (default 127.0.0.1)")
     parser.add_argument("--admin-port", type=int, default=9100,
                         help="control plane admin HTTP (default 9100)")
+    parser.add_argument("--grpc-port", type=int, default=9000,
+                        help="control plane gRPC: ext_proc, access log, admin API (default "
+                        "9000; a free port if it is taken)")
     parser.add_argument("--controller", default=None,
                         help="adaptive (default: the policy's), seed, static:N, none")
 
@@ -350,6 +353,7 @@ def run(args: argparse.Namespace) -> int:
     stack = Stack(StackConfig(policy=args.policy, backends=args.backends, profile=args.profile,
                               time_scale=args.time_scale, port=args.port,
                               listen_address=args.listen, admin_port=args.admin_port,
+                              grpc_port=args.grpc_port if _port_free(args.grpc_port) else 0,
                               controller=args.controller))
     stopping = threading.Event()
 
@@ -379,6 +383,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def banner(stack: Stack) -> str:
     c = stack.config
     gw = stack.gateway_url
@@ -388,7 +401,9 @@ def banner(stack: Stack) -> str:
     return f"""
 llmvalve is up.
   gateway (OpenAI API)   {gw}/v1
+  dashboard              {stack.admin_url}/dashboard
   control plane admin    {stack.admin_url}/status   {stack.admin_url}/metrics
+  control plane gRPC     {c.host}:{c.grpc_port} (ext_proc, access log, admin API)
   Envoy admin            {stack.envoy_admin_url}
   backends ({c.profile})  {backends}
   logs                   {stack.workdir}
@@ -408,6 +423,7 @@ try:
       print(chunk.choices[0].delta.content or "", end="", flush=True)
   EOF
 
-  llmvalve status --admin {stack.admin_url}
+  llmvalve load --target {gw} --scenario burst     # then watch the dashboard
+  llmvalve top --grpc {c.host}:{c.grpc_port}
 Ctrl-C stops everything.
 """

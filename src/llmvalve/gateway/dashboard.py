@@ -123,8 +123,7 @@ class History:
                 "policy_version": status.get("policy_version"),
                 "controller": status.get("controller"), "ready": status.get("ready"),
                 "draining": status.get("draining"),
-                "backends": {name: pool.get("backends", {})
-                             for name, pool in (status.get("pools") or {}).items()},
+                "backends": self.metrics.signals.backends(self.metrics.clock()),
                 "points": [p for p in self.points if p["seq"] > since]}
 
     # -- the loop ------------------------------------------------------------------------------

@@ -1,0 +1,297 @@
+"""compose.yaml, the Dockerfile and deploy/kubernetes/ agree with each other and with the code:
+ports, paths, cluster and service names, probes, the policy loads, the command lines parse
+with the real `llmvalve` parser, and Envoy validates the bootstrap each of them mounts.
+No Docker and no cluster here: the files are parsed."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from llmvalve.cli import build_parser
+from llmvalve.core.policy import SEED_QUEUES
+from llmvalve.core.policy_load import load_policy, load_policy_file
+from llmvalve.gateway.envoy_config import EnvoyParams, render
+
+ROOT = Path(__file__).resolve().parent.parent
+K8S = ROOT / "deploy" / "kubernetes"
+
+
+def load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def load_all(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return load(ROOT / "compose.yaml")
+
+
+@pytest.fixture(scope="module")
+def envoy_cfg() -> dict:
+    return load(ROOT / "envoy" / "envoy.yaml")
+
+
+def clusters(cfg: dict) -> dict[str, list[tuple[str, int]]]:
+    out = {}
+    for c in cfg["static_resources"]["clusters"]:
+        eps = []
+        for group in (c.get("load_assignment") or {}).get("endpoints", []):
+            for ep in group["lb_endpoints"]:
+                sa = ep["endpoint"]["address"]["socket_address"]
+                eps.append((sa["address"], sa["port_value"]))
+        out[c["name"]] = eps
+    return out
+
+
+def listener_port(cfg: dict) -> int:
+    [listener] = cfg["static_resources"]["listeners"]
+    return listener["address"]["socket_address"]["port_value"]
+
+
+def serve_args(argv: list[str]):
+    args = build_parser().parse_args(argv)
+    assert args.command == "serve"
+    return args
+
+
+def port_of(addr: str) -> int:
+    return int(addr.rpartition(":")[2])
+
+
+def volumes(service: dict) -> dict[str, Path]:
+    """container path → host path, for the read-only file mounts of a compose service."""
+    out = {}
+    for v in service.get("volumes", []):
+        parts = v.split(":")
+        if parts[0].startswith("./"):
+            out[parts[1]] = ROOT / parts[0]
+    return out
+
+
+# -- Envoy's bootstrap, as mounted --------------------------------------------------------------
+def test_the_mounted_envoy_configs_are_the_rendered_template():
+    shipped = (ROOT / "envoy" / "envoy.yaml").read_text()
+    assert shipped == render(EnvoyParams())
+    assert (K8S / "envoy.yaml").read_text() == shipped  # the ConfigMap's file
+
+
+@pytest.mark.parametrize("path", [ROOT / "envoy" / "envoy.yaml", K8S / "envoy.yaml"],
+                         ids=["compose", "kubernetes"])
+def test_envoy_validates_the_mounted_bootstrap(envoy_bin, path):
+    done = subprocess.run([envoy_bin, "--mode", "validate", "-c", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_envoy_image_is_the_version_the_tests_run(envoy_bin, compose):
+    version = re.search(r"/(\d+\.\d+\.\d+)/", subprocess.run(
+        [envoy_bin, "--version"], capture_output=True, text=True).stdout).group(1)
+    deployment = load(K8S / "deployment.yaml")
+    images = {compose["services"]["envoy"]["image"]} | {
+        c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "envoy"}
+    assert images == {f"envoyproxy/envoy:v{version}"}
+
+
+# -- compose ------------------------------------------------------------------------------------
+def test_compose_envoy_mounts_the_bootstrap_it_runs(compose, envoy_cfg):
+    envoy = compose["services"]["envoy"]
+    config_path = envoy["command"][envoy["command"].index("-c") + 1]
+    assert volumes(envoy)[config_path] == ROOT / "envoy" / "envoy.yaml"
+    assert f"{listener_port(envoy_cfg)}:{listener_port(envoy_cfg)}" in envoy["ports"]
+    assert envoy["depends_on"]["llmvalve"]["condition"] == "service_healthy"
+
+
+def test_compose_control_plane_matches_envoy_and_loads_its_policy(compose, envoy_cfg):
+    service = compose["services"]["llmvalve"]
+    args = serve_args(service["command"])
+    # Envoy's `llmvalve` cluster is this service, on the port serve listens on.
+    assert clusters(envoy_cfg)["llmvalve"] == [("llmvalve", port_of(args.grpc))]
+    policy_file = volumes(service)[str(args.policy)]
+    assert load_policy_file(policy_file).queues == SEED_QUEUES
+    admin = port_of(args.admin)
+    assert f"{admin}:{admin}" in service["ports"]
+    assert f"{admin}/readyz" in " ".join(service["healthcheck"]["test"])
+    # It scrapes the backend Envoy sends to.
+    [backend] = clusters(envoy_cfg)["llm_backends"]
+    assert [urlsplit(u).netloc for u in args.metrics_url] == [f"{backend[0]}:{backend[1]}"]
+    assert (ROOT / service["build"] / "Dockerfile").exists()
+
+
+@pytest.mark.parametrize("profile", ["sim", "gpu"])
+def test_each_profile_provides_every_host_envoy_sends_to(compose, envoy_cfg, profile):
+    provided: dict[str, list[str]] = {}
+    for name, service in compose["services"].items():
+        if profile not in service.get("profiles", [profile]):
+            continue
+        aliases = ((service.get("networks") or {}).get("default") or {}).get("aliases", [])
+        for host in [name, *aliases]:
+            provided.setdefault(host, []).append(name)
+    for cluster, endpoints in clusters(envoy_cfg).items():
+        for host, port in endpoints:
+            assert host in provided, f"{profile}: nothing answers {host} ({cluster})"
+            [service_name] = provided[host]
+            command = " ".join(compose["services"][service_name].get("command", []))
+            assert f"{port}" in command, f"{service_name} does not listen on {port}"
+    if profile == "gpu":
+        devices = compose["services"]["backend-vllm"]["deploy"]["resources"]["reservations"]
+        assert devices["devices"][0]["capabilities"] == ["gpu"]
+
+
+def test_compose_sim_backends_run_the_llmvalve_image_with_valid_arguments(compose):
+    image = compose["services"]["llmvalve"]["image"]
+    for name in ("backend-sim", "fallback-sim"):
+        service = compose["services"][name]
+        assert service["image"] == image
+        args = build_parser().parse_args(service["command"])
+        assert args.command == "sim-backend" and args.host == "0.0.0.0" and args.port == 8000
+
+
+# -- Dockerfile ---------------------------------------------------------------------------------
+def dockerfile() -> list[tuple[str, str]]:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1])
+            for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_dockerfile_serves_on_the_ports_and_paths_the_deployments_use(compose):
+    instructions = dockerfile()
+    exposed = {int(p) for kind, rest in instructions if kind == "EXPOSE" for p in rest.split()}
+    [cmd] = [yaml.safe_load(rest) for kind, rest in instructions if kind == "CMD"]
+    [entry] = [yaml.safe_load(rest) for kind, rest in instructions if kind == "ENTRYPOINT"]
+    assert entry == ["llmvalve"]
+    args = serve_args(cmd)
+    assert {port_of(args.grpc), port_of(args.admin)} == exposed
+    compose_args = serve_args(compose["services"]["llmvalve"]["command"])
+    assert (args.policy, args.grpc, args.admin) == (
+        compose_args.policy, compose_args.grpc, compose_args.admin)
+    for kind, rest in instructions:  # every COPY from the context exists and is not ignored
+        if kind == "COPY" and not rest.startswith("--from"):
+            for source in shlex.split(rest)[:-1]:
+                assert (ROOT / source).exists(), source
+                assert f"!{source.rstrip('/')}" in (ROOT / ".dockerignore").read_text() \
+                    or f"!{source}" in (ROOT / ".dockerignore").read_text()
+    [user] = [rest for kind, rest in instructions if kind == "USER"]
+    deployment = load(K8S / "deployment.yaml")
+    [llmvalve] = [c for c in deployment["spec"]["template"]["spec"]["containers"]
+                  if c["name"] == "llmvalve"]
+    assert llmvalve["securityContext"]["runAsUser"] == int(user)
+
+
+# -- Kubernetes ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pod() -> dict:
+    return load(K8S / "deployment.yaml")["spec"]["template"]["spec"]
+
+
+def container(pod: dict, name: str) -> dict:
+    [c] = [c for c in pod["containers"] if c["name"] == name]
+    return c
+
+
+def test_kustomization_lists_every_manifest_in_one_namespace():
+    kustomization = load(K8S / "kustomization.yaml")
+    assert kustomization["namespace"] == "ai-gateway"
+    for name in kustomization["resources"]:
+        doc = load(K8S / name)
+        assert doc["kind"] == "Namespace" or doc["metadata"]["namespace"] == "ai-gateway"
+    [generated] = kustomization["configMapGenerator"]
+    assert all((K8S / f).exists() for f in generated["files"])
+
+
+def test_policy_configmap_is_the_seeds_and_loads():
+    doc = load(K8S / "policy-configmap.yaml")
+    assert (doc["kind"], doc["metadata"]["name"], doc["metadata"]["namespace"]) == (
+        "ConfigMap", "gateway-overload-policy", "ai-gateway")
+    assert load_policy(doc["data"]["policy.yaml"]).queues == SEED_QUEUES
+    assert load_policy_file(K8S / "policy-configmap.yaml").queues == SEED_QUEUES
+
+
+def mounts(pod: dict, c: dict) -> dict[str, dict]:
+    """mount path → the pod volume mounted there."""
+    by_name = {v["name"]: v for v in pod["volumes"]}
+    return {m["mountPath"]: by_name[m["name"]] for m in c["volumeMounts"]}
+
+
+def named_port(c: dict, name_or_number) -> int:
+    if isinstance(name_or_number, int):
+        return name_or_number
+    [port] = [p["containerPort"] for p in c["ports"] if p["name"] == name_or_number]
+    return port
+
+
+def test_pod_runs_envoy_and_llmvalve_wired_to_each_other(pod, envoy_cfg):
+    envoy, cp = container(pod, "envoy"), container(pod, "llmvalve")
+    # Envoy: its bootstrap is the generated ConfigMap of envoy/envoy.yaml.
+    config = Path(envoy["args"][envoy["args"].index("-c") + 1])
+    volume = mounts(pod, envoy)[str(config.parent)]
+    generator = load(K8S / "kustomization.yaml")["configMapGenerator"][0]
+    assert volume["configMap"]["name"] == generator["name"] and config.name in generator["files"]
+    assert named_port(envoy, "http") == listener_port(envoy_cfg)
+    # llmvalve: `llmvalve` resolves to this pod, on the port serve listens on.
+    args = serve_args(cp["args"])
+    [(host, port)] = clusters(envoy_cfg)["llmvalve"]
+    assert {"ip": "127.0.0.1", "hostnames": [host]} in pod["hostAliases"]
+    assert port == port_of(args.grpc) == named_port(cp, "grpc")
+    assert port_of(args.admin) == named_port(cp, "admin")
+    volume = mounts(pod, cp)[str(args.policy.parent)]
+    assert volume["configMap"]["name"] == "gateway-overload-policy"
+    assert volume["configMap"]["items"] == [{"key": "policy.yaml", "path": args.policy.name}]
+    assert pod["terminationGracePeriodSeconds"] > args.drain_timeout
+
+
+def test_probes_hit_endpoints_that_exist(pod, envoy_cfg):
+    from llmvalve.gateway.admin import AdminState, build_app
+    from llmvalve.gateway.metrics import GatewayMetrics
+
+    admin_paths = {r.resource.canonical for r in build_app(
+        AdminState(), GatewayMetrics(), dict).router.routes()}
+    [listener] = envoy_cfg["static_resources"]["listeners"]
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    direct = {r["match"].get("path") for r in hcm["route_config"]["virtual_hosts"][0]["routes"]
+              if "direct_response" in r}
+    for c in pod["containers"]:
+        for probe in ("readinessProbe", "livenessProbe"):
+            get = c[probe]["httpGet"]
+            port = named_port(c, get["port"])
+            if c["name"] == "envoy":
+                assert port == listener_port(envoy_cfg) and get["path"] in direct
+            else:
+                assert port == port_of(serve_args(c["args"]).admin)
+                assert get["path"] in admin_paths
+        assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
+
+
+def test_service_selects_the_pod_and_targets_named_ports(pod):
+    deployment = load(K8S / "deployment.yaml")
+    service = load(K8S / "service.yaml")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    names = {p["name"] for c in pod["containers"] for p in c["ports"]}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= names
+
+
+def test_example_backends_are_what_envoy_and_the_scraper_expect(pod, envoy_cfg):
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in load_all(K8S / "examples" /
+                                                                    "vllm.yaml")}
+    [(backend_host, backend_port)] = clusters(envoy_cfg)["llm_backends"]
+    [(fallback_host, fallback_port)] = clusters(envoy_cfg)["fallback_model"]
+    assert docs[("Service", backend_host)]["spec"]["ports"][0]["port"] == backend_port
+    assert docs[("Service", fallback_host)]["spec"]["ports"][0]["port"] == fallback_port
+    statefulset = next(d for (kind, _), d in docs.items() if kind == "StatefulSet")
+    assert statefulset["spec"]["serviceName"] == backend_host
+    pods = {f"{statefulset['metadata']['name']}-{i}.{backend_host}:{backend_port}"
+            for i in range(statefulset["spec"]["replicas"])}
+    urls = serve_args(container(pod, "llmvalve")["args"]).metrics_url
+    assert {urlsplit(u).netloc for u in urls} == pods
