@@ -219,3 +219,20 @@ async def test_decisions_by_class_tenant_and_outcome_and_one_log_line_each():
         assert r["level"] == "debug"
     assert lines[1]["retry_after_s"] > 0 and lines[0]["tenant"] == "app"
     assert SECRET not in out.getvalue() and "Bearer" not in out.getvalue()
+
+
+def test_state_watch_reports_breaker_override_policy_and_draining_changes():
+    from llmvalve.gateway.telemetry import StateWatch
+
+    def status(breaker="closed", override=None, version="v1", draining=False):
+        return {"policy_version": version, "draining": draining,
+                "pools": {"default": {"breaker": breaker, "override": override}}}
+
+    watch = StateWatch()
+    assert watch.diff(status()) == []
+    assert watch.diff(status()) == []
+    assert watch.diff(status(breaker="open", override=4.0)) == [
+        ("breaker", {"pool": "default", "state": "open", "was": "closed"}),
+        ("override", {"pool": "default", "limit": 4.0, "was": None})]
+    assert watch.diff(status(breaker="open", override=4.0, version="v2", draining=True)) == [
+        ("policy", {"version": "v2", "was": "v1"}), ("draining", {"draining": True})]
