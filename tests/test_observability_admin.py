@@ -177,3 +177,26 @@ async def test_status_top_and_override_commands(plane):
     assert json.loads(http.stdout)["pools"]["default"]["limit"] == 8
     bad = await run(llmvalve, "status", "--grpc", "127.0.0.1:1", "--timeout", "0.5")
     assert bad.returncode == 1 and "cannot read the status" in bad.stderr
+
+
+async def test_every_exported_metric_is_documented(plane):
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
+    plane.metrics.decision("rejected", "batch", "queue_full", tenant="t", retry_after_s=2.0)
+    base = f"http://127.0.0.1:{plane.admin_port}"
+    async with aiohttp.ClientSession() as session:
+        async def families():
+            async with session.get(base + "/metrics") as r:
+                text = await r.text()
+            names = {line.split()[2] for line in text.splitlines()
+                     if line.startswith("# TYPE")}
+            return names if "llmvalve_backend_kv_usage" in names else None
+
+        names = await wait_for(families)
+    assert len(names) >= 30
+    for name in names:
+        if name.startswith("llmvalve_limiter_"):
+            assert "llmvalve_limiter_<field>" in docs
+        else:
+            assert f"`{name}`" in docs, f"{name} is not in docs/metrics.md"
