@@ -3,17 +3,13 @@
 #   docker build -t llmvalve:0.1.0 .
 # Ports: 9000 gRPC (Envoy's ext_proc and access log, the admin API), 9100 admin HTTP
 # (/metrics, /healthz, /readyz, /status, /dashboard). docs/deployment.md has the details.
-FROM python:3.12-slim AS build
+FROM python:3.12-slim
+RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin llmvalve
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
- && pip download --no-cache-dir --dest /wheels /wheels/llmvalve-*.whl
-
-FROM python:3.12-slim
-RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin llmvalve
-COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels llmvalve && rm -rf /wheels
+RUN pip install --no-cache-dir . && rm -rf /src
+WORKDIR /
 USER 10001
 EXPOSE 9000 9100
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s \
