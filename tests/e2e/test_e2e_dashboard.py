@@ -86,7 +86,7 @@ def browser():
     return chromium()
 
 
-async def test_dashboard_charts_render_live_data(e2e, browser):
+async def test_dashboard_charts_render_live_data(browser, e2e):
     url = e2e.base_url + "/chat/completions"
     async with aiohttp.ClientSession() as session:
         # Short interactive requests that complete: TTFT samples, SLO verdicts.
