@@ -110,6 +110,12 @@ def sweep_table(rows: list[dict], sim_rows: list[dict] | None = None) -> str:
             s = sim.get(r["load"], {}).get("controllers", {}).get(m)
             cells.append(f"{g:>7.0f} ({s['goodput_tok_s']:>5.0f})" if s else f"{g:>16.0f}")
         lines.append(f"{r['load']:<5} " + " ".join(f"{c:>16}" for c in cells))
+    for r in rows:
+        for m in modes:
+            why = r["controllers"][m].get("loadgen_bottleneck")
+            if why:
+                lines.append(f"load {r['load']:g}x, {m}: THE LOAD GENERATOR WAS THE "
+                             f"BOTTLENECK: {why}")
     return "\n".join(lines)
 
 
