@@ -99,8 +99,11 @@ class Driver:
         return self._waiters.get(request_id)
 
     def release(self, ticket: Ticket, outcome: Outcome) -> None:
-        if self.open_tickets.pop(ticket.request_id, None) is None:
-            return  # already reclaimed as an expired lease
+        if self.open_tickets.get(ticket.request_id) is not ticket:
+            # Already reclaimed as an expired lease (the id may even belong to a newer request
+            # by now: closing that one instead would free a slot that is still in use).
+            return
+        del self.open_tickets[ticket.request_id]
         self.admission.release(ticket, outcome, self.clock())
         self.counts["released"] += 1
         if self.on_release is not None:

@@ -127,22 +127,30 @@ class _Stream:
         spec = self.policy.requests
         self.headers = header_map(msg)
         self.request_id = self.owner.unique_id(self.headers.get("x-request-id"))
-        result = self.owner.classifier(self.policy).classify(
-            self.headers.get("authorization"), self.headers.get(spec.priority_header))
-        if isinstance(result, Unauthorized):
-            code = ("missing_api_key" if result.reason is AuthFailure.MISSING_KEY
-                    else "invalid_api_key")
-            self.record("unauthorized", "unauthorized")
-            yield self.finish(replies.unauthorized(result.message, code))
+        refused = self.classify()
+        if refused is not None:
+            yield refused
             return
-        self.classified = result
-        self.class_name = self._class_name(result.priority)
         if spec.body_inspection and not msg.end_of_stream:
             self.body_wanted = "admission"
             yield ASK_FOR_BODY
             return
         async for response in self.decide(None, body_follows=not msg.end_of_stream):
             yield response
+
+    def classify(self) -> ep.ProcessingResponse | None:
+        """Tenant and class under `self.policy`; the 401 answer when the key is refused."""
+        priority_header = self.policy.requests.priority_header
+        result = self.owner.classifier(self.policy).classify(
+            self.headers.get("authorization"), self.headers.get(priority_header))
+        if isinstance(result, Unauthorized):
+            code = ("missing_api_key" if result.reason is AuthFailure.MISSING_KEY
+                    else "invalid_api_key")
+            self.record("unauthorized", "unauthorized")
+            return self.finish(replies.unauthorized(result.message, code))
+        self.classified = result
+        self.class_name = self._class_name(result.priority)
+        return None
 
     # -- request body (BUFFERED, asked for with mode_override) ---------------------------------
     async def on_request_body(self, msg: ep.HttpBody) -> AsyncIterator[ep.ProcessingResponse]:
@@ -170,7 +178,18 @@ class _Stream:
     # -- the decision -------------------------------------------------------------------------
     async def decide(self, facts: reading.BodyFacts | None,
                      body_follows: bool) -> AsyncIterator[ep.ProcessingResponse]:
+        if self.policy is not self.driver.policy:
+            # Reloaded while the body was read: classify again under the policy the core runs
+            # now (the class may be gone, the key revoked).
+            self.policy = self.driver.policy
+            refused = self.classify()
+            if refused is not None:
+                yield refused
+                return
         assert self.classified is not None
+        # The id was checked when the headers came; with a body in between, another stream
+        # may have taken it since.
+        self.request_id = self.owner.unique_id(self.request_id)
         spec = self.policy.requests
         now = self.driver.clock()
         est = reading.estimate(spec, reading.content_length(self.headers), facts)

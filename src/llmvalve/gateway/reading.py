@@ -17,6 +17,9 @@ from typing import Any
 from llmvalve.core.policy import RequestSpec
 
 TRUE = frozenset({"1", "true", "yes", "on"})
+# Larger than any model's context window: a bigger max_tokens is a 400, not a cost estimate
+# (10**400 would not even convert to a float).
+MAX_TOKENS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ def parse_body(body: bytes) -> BodyFacts | str:
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
                                    or max_tokens < 0):
         return "max_tokens must be a non-negative integer"
+    if max_tokens is not None and max_tokens > MAX_TOKENS:
+        return f"max_tokens must be at most {MAX_TOKENS}"
     stream = doc.get("stream")
     model = doc.get("model")
     return BodyFacts(
