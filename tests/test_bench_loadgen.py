@@ -140,3 +140,11 @@ async def test_open_loop_arrivals_do_not_wait_for_answers(gateway):
     assert res.unfinished == 1  # the hung request, stopped at the end of the drain
     assert res.lag_summary()["arrival_lag_p99_ms"] < 50
     assert res.bottleneck(2.0) is None
+
+
+async def test_replicas_take_turns(gateway):
+    jobs = [job(i, 0.02 * i, CHAT, out=2) for i in range(6)]
+    target = Target(gateway.url, replicas=(gateway.url, gateway.url, gateway.url))
+    res = await LoadGenerator(jobs, target, time_scale=X, duration_s=0.2, drain_s=2.0).run()
+    assert [s.gateway for s in res.states] == [0, 1, 2, 0, 1, 2]
+    assert all(s.status == "completed" for s in res.states)

@@ -29,7 +29,6 @@ class Collector:
         self.points: list[TimePoint] = []
         self.last_stats: list[dict | None] = [None] * len(backend_urls)
         self.first_stats: list[dict | None] = [None] * len(backend_urls)
-        self.alive = [True] * len(backend_urls)
         self.kv_max = 0.0
         self.status_errors = 0
 
@@ -72,8 +71,7 @@ class Collector:
 
     def _point(self, t: float, stats: list[dict | None],
                statuses: list[dict | None]) -> TimePoint:
-        live = [s for i, s in enumerate(stats) if s is not None and self.alive[i]
-                and not (s.get("faults") or {}).get("down")]
+        live = [s for s in stats if s is not None and not (s.get("faults") or {}).get("down")]
         kv_all = [float(s.get("kv_usage", 0.0)) for s in live]
         if kv_all:
             self.kv_max = max(self.kv_max, max(kv_all))

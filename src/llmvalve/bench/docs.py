@@ -368,6 +368,10 @@ deployment) and prints the per-class results.
   `none`, whose engines hold minutes of backlog, reports fewer completions, preemptions and a
   shorter TTFT tail than the simulator (its attainment and goodput barely move: those late
   answers had missed their SLO long before).
+- **Time series.** Every scenario second the bench reads each backend's `/admin/stats`
+  (running, waiting, KV usage, preemptions: the engine numbers its vLLM `/metrics` exports)
+  and each control plane's `/status` (limit, in flight, queue depth per class), and counts the
+  429/503 answers per second at the client.
 - **The load generator is checked.** It records how late each request left (p99 below) and
   its own CPU; when the p99 lag exceeds 5 % of the tightest TTFT objective or it uses more
   than 90 % of a core, the output says the load generator was the bottleneck.

@@ -1,0 +1,70 @@
+"""The bench's text and the docs generator, on a results dict of the bench's shape (built from
+`simulate` runs, so no process is started)."""
+
+from __future__ import annotations
+
+import json
+
+from llmvalve.bench import docs
+from llmvalve.bench.report import full_text, sweep_table
+from llmvalve.bench.runner import compare, timeseries_json, traffic_classes
+from llmvalve.sim.runner import default_policy, simulate
+from llmvalve.sim.scenario import load_scenario
+
+
+def fake_bench_result(name: str = "burst") -> dict:
+    sc = load_scenario(name)
+    res, runs = simulate(sc, ["none", "adaptive"])
+    for m, r in res["controllers"].items():
+        r["traffic_classes"] = traffic_classes(runs[m], default_policy())
+        r["timeseries"] = timeseries_json(runs[m])
+        r["bench"] = {
+            "wall_s": 30.0, "offered": 10, "attempts": 10, "backend_requests": 8,
+            "backend_requests_per_offered": 0.8, "unfinished": 3 if m == "none" else 0,
+            "engine_resyncs": 0, "errors": {},
+            "loadgen": {"arrival_lag_p50_ms": 1.0, "arrival_lag_p99_ms": 2.0,
+                        "arrival_lag_max_ms": 3.0, "loop_lag_p99_ms": 2.0,
+                        "loop_lag_max_ms": 5.0, "cpu": 0.1,
+                        "bottleneck": "p99 arrival lag 300 ms" if m == "none" else None},
+            "cpu": {"loadgen": 0.1, "envoy": 0.05, "backends": 0.1,
+                    **({"control_plane": 0.1} if m != "none" else {})}}
+    res["bench"] = {"time_scale": 4.0, "tokens_per_chunk": 8, "drain_s": 60.0,
+                    "load_scale": 1.0, "wall_s": 60.0, "workdir": "/tmp/x",
+                    "machine": {"cpus": 2, "cpu_model": "test cpu", "python": "3.11",
+                                "platform": "Linux", "envoy": "1.40"}}
+    res["comparison"] = compare(res, res)
+    return res
+
+
+def test_full_text_says_what_a_reader_must_know():
+    res = fake_bench_result()
+    text = full_text(res)
+    assert text.startswith("scenario burst")
+    assert "bench against simulate" in text and "+0.0%" in text
+    assert "none: THE LOAD GENERATOR WAS THE BOTTLENECK: p99 arrival lag 300 ms" in text
+    assert "none: 3 requests were still unanswered 60 s" in text
+    assert "time scale 4" in text
+    rows = [{"load": 1.0, "controllers": {"adaptive": {"goodput_tok_s": 500.0,
+                                                        "loadgen_bottleneck": "slow"}}}]
+    assert "load 1x, adaptive: THE LOAD GENERATOR WAS THE BOTTLENECK: slow" in sweep_table(rows)
+
+
+def test_docs_render_and_readme_section(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "burst.json").write_text(json.dumps(fake_bench_result()))
+    page = docs.render(results)
+    assert "# Benchmarks through real Envoy" in page
+    assert "| burst | **`adaptive`** |" in page
+    assert "Scenarios run: `burst`." in page and "Not run:" in page
+    assert "test cpu" in page
+    assert "![burst: time to first token by class and mode](img/bench-burst-ttft.png)" in page
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\nintro\n\n## How it fits\nrest\n")
+    section = docs.readme_section(results)
+    docs.update_readme(readme, section)
+    once = readme.read_text()
+    assert once.index(docs.README_BEGIN) < once.index("## How it fits")
+    assert "| **`adaptive` (llmvalve)** |" in once
+    docs.update_readme(readme, section)  # idempotent: replaced, not added again
+    assert readme.read_text() == once
