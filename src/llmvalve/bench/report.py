@@ -58,13 +58,16 @@ def cpu_table(res: dict) -> str:
     if not rows:
         return ""
     keys = ["loadgen", "envoy", "control_plane", "backends"]
-    head = f"{'mode':<12} " + " ".join(f"{k:>13}" for k in keys) + f" {'wall s':>7}"
-    lines = ["CPU (cores) of each process while the traffic ran, and wall time of the mode:",
-             head, "-" * len(head)]
+    head = f"{'mode':<12} " + " ".join(f"{k:>13}" for k in keys) + f" {'wall s':>7}" \
+        f" {'load avg':>9}"
+    lines = ["CPU (cores) of each process while the traffic ran, wall time of the mode, and the "
+             "machine's 1-minute load average at its end:", head, "-" * len(head)]
     for m, cpu in rows:
+        b = res["controllers"][m]["bench"]
+        la = b.get("loadavg_1m")
         lines.append(f"{m:<12} " + " ".join(
             f"{cpu[k]:>13.2f}" if k in cpu else f"{'-':>13}" for k in keys)
-            + f" {res['controllers'][m]['bench']['wall_s']:>7.0f}")
+            + f" {b['wall_s']:>7.0f}" + (f" {la:>9.2f}" if la is not None else f" {'-':>9}"))
     return "\n".join(lines)
 
 
@@ -80,6 +83,11 @@ def notes(res: dict) -> list[str]:
         lg = rb["loadgen"]
         if lg.get("bottleneck"):
             out.append(f"{m}: THE LOAD GENERATOR WAS THE BOTTLENECK: {lg['bottleneck']}")
+            ours = sum(rb.get("cpu", {}).values())
+            la = rb.get("loadavg_1m")
+            if la is not None and la > ours + 1.0:
+                out.append(f"{m}: other work was running on the machine: load average "
+                           f"{la:.2f} while the bench's own processes used {ours:.2f} cores")
         if rb.get("unfinished"):
             out.append(f"{m}: {rb['unfinished']} requests were still unanswered "
                        f"{b.get('drain_s', 0):.0f} s (scenario time) after the traffic "
@@ -116,6 +124,12 @@ def sweep_table(rows: list[dict], sim_rows: list[dict] | None = None) -> str:
             if why:
                 lines.append(f"load {r['load']:g}x, {m}: THE LOAD GENERATOR WAS THE "
                              f"BOTTLENECK: {why}")
+                la, ours = r["controllers"][m].get("loadavg_1m"), r["controllers"][m].get(
+                    "cpu_total")
+                if la is not None and ours is not None and la > ours + 1.0:
+                    lines.append(f"load {r['load']:g}x, {m}: other work was running on the "
+                                 f"machine: load average {la:.2f} while the bench's own "
+                                 f"processes used {ours:.2f} cores")
     return "\n".join(lines)
 
 

@@ -299,6 +299,7 @@ def run_mode(sc: Scenario, mode: str, opts: BenchOptions, progress: Progress,
         cpu = {k: round((sum(cpu_seconds(p) for p in v) - cpu0[k]) / (w1 - w0), 3)
                for k, v in pids.items()}
         cpu["loadgen"] = round(load.cpu, 3)
+        loadavg = round(os.getloadavg()[0], 2)  # the machine's, over the last minute
         progress.phase("stopping")
     finally:
         for s_ in reversed(stacks):
@@ -321,7 +322,7 @@ def run_mode(sc: Scenario, mode: str, opts: BenchOptions, progress: Progress,
         if jobs else 0.0,
         "unfinished": load.unfinished, "engine_resyncs": totals["resyncs"],
         "errors": load.errors, "loadgen": {**load.lag_summary(), "bottleneck": bottleneck},
-        "cpu": cpu,
+        "cpu": cpu, "loadavg_1m": loadavg,
     }
     return ModeRun(mode, run, load, summary, wall)
 
@@ -412,7 +413,9 @@ def bench_sweep(sc: Scenario, modes: list[str], loads: list[float], opts: BenchO
             m: {"goodput_tok_s": r["goodput_tok_s"],
                 "slo_attainment": {p: v["slo_attainment"] for p, v in r["classes"].items()},
                 "preemptions": r["preemptions"],
-                "loadgen_bottleneck": r["bench"]["loadgen"]["bottleneck"]}
+                "loadgen_bottleneck": r["bench"]["loadgen"]["bottleneck"],
+                "loadavg_1m": r["bench"]["loadavg_1m"],
+                "cpu_total": round(sum(r["bench"]["cpu"].values()), 3)}
             for m, r in res["controllers"].items()}})
         if main is None or load == 1.0:
             main, main_runs = res, runs
