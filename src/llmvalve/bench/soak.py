@@ -297,6 +297,19 @@ def _leaks(s: dict[str, Any]) -> int:
             + pool.get("inflight_requests", 1) + queued + gw.get("reclaimed", 0))
 
 
+def _slope(rows: list[dict[str, Any]], start_s: float, end_s: float) -> float | None:
+    """Least-squares slope of RSS over time between start_s and end_s, in MB per minute."""
+    pts = [(r["t_s"] / 60.0, r["rss_mb"]) for r in rows
+           if start_s <= r["t_s"] <= end_s and r["rss_mb"] is not None]
+    if len(pts) < 3:
+        return None
+    n = len(pts)
+    mx = sum(x for x, _ in pts) / n
+    my = sum(y for _, y in pts) / n
+    var = sum((x - mx) ** 2 for x, _ in pts)
+    return round(sum((x - mx) * (y - my) for x, y in pts) / var, 3) if var else None
+
+
 def _progress(row: dict[str, Any]) -> str:
     return (f"t={row['t_s']:7.1f}s rss={row['rss_mb']} MB offered={row['offered']} "
             f"served={row['served']} shed={row['shed_attempts']} cancelled={row['cancelled']} "
@@ -372,6 +385,8 @@ async def soak(stack: Stack, minutes: float, load: float, cancel: float, rate: f
                       "max": max((r["rss_mb"] or 0) for r in runner.samples),
                       "min_after_first_minute": min((r["rss_mb"] or 0) for r in runner.samples
                                                     if r["t_s"] >= warm["t_s"])},
+        "rss_slope_mb_per_min": {"first_half": _slope(during, 0.0, offered_s / 2),
+                                 "second_half": _slope(during, offered_s / 2, offered_s + 1)},
         "control_plane_cpu_s": end_row["cpu_s"],
         "decision_latency_ms": {"p50": _ms(quantile(all_lat, 0.5)),
                                 "p99": _ms(quantile(all_lat, 0.99)),
@@ -394,7 +409,9 @@ def report(result: dict[str, Any]) -> str:
         f" other {r['other_status']}, client errors {r['client_errors']}",
         f"slots leaked: {leak['total']} ({leak})",
         f"control plane RSS: {mem['after_first_minute']} MB after the first minute,"
-        f" {mem['end']} MB at the end (max {mem['max']})",
+        f" {mem['end']} MB at the end (max {mem['max']}); slope"
+        f" {result['rss_slope_mb_per_min']['first_half']} MB/min in the first half,"
+        f" {result['rss_slope_mb_per_min']['second_half']} MB/min in the second",
         f"decision latency: p50 {lat['p50']} ms, p99 {lat['p99']} ms, max {lat['max']} ms",
         "per minute (decisions, p50 ms, p99 ms): " + ", ".join(
             f"{m['minute']}: {m['decisions']}/{m['p50_ms']}/{m['p99_ms']}"
