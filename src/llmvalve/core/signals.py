@@ -14,6 +14,10 @@ Rules:
   SGLang are all recognised; which engine a backend runs does not need to be configured.
 - Text that does not parse, or a page with none of the load gauges, gives `ok=False`; no
   exception escapes `read`. `failed(now)` is the snapshot of a scrape that did not happen.
+- So does a page with values that cannot be true: an infinite, NaN or negative gauge, counter
+  or windowed latency, or a KV capacity above `MAX_KV_CAPACITY_TOKENS`. A backend that
+  reports garbage is treated as one that does not answer (stale: saturated, not picked),
+  instead of letting one `+Inf` lift the limit to its maximum or one NaN blind it for good.
 
 Pure: the text and the time are arguments.
 """
@@ -38,6 +42,7 @@ KV_USAGE = (
     "sglang:token_usage",
 )
 PREEMPTIONS = ("vllm:num_preemptions_total",)
+MAX_KV_CAPACITY_TOKENS = 1e9  # far above any one engine's KV cache (an 80 GB GPU: ~10^7)
 FINISHED = ("vllm:request_success_total",)
 CACHE_INFO = "vllm:cache_config_info"
 ITL = "vllm:inter_token_latency_seconds"
@@ -137,6 +142,14 @@ def _parse(text: str) -> _Parsed:
     )
 
 
+def _plausible(snap: BackendSnapshot, kv_usage: float | None) -> bool:
+    numbers = (snap.running, snap.waiting, snap.preemptions_total, snap.kv_capacity_tokens,
+               snap.requests_finished_total, kv_usage, snap.itl_p90_s, snap.itl_mean_s,
+               snap.queue_time_p90_s, snap.ttft_p90_s)
+    return (all(x is None or (math.isfinite(x) and x >= 0) for x in numbers)
+            and snap.kv_capacity_tokens <= MAX_KV_CAPACITY_TOKENS)
+
+
 def _first(gauges: Mapping[str, float], names: tuple[str, ...]) -> float | None:
     for name in names:
         if name in gauges:
@@ -179,7 +192,7 @@ class SignalReader:
                 windowed[name] = None
         itl_mean = self._windowed_mean(ITL, parsed.totals.get(ITL))
         kv = parsed.kv_usage if parsed.kv_usage is not None else 0.0
-        return BackendSnapshot(
+        snap = BackendSnapshot(
             backend=self.backend,
             at=now,
             ok=True,
@@ -194,6 +207,9 @@ class SignalReader:
             ttft_p90_s=windowed[TTFT],
             requests_finished_total=_first(parsed.gauges, FINISHED) or 0.0,
         )
+        if not _plausible(snap, parsed.kv_usage):
+            return self.failed(now)
+        return snap
 
     def _windowed_mean(self, name: str, current: tuple[float, float] | None) -> float | None:
         """delta(sum) / delta(count) since the previous scrape (a restart: the current totals)."""
