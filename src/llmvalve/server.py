@@ -133,6 +133,12 @@ class ControlPlane:
         self.server = grpc.aio.server(options=[
             ("grpc.so_reuseport", 0),
             ("grpc.max_concurrent_streams", 1_000_000),
+            # gRPC holds new streams the event loop has not picked up yet; past 1,000 of them
+            # (its default) it refuses the excess with RESOURCE_EXHAUSTED, which Envoy turns
+            # into a bare 503. A burst of connections must queue here instead (Envoy's
+            # message_timeout still bounds the wait).
+            ("grpc.server.max_pending_requests", 100_000),
+            ("grpc.server.max_pending_requests_hard_limit", 100_000),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 1000),
             ("grpc.http2.max_ping_strikes", 0),

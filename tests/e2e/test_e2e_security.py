@@ -1,0 +1,214 @@
+"""Hostile and malformed input through Envoy, and what must never be written down.
+
+Stack: tests/e2e/policy-body.yaml (body inspection on, static limit 8, keys required), one
+`small` backend, the control plane at log level DEBUG (one line per decision). Each case gets a
+clear 4xx or a 429/503 — never a hang, a 5xx of the gateway's own, or a slot left held — and at
+the end neither the API keys used nor the prompt text appear in any log of the control plane or
+Envoy, nor in /status or /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+
+import aiohttp
+import pytest
+from e2e_support import E2E, HERE, P0_KEY, P2_KEY, chat_body, headers
+
+from llmvalve.stack import Stack, StackConfig, envoy_binary, http_get
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = "PROMPT-SENTINEL-7f3a9 please summarise my secret plans"
+UNKNOWN_KEY = "sk-unknown-SENTINEL-c0ffee"
+SECRETS = (P0_KEY, P2_KEY, UNKNOWN_KEY, "PROMPT-SENTINEL-7f3a9")
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory):
+    try:
+        envoy_binary()
+    except FileNotFoundError:
+        pytest.skip("no envoy binary")
+    stack = Stack(StackConfig(
+        policy=HERE / "policy-body.yaml", backends=1, profile="small", time_scale=4.0, port=0,
+        admin_port=0, envoy_concurrency=1, workdir=tmp_path_factory.mktemp("stack"),
+        serve_args=("--log-level", "DEBUG")))
+    stack.start()
+    try:
+        yield E2E(stack)
+    finally:
+        stack.stop()
+
+
+def body(max_tokens=8, **extra) -> dict:
+    return {"model": "sim-small", "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": PROMPT}], **extra}
+
+
+def raw_request(port: int, head: bytes, payload: bytes = b"") -> tuple[int, bytes]:
+    """One HTTP/1.1 request written byte for byte (aiohttp refuses to send some of these).
+    Status 0: the connection was closed or reset without an answer."""
+    data = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        try:
+            s.sendall(head + b"content-length: %d\r\nconnection: close\r\n\r\n"
+                      % len(payload) + payload)
+            while chunk := s.recv(65536):
+                data += chunk
+        except ConnectionResetError:
+            return 0, data
+    if not data:
+        return 0, data
+    return int(data.split(b" ", 2)[1]), data  # the status, and the whole answer
+
+
+async def post(session, e2e, payload=None, data=None, **hs) -> tuple[int, dict, dict]:
+    async with session.post(e2e.base_url + "/chat/completions", json=payload, data=data,
+                            headers=hs) as r:
+        text = await r.text()
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = {"raw": text}
+        return r.status, {k.lower(): v for k, v in r.headers.items()}, doc
+
+
+async def test_keys_and_classes(e2e):
+    async with aiohttp.ClientSession() as session:
+        # Missing and unknown keys: 401 in OpenAI's shape.
+        status, _, doc = await post(session, e2e, body(), **{"content-type": "application/json"})
+        assert status == 401 and doc["error"]["code"] == "missing_api_key"
+        status, _, doc = await post(session, e2e, body(), **headers(UNKNOWN_KEY))
+        assert status == 401 and doc["error"]["code"] == "invalid_api_key"
+        assert doc["error"]["type"] == "invalid_request_error"
+        # Unknown class names are ignored: the tenant's default class.
+        for asked in ("P9", "gold", "-1", "realtime-interactive-please", ""):
+            status, hs, _ = await post(session, e2e, body(), **headers(
+                P2_KEY, **{"x-llmvalve-priority": asked}))
+            assert status == 200 and hs["x-llmvalve-class"] == "batch-extraction", asked
+        # A tenant's maximum caps what it asks for; a client may always ask for less.
+        status, hs, _ = await post(session, e2e, body(), **headers(
+            P2_KEY, **{"x-llmvalve-priority": "realtime-interactive"}))
+        assert status == 200 and hs["x-llmvalve-class"] == "batch-extraction"
+        status, hs, _ = await post(session, e2e, body(), **headers(
+            P0_KEY, **{"x-llmvalve-priority": "P1"}))
+        assert status == 200 and hs["x-llmvalve-class"] == "agent-workflow"
+        # A client cannot pick the cluster or the backend itself.
+        status, hs, _ = await post(session, e2e, body(), **headers(
+            P2_KEY, **{"x-llmvalve-cluster": "fallback_model",
+                       "x-llmvalve-upstream": "127.0.0.1:1"}))
+        assert status == 200 and hs["x-llmvalve-class"] == "batch-extraction"
+    e2e.wait_idle()
+
+
+async def test_bad_bodies_get_a_400(e2e):
+    cases = {
+        "invalid JSON": (None, b'{"model": "sim-small", "messages": [', "not valid JSON"),
+        "not an object": (None, b"[1, 2, 3]", "JSON object"),
+        "not UTF-8": (None, b'{"model": "\xff\xfe"}', "not valid JSON"),
+        "negative max_tokens": (body(-1), None, "non-negative integer"),
+        "string max_tokens": (body("12"), None, "non-negative integer"),
+        "absurd max_tokens": (body(10**12), None, "at most"),
+        "max_tokens beyond any float": (None, json.dumps(body(10**400)).encode(), "at most"),
+    }
+    async with aiohttp.ClientSession() as session:
+        for name, (payload, data, message) in cases.items():
+            status, hs, doc = await post(session, e2e, payload, data, **headers(P0_KEY))
+            assert status == 400, (name, status, doc)
+            assert hs["x-llmvalve-reason"] == "bad_request", name
+            assert message in doc["error"]["message"], (name, doc)
+        # Within the gateway's bound but beyond the model: the backend's own 400.
+        status, hs, doc = await post(session, e2e, body(1 << 24), **headers(P0_KEY))
+        assert status == 400 and "x-llmvalve-reason" not in hs, doc
+    e2e.wait_idle()
+
+
+def test_huge_and_non_utf8_headers(e2e):
+    port = e2e.stack.config.port
+    payload = json.dumps(body()).encode()
+    start = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+             b"authorization: Bearer " + P0_KEY.encode() + b"\r\n")
+    # 100 KiB of headers: above Envoy's limit (max_request_headers_kb, 60 KiB) its HTTP/1
+    # codec resets the connection at once (downstream_cx_protocol_error); no filter runs, so
+    # the control plane never sees the request.
+    errors = e2e.envoy_stat("http.llm_ingress.downstream_cx_protocol_error")
+    t0 = time.monotonic()
+    status, _ = raw_request(port, start + b"x-junk: " + b"a" * 100_000 + b"\r\n", payload)
+    assert status == 0 and time.monotonic() - t0 < 2
+    assert e2e.envoy_stat("http.llm_ingress.downstream_cx_protocol_error") == errors + 1
+    assert e2e.status()["gateway"]["streams_open"] == 0
+    # 50 KiB fits Envoy's limit and goes through the control plane like any request (the
+    # simulated backend, an aiohttp server, then refuses a field over 8 KiB with its own 400).
+    status, answer = raw_request(port, start + b"x-junk: " + b"a" * 50_000 + b"\r\n", payload)
+    assert status == 400 and b"x-llmvalve-class: realtime-interactive" in answer.lower()
+    status, answer = raw_request(port, start + b"x-junk: " + b"a" * 4_000 + b"\r\n", payload)
+    assert status == 200, answer
+    # Bytes that are not UTF-8 in the headers the gateway reads.
+    status, answer = raw_request(port, start + b"x-llmvalve-priority: \xff\xfe\r\n"
+                                 b"x-llmvalve-feature: caf\xe9\r\nx-llmvalve-deadline-ms: \xff\r\n",
+                                 payload)
+    assert status == 200, answer
+    status, answer = raw_request(port, start.replace(P0_KEY.encode(), b"sk-\xff\xfe\x80"),
+                                 payload)
+    assert status == 401 and b'"code": "invalid_api_key"' in answer
+    e2e.wait_idle()
+
+
+async def test_a_burst_of_2000_connections(e2e):
+    """2,000 clients connect at once (P0 and P2, half of them streaming): every one gets an
+    answer — 200, or 429 with Retry-After — within seconds; none hangs or errors; nothing is
+    held afterwards. (Before gRPC's pending-stream limit was raised, the streams past 1,000
+    not yet picked up by the event loop were refused and Envoy answered a bare 503.)"""
+    url = e2e.base_url + "/chat/completions"
+    statuses: dict[str, int] = {}
+    retry_after_missing = 0
+
+    async def one(i: int, session: aiohttp.ClientSession) -> None:
+        nonlocal retry_after_missing
+        key = P0_KEY if i % 4 == 0 else P2_KEY
+        try:
+            async with session.post(url, json=chat_body(4, stream=i % 2 == 0),
+                                    headers=headers(key)) as r:
+                await r.read()
+                outcome = str(r.status)
+                if r.status in (429, 503) and "retry-after" not in r.headers:
+                    retry_after_missing += 1
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            outcome = type(exc).__name__
+        statuses[outcome] = statuses.get(outcome, 0) + 1
+
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    timeout = aiohttp.ClientTimeout(total=60)
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await asyncio.gather(*(one(i, session) for i in range(2000)))
+    took = time.monotonic() - t0
+    print(f"2000 connections in {took:.1f} s: {statuses}")
+    assert sum(statuses.values()) == 2000
+    assert set(statuses) <= {"200", "429"}, statuses
+    assert statuses.get("200", 0) >= 8 and statuses.get("429", 0) > 0
+    assert retry_after_missing == 0
+    assert took < 45
+    e2e.wait_idle(timeout_s=20)
+    assert e2e.status()["gateway"]["reclaimed"] == 0
+
+
+def test_no_key_and_no_prompt_in_any_log(e2e):
+    """Last: every request above went through with these keys and this prompt; the control
+    plane logged at DEBUG (a line per decision) and Envoy at warning."""
+    assert e2e.stack.control_plane is not None and e2e.stack.envoy is not None
+    outputs = {
+        "control plane": e2e.stack.control_plane.output(),
+        "envoy": e2e.stack.envoy.output(),
+        "/status": http_get(e2e.stack.admin_url + "/status")[1],
+        "/metrics": http_get(e2e.stack.admin_url + "/metrics")[1],
+    }
+    assert b"decision" in outputs["control plane"]  # DEBUG was on: decisions were logged
+    for where, text in outputs.items():
+        for secret in SECRETS:
+            assert secret.encode() not in text, f"{secret!r} found in {where}"
+        assert b"Bearer" not in text, where
