@@ -13,6 +13,7 @@ Docs: docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -106,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     raise_fd_limit()
+    interrupt_on_sigterm()
     progress = Progress(enabled=not args.quiet)
     try:
         if loads:
@@ -119,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             res, runs = bench(sc, modes, opts, progress)
     except KeyboardInterrupt:
-        progress.done("interrupted; every process was stopped")
+        progress.done()
+        print("llmvalve bench: interrupted; every process it started was stopped",
+              file=sys.stderr)
         return 130
     except (RuntimeError, TimeoutError, OSError) as exc:
         progress.done()
@@ -159,3 +163,14 @@ def raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     except (ImportError, ValueError, OSError):
         pass
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM stops a run the way Ctrl-C does: every process it started is stopped first."""
+    import signal
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    with contextlib.suppress(ValueError):  # not in the main thread
+        signal.signal(signal.SIGTERM, on_term)
