@@ -257,3 +257,32 @@ async def test_sighup_and_watch_share_one_reload_path(plane):
     await asyncio.sleep(0.3)  # the watcher then sees the same content: applied again, harmless
     assert (await status_of(cp))["pools"]["default"]["limit"] == 6
     assert cp.reloads.counts["error"] == 0
+
+
+CASES = sorted((Path(__file__).parent / "policy_cases").glob("*.yaml"))
+
+
+async def test_every_broken_policy_of_the_corpus_is_refused_at_reload(tmp_path):
+    """Each file of tests/policy_cases, written over a running control plane's policy: the
+    reload is refused with the errors `llmvalve policy check` gives (the corpus test pins
+    them), the running policy stays, and every refusal is counted."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY)
+    cp = ControlPlane(load_policy_file(path), "127.0.0.1:0", "127.0.0.1:0", policy_path=path)
+    await cp.start()
+    try:
+        running = cp.policy
+        for case in CASES:
+            path.write_text(case.read_text())
+            assert await cp.reload() is False, case.name
+            assert cp.policy is running and cp.driver.policy is running
+            error = cp.reloads.last.error
+            for expect in case.read_text().splitlines():
+                if expect.startswith("# expect: "):
+                    line, field, *message = expect.removeprefix("# expect: ").split(": ", 2)
+                    assert any(f":{line}: {field}: " in got and (not message or message[0] in got)
+                               for got in error.splitlines()), (case, expect, error)
+        assert cp.reloads.counts == {"ok": 0, "error": len(CASES)}
+        assert await reloads_metric(cp, "error") == len(CASES)
+    finally:
+        await cp.stop()
