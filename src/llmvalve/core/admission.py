@@ -22,7 +22,10 @@ through their own reserved share.
 "Pressure" (used by the drop policies) means: the pool's in-flight is at least
 `scheduler.pressureThreshold` of L, or σ ≥ 1 (stale metrics count as saturated), or the class's
 queue is not empty.
-  * tail: queue full → reject the arrival; past its timeout → dropped at the head.
+  * tail: queue full → reject the arrival, unless another tenant holds at least two more
+    places of the class than the arrival's tenant: then that tenant's newest request gives
+    its place up (rejected at the next poll) — one tenant's flood cannot lock the others out
+    of a class; past its timeout → dropped at the head.
   * early-drop-on-pressure: under pressure, reject at arrival when the predicted wait (requests
     ahead of it over the measured dispatch rate) exceeds the time it may wait: the smallest of
     its queue timeout, its client deadline and half its class's TTFT objective (a request that
@@ -114,6 +117,7 @@ class _Pool:
     override_until: float | None = None  # when the override lapses (None: until cleared)
     picker: Picker = field(default_factory=Picker)
     breaker: Breaker = field(default_factory=lambda: Breaker(BreakerSpec()))
+    pushed_out: list[Reject] = field(default_factory=list)  # for the next poll()
 
     def current_limit(self) -> float:
         return self.override if self.override is not None else self.limit.limit()
@@ -250,7 +254,8 @@ class Admission:
         if not own_queue and self._fits(pool, req.priority, cost, now, shared=not blocked_above):
             return self._admit(pool, req, cost, now, 0.0)
         spec = self.policy.queue(req.priority)
-        if pool.scheduler.is_full(req.priority):
+        full = pool.scheduler.is_full(req.priority)
+        if full and not pool.scheduler.can_push_out(req.priority, req.tenant):
             return self._reject(pool, req, Reason.QUEUE_FULL, now)
         if spec.drop_policy is not DropPolicy.TAIL and self.under_pressure(pool, req.priority, now):
             if spec.drop_policy is DropPolicy.FAST_REJECT:
@@ -262,6 +267,11 @@ class Admission:
                 may_wait = min(may_wait, req.deadline - now)
             if self.predicted_wait_s(pool, req.priority, now) > may_wait:
                 return self._reject(pool, req, Reason.PREDICTED_WAIT, now)
+        if full:  # the tenant that holds the most places of the class gives one up
+            out = pool.scheduler.push_out(req.priority, req.tenant)
+            assert out is not None
+            pool.pushed_out.append(self._reject(pool, out.req, Reason.QUEUE_FULL, now,
+                                                now - out.enqueued_at))
         pool.scheduler.push(req, now)
         return Queued(req.request_id, pool.scheduler.depth(req.priority))
 
@@ -291,6 +301,8 @@ class Admission:
         """Expire, update limiters, dispatch: decisions for requests that were Queued."""
         out: list[Admit | Reject] = []
         for pool in self.pools.values():
+            out.extend(pool.pushed_out)  # queued requests that gave their place to another tenant
+            pool.pushed_out.clear()
             if pool.override_until is not None and now >= pool.override_until:
                 pool.override = pool.override_until = None
             pool.limit.update(now, pool.inflight)
@@ -321,6 +333,8 @@ class Admission:
         """The earliest time poll() has something to do (a queue timeout, a window end)."""
         times = []
         for pool in self.pools.values():
+            if pool.pushed_out:
+                return -math.inf  # decisions are waiting: poll now
             for t in (pool.scheduler.next_deadline(), pool.limit.next_update(),
                       pool.override_until):
                 if t is not None:

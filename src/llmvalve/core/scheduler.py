@@ -9,9 +9,12 @@ the lowest non-empty class that has waited longer than `starvation_after_s` goes
 The scheduler never decides whether a request *fits*: the caller (`Admission`) asks the limiter
 and then calls `pop`. Every waiting request has a wait deadline (its queue timeout, capped by
 the client's deadline); `expire(now)` removes and returns those past it, so an expired request
-is never dispatched. When a class has a standing queue (its oldest request has waited its whole
-TTFT objective) it serves newest first — Facebook's adaptive LIFO — so that sustained
-overload costs the requests that were going to miss anyway, not every request.
+is never dispatched. A full class gives a place to a tenant that holds fewer of its places by
+pushing out the newest request of the tenant that holds the most (`push_out`): a flood fills
+the queue with the flooder's requests only until another tenant arrives. When a class has a
+standing queue (its oldest request has waited its whole TTFT objective) it serves newest
+first — Facebook's adaptive LIFO — so that sustained overload costs the requests that were
+going to miss anyway, not every request.
 """
 
 from __future__ import annotations
@@ -96,6 +99,35 @@ class Scheduler:
     def is_full(self, priority: int) -> bool:
         c = self._classes[priority]
         return c.size >= c.spec.max_queue_size
+
+    def tenant_depth(self, priority: int, tenant: str) -> int:
+        q = self._classes[priority].tenants.get(tenant)
+        return len(q) if q else 0
+
+    def _flooder(self, priority: int, tenant: str) -> deque[Waiting] | None:
+        """The queue of the tenant holding the most places of a class, when it holds at least
+        two more than `tenant` (so that taking one of its places is fairer, not just other)."""
+        c = self._classes[priority]
+        if not c.tenants:
+            return None
+        biggest, q = max(c.tenants.items(), key=lambda item: len(item[1]))
+        if biggest == tenant or len(q) < self.tenant_depth(priority, tenant) + 2:
+            return None
+        return q
+
+    def can_push_out(self, priority: int, tenant: str) -> bool:
+        return self._flooder(priority, tenant) is not None
+
+    def push_out(self, priority: int, tenant: str) -> Waiting | None:
+        """A full class makes room for `tenant`: the newest request of the tenant holding the
+        most places leaves the queue (returned, for its rejection). One tenant that floods a
+        class thus keeps at most its share of the queue, not all of it."""
+        q = self._flooder(priority, tenant)
+        if q is None:
+            return None
+        w = q[-1]
+        self.remove(w.req.request_id)
+        return w
 
     def oldest_wait_s(self, priority: int, now: float) -> float:
         t = self._classes[priority].oldest_enqueued_at()
