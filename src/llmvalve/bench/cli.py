@@ -48,23 +48,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress line")
 
 
+def run_overhead(out: Path, rates: str | None = None, duration: float | None = None) -> int:
+    """The admission hop's cost (`llmvalve.gateway.overhead`) into `out`, with the machine's
+    load average at the end (other work on the machine shows up in p99s first)."""
+    import os
+
+    from llmvalve.gateway import overhead
+
+    argv = ["--json", str(out)]
+    if rates:
+        argv += ["--rates", rates]
+    if duration:
+        argv += ["--duration", str(duration)]
+    code = overhead.main(argv)
+    if code == 0 and out.exists():
+        doc = json.loads(out.read_text())
+        doc["loadavg_1m"] = round(os.getloadavg()[0], 2)
+        out.write_text(json.dumps(doc, indent=1, default=str))
+    return code
+
+
 def _run_overhead(args: argparse.Namespace) -> int:
     import tempfile
 
+    out = Path(args.json) if args.json and args.json != "-" else \
+        Path(tempfile.mkdtemp(prefix="llmvalve-overhead-")) / "overhead.json"
     try:
-        from llmvalve.gateway import overhead
+        code = run_overhead(out, args.rates, args.duration)
     except ImportError as exc:
         print(f"llmvalve bench: the overhead measurement is not available: {exc}",
               file=sys.stderr)
         return 2
-    out = Path(args.json) if args.json and args.json != "-" else \
-        Path(tempfile.mkdtemp(prefix="llmvalve-overhead-")) / "overhead.json"
-    argv = ["--json", str(out)]
-    if args.rates:
-        argv += ["--rates", args.rates]
-    if args.duration:
-        argv += ["--duration", str(args.duration)]
-    code = overhead.main(argv)
     if code == 0 and args.json == "-":
         print(out.read_text())
     return code

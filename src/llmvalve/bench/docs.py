@@ -67,10 +67,9 @@ def run_all(names: list[str], results: Path, img: Path, overhead: bool) -> None:
         (results / f"{name}.json").write_text(json.dumps(res, indent=1))
         progress.done(f"{name}: written ({time.monotonic() - t0:.0f} s)")
     if overhead:
-        from llmvalve.gateway import overhead as oh
+        from llmvalve.bench.cli import run_overhead
 
-        oh.main(["--rates", OVERHEAD_RATES, "--duration", "6",
-                 "--json", str(results / "overhead.json")])
+        run_overhead(results / "overhead.json", OVERHEAD_RATES, 6.0)
 
 
 # ---- rendering --------------------------------------------------------------------------------
@@ -420,13 +419,17 @@ retries; preempt = engine preemptions.
     oh_file = results / "overhead.json"
     if oh_file.exists():
         oh = json.loads(oh_file.read_text())
+        la = oh.get("loadavg_1m")
+        load_note = (f" The machine's 1-minute load average at the end of this run was {la:.2f}; "
+                     "p99s are the first to show other work on the machine." if la is not None
+                     else "")
         parts.append(f"""## `overhead`: the cost of the admission hop
 
 `llmvalve bench --scenario overhead` (the measurement of `llmvalve.gateway.overhead`): two
 Envoys side by side in front of the same fixed-answer upstream, one with llmvalve's ext_proc
 and access log (the control plane admitting everything, `static:1000000`), one without; an
 open-loop client at each fixed rate, then a closed loop of 32 requests in flight for the most
-decisions per second. docs/performance.md explains the method.
+decisions per second. docs/performance.md explains the method.{load_note}
 
 {overhead_table(oh)}
 """)
@@ -495,12 +498,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", action="store_true", help="run the benchmarks first")
     p.add_argument("--only", help="comma list of scenarios to (re-)run (default: all)")
     p.add_argument("--no-overhead", action="store_true", help="skip the overhead run")
+    p.add_argument("--overhead-only", action="store_true",
+                   help="run only the overhead measurement, then write")
     p.add_argument("--results", type=Path, default=Path("build/bench-results"))
     p.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     p.add_argument("--img", type=Path, default=Path("docs/img"))
     p.add_argument("--readme", type=Path, default=Path("README.md"))
     args = p.parse_args(argv)
-    if args.run:
+    if args.overhead_only:
+        from llmvalve.bench.cli import run_overhead
+
+        args.results.mkdir(parents=True, exist_ok=True)
+        run_overhead(args.results / "overhead.json", OVERHEAD_RATES, 6.0)
+    elif args.run:
         names = args.only.split(",") if args.only else SCENARIOS
         run_all(names, args.results, args.img,
                 overhead=not args.no_overhead and not args.only)
