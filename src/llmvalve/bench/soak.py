@@ -420,6 +420,43 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The run as the tables of docs/reliability.md."""
+    r, leak, mem, lat = (result["requests"], result["slots_leaked"], result["memory_mb"],
+                         result["decision_latency_ms"])
+    slope = result["rss_slope_mb_per_min"]
+    rows = [
+        "| | |", "|---|---:|",
+        f"| offered load | {result['offered_rate_req_s']} req/s = {result['load']} × the measured "
+        f"capacity ({result['capacity_req_s']} req/s), for {result['minutes']} min |",
+        f"| requests offered (first attempts) | {r['offered']:,} |",
+        f"| attempts (with retries) | {r['attempts']:,} (retries {r['retries']:,}; retry budget "
+        f"refused {r['retry_budget_denied']:,}) |",
+        f"| served (200 from a backend) | {r['served']:,} |",
+        f"| shed answers (429/503 from the gateway) | {r['shed_attempts']:,} "
+        f"(clients that gave up after one: {r['shed_final']:,}) |",
+        f"| cancelled by their client | {r['cancelled']:,} |",
+        f"| other statuses, client errors | {r['other_status'] or 0}, {r['client_errors'] or 0} |",
+        f"| **slots leaked** | **{leak['total']}** (open tickets {leak['open_tickets']}, in "
+        f"flight {leak['inflight_requests']}, open streams {leak['streams_open']}, queued "
+        f"{leak['queued_streams']}, reclaimed leases {leak['reclaimed_leases']}, backend "
+        f"requests {leak['backend_in_flight']}) |",
+        f"| control-plane RSS | {mem['after_first_minute']} MB after the first minute, "
+        f"{mem['end']} MB at the end (max {mem['max']}); slope {slope['first_half']} MB/min "
+        f"in the first half, {slope['second_half']} MB/min in the second |",
+        f"| control-plane CPU | {result['control_plane_cpu_s']} s |",
+        f"| decision latency | p50 {lat['p50']} ms, p99 {lat['p99']} ms, max {lat['max']} ms |",
+    ]
+    per_minute = ["| minute | decisions | p50 (ms) | p99 (ms) | RSS at its end (MB) |",
+                  "|---:|---:|---:|---:|---:|"]
+    rss = {int(s["t_s"] // 60): s["rss_mb"] for s in result["samples"]}
+    for m in lat["per_minute"]:
+        if m["minute"] <= math.ceil(result["minutes"]):
+            per_minute.append(f"| {m['minute']} | {m['decisions']:,} | {m['p50_ms']} | "
+                              f"{m['p99_ms']} | {rss.get(m['minute'], '')} |")
+    return "\n".join(rows) + "\n\n" + "\n".join(per_minute) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m llmvalve.bench.soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -435,8 +472,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--markdown", type=Path, default=None,
+                   help="write the tables of docs/reliability.md here")
+    p.add_argument("--from-json", type=Path, default=None,
+                   help="no run: print the report (and --markdown) of an earlier --json")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    if args.from_json is not None:
+        result = json.loads(args.from_json.read_text())
+        if args.markdown is not None:
+            args.markdown.write_text(markdown(result))
+        print(report(result))
+        return 0
     stack = Stack(StackConfig(policy=None, backends=args.backends, profile="small",
                               time_scale=args.time_scale, port=0, admin_port=0,
                               envoy_concurrency=1, workdir=args.workdir))
@@ -449,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     result["workdir"] = str(stack.workdir)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))
+    if args.markdown is not None:
+        args.markdown.write_text(markdown(result))
     print(report(result))
     return 0 if result["slots_leaked"]["total"] == 0 else 1
 
