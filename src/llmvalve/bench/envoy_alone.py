@@ -33,5 +33,6 @@ def render_alone(params: EnvoyParams, health_interval_s: float = 0.5) -> str:
                 "http_health_check": {"path": "/health"}}]
     doc["static_resources"]["clusters"] = [
         c for c in doc["static_resources"]["clusters"] if c["name"] != "llmvalve"]
+    doc.pop("layered_runtime", None)  # only ext_proc settings
     return "# Envoy alone (llmvalve bench, mode none): no ext_proc, no access log.\n" + \
         yaml.safe_dump(doc, sort_keys=False)
