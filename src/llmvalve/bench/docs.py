@@ -163,8 +163,8 @@ def meaning(all_res: dict[str, dict]) -> str:
     for n, r in all_res.items():
         c = r["controllers"]
         if "adaptive" in c and "static:32" in c:
-            wins.append((n, c["adaptive"]["goodput_tok_s"] / max(1.0, c["static:32"][
-                "goodput_tok_s"]) - 1, c["static:32"]["preemptions"],
+            wins.append((n, round(c["adaptive"]["goodput_tok_s"] / max(1.0, c["static:32"][
+                "goodput_tok_s"]) - 1, 2) + 0.0, c["static:32"]["preemptions"],
                 c["adaptive"]["preemptions"]))
     if wins:
         oracle = _oracles([n for n, *_ in wins])
