@@ -329,6 +329,18 @@ time series, `PNG-ttft.png` and, for `overload-sweep`, `PNG-sweep.png`. `llmvalv
 URL --scenario NAME` sends the same traffic to any running gateway (`llmvalve up`, or a real
 deployment) and prints the per-class results.
 
+To watch a burst being absorbed live, start the embedded stack and point the load generator at
+it; a line every 5 s shows requests sent, in flight, answered and refused, and P0's recent
+time to first token, and the dashboard of `llmvalve up` shows the limit and the queues:
+
+```console
+$ .venv/bin/llmvalve up &
+$ .venv/bin/llmvalve load --target http://127.0.0.1:8080 --scenario burst
+```
+(`llmvalve up` keeps wall-clock SLOs and timeouts, so `load` runs at time scale 1 against it:
+the 120 s scenario takes two minutes. Against a real deployment pass `--keys TENANT=KEY,...`
+and `--no-sim-headers`.)
+
 ## The machine
 
 {_machine(all_res)}
