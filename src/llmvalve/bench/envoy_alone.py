@@ -11,18 +11,11 @@ from __future__ import annotations
 
 import yaml
 
-from llmvalve.gateway.envoy_config import EnvoyParams, render
+from llmvalve.gateway.envoy_config import EnvoyParams, render, without_admission
 
 
 def render_alone(params: EnvoyParams, health_interval_s: float = 0.5) -> str:
-    doc = yaml.safe_load(render(params))
-    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
-        "typed_config"]
-    hcm["http_filters"] = [f for f in hcm["http_filters"]
-                           if f["name"] != "envoy.filters.http.ext_proc"]
-    hcm.pop("access_log", None)
-    for route in hcm["route_config"]["virtual_hosts"][0]["routes"]:
-        route.pop("typed_per_filter_config", None)
+    doc = without_admission(render(params))
     interval = f"{max(0.05, health_interval_s):.3f}s"
     for cluster in doc["static_resources"]["clusters"]:
         if cluster["name"] == "llm_backends":
@@ -31,8 +24,5 @@ def render_alone(params: EnvoyParams, health_interval_s: float = 0.5) -> str:
                 "timeout": "1s", "interval": interval, "no_traffic_interval": interval,
                 "unhealthy_threshold": 1, "healthy_threshold": 1,
                 "http_health_check": {"path": "/health"}}]
-    doc["static_resources"]["clusters"] = [
-        c for c in doc["static_resources"]["clusters"] if c["name"] != "llmvalve"]
-    doc.pop("layered_runtime", None)  # only ext_proc settings
     return "# Envoy alone (llmvalve bench, mode none): no ext_proc, no access log.\n" + \
         yaml.safe_dump(doc, sort_keys=False)

@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from importlib import resources
 
+import yaml
+
 Endpoint = tuple[str, int]
 
 COMPOSE_NOTE = (
@@ -124,3 +126,21 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def without_admission(text: str) -> dict:
+    """A rendered config with llmvalve taken out: no ext_proc filter, no per-route ext_proc
+    settings, no access log to the control plane, no control-plane cluster, no ext_proc
+    runtime layer. Envoy alone, for the `none` benchmark mode and the overhead baseline."""
+    doc = yaml.safe_load(text)
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]
+    hcm["http_filters"] = [f for f in hcm["http_filters"]
+                           if f["name"] != "envoy.filters.http.ext_proc"]
+    hcm.pop("access_log", None)
+    for route in hcm["route_config"]["virtual_hosts"][0]["routes"]:
+        route.pop("typed_per_filter_config", None)
+    doc["static_resources"]["clusters"] = [
+        c for c in doc["static_resources"]["clusters"] if c["name"] != "llmvalve"]
+    doc.pop("layered_runtime", None)
+    return doc

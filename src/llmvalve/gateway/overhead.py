@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from llmvalve.gateway.envoy_config import EnvoyParams, render
+from llmvalve.gateway.envoy_config import EnvoyParams, render, without_admission
 from llmvalve.stack import Proc, envoy_binary, free_port, http_get, wait_until
 
 KEY = "sk-llmvalve-demo-p0"
@@ -74,15 +74,7 @@ def gateway_config(port: int, admin_port: int, grpc_port: int, upstream_port: in
         note="overhead measurement"))
     if ext_proc:
         return text
-    doc = yaml.safe_load(text)
-    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
-        "typed_config"]
-    hcm["http_filters"] = [f for f in hcm["http_filters"]
-                           if f["name"] != "envoy.filters.http.ext_proc"]
-    hcm.pop("access_log", None)
-    for route in hcm["route_config"]["virtual_hosts"][0]["routes"]:
-        route.pop("typed_per_filter_config", None)
-    return yaml.safe_dump(doc)
+    return yaml.safe_dump(without_admission(text))
 
 
 def percentile(values: list[float], q: float) -> float:
