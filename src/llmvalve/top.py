@@ -52,8 +52,7 @@ def render(status: Any) -> str:
     g = status.gateway
     lines = [f"llmvalve top — {when}  policy {status.policy_version[:12] or '-'}  controller "
              f"{status.controller}  {state}",
-             f"requests in Envoy {g.streams_open}  queued {g.queued_streams}  admitted and "
-             f"running {g.open_tickets}", ""]
+             f"queued {g.checks_held}  admitted and running {g.open_tickets}", ""]
     for pool in status.pools:
         unit = "KV tokens" if pool.unit == "tokens" else "requests"
         limit = pool.limit if pool.HasField("limit") else None

@@ -482,7 +482,7 @@ def _unwrap(text: str, source: str, issues: list[PolicyIssue]) -> tuple[Node, st
 _TOP_KEYS = ("queues", "scheduler", "limiter", "pools", "tenants", "anonymous", "features",
              "retryAfter", "requests", "failureModeAllow", "secretsFile")
 _QUEUE_KEYS = ("priority", "name", "maxQueueSize", "timeout", "dropPolicy", "reservedShare", "slo")
-_TENANT_KEYS = ("name", "apiKeyHashes", "maxPriority", "defaultPriority")
+_TENANT_KEYS = ("name", "apiKeyHashes", "maxPriority", "defaultPriority", "models")
 
 
 @dataclass
@@ -678,6 +678,7 @@ class _TenantDraft:
     hashes: list[_HashEntry]
     max_priority: int
     default_priority: int
+    models: tuple[str, ...] = ()
 
 
 def _tenants(top: _Fields, queues: tuple[QueueSpec, ...], queues_ok: bool) -> list[_TenantDraft]:
@@ -703,7 +704,7 @@ def _tenants(top: _Fields, queues: tuple[QueueSpec, ...], queues_ok: bool) -> li
                   else _key_hashes(r, hashes_node, f.field("apiKeyHashes")))
         max_p, default_p = _tenant_priorities(f, queues, queues_ok)
         drafts.append(_TenantDraft(item, path, name or "", hashes_node is not None, hashes,
-                                   max_p, default_p))
+                                   max_p, default_p, _names(f, "models", "model")))
     return drafts
 
 
@@ -773,7 +774,8 @@ def _finish_tenants(drafts: list[_TenantDraft], anonymous: TenantSpec | None,
             r.error(t.node, _join(t.path, "apiKeyHashes"),
                     "missing: without key hashes (and with no secretsFile) no request can "
                     f"reach this tenant; {_HASH_HINT}")
-        specs.append(TenantSpec(t.name, tuple(hashes), t.max_priority, t.default_priority))
+        specs.append(TenantSpec(t.name, tuple(hashes), t.max_priority, t.default_priority,
+                                t.models))
     return tuple(specs)
 
 
@@ -839,14 +841,21 @@ def _pools(top: _Fields) -> tuple[PoolSpec, ...]:
     d = PoolSpec()
     pools = []
     seen: set[str] = set()
+    served: dict[str, str] = {}
     for i, item in enumerate(items):
         f = r.fields(item, _join("pools", i), ("name", "cluster", "engine", "backends",
                                                "scrapeInterval", "scrapeTimeout", "breaker",
-                                               "leaseTimeout"), required=True)
+                                               "leaseTimeout", "models"), required=True)
         name = f.string("name", d.name)
         if name in seen:
             r.error(f.get("name") or item, f.field("name"), f"duplicate pool name {name!r}")
         seen.add(name)
+        models = _names(f, "models", "model")
+        for model in models:
+            if model in served:
+                r.error(f.get("models"), f.field("models"),
+                        f"model {model!r} is already served by pool {served[model]!r}")
+            served.setdefault(model, name)
         engine_node = f.get("engine")
         engine = (None if engine_node is None
                   else r.choice(engine_node, f.field("engine"), ENGINES, "engine"))
@@ -878,12 +887,31 @@ def _pools(top: _Fields) -> tuple[PoolSpec, ...]:
         )
         pools.append(PoolSpec(
             name=name, cluster=f.string("cluster", d.cluster), engine=engine or d.engine,
-            backends=tuple(backends),
+            backends=tuple(backends), models=models,
             scrape_interval_s=f.duration("scrapeInterval", d.scrape_interval_s),
             scrape_timeout_s=f.duration("scrapeTimeout", d.scrape_timeout_s),
             breaker=breaker, lease_timeout_s=f.duration("leaseTimeout", d.lease_timeout_s),
         ))
+    if len(pools) > 1 and sum(1 for p in pools if not p.models) > 1:
+        r.error(node, "pools", "with several pools, every pool but one must list its `models` "
+                "(a request is sent to the pool that serves its model)")
     return tuple(pools)
+
+
+def _names(f: _Fields, key: str, what: str) -> tuple[str, ...]:
+    """An optional list of distinct non-empty strings (model names)."""
+    node = f.get(key)
+    if node is None:
+        return ()
+    out: list[str] = []
+    for j, item in enumerate(f.r.seq(node, f.field(key)) or []):
+        value = f.r.string(item, _join(f.field(key), j))
+        if value is None:
+            continue
+        if value in out:
+            f.r.error(item, _join(f.field(key), j), f"duplicate {what} {value!r}")
+        out.append(value)
+    return tuple(out)
 
 
 def _features(top: _Fields) -> tuple[FeatureSpec, ...]:
@@ -943,13 +971,15 @@ def _retry_after(top: _Fields) -> RetryAfterSpec:
 
 
 def _requests(top: _Fields) -> RequestSpec:
-    f = top.sub("requests", ("priorityHeader", "featureHeader", "deadlineHeader", "bodyInspection",
-                             "maxBodyBytes", "defaultMaxTokens", "bytesPerToken"))
+    f = top.sub("requests", ("priorityHeader", "featureHeader", "deadlineHeader", "modelHeader",
+                             "bodyInspection", "maxBodyBytes", "defaultMaxTokens",
+                             "bytesPerToken"))
     d = RequestSpec()
     headers = {}
     for key, default in (("priorityHeader", d.priority_header),
                          ("featureHeader", d.feature_header),
-                         ("deadlineHeader", d.deadline_header)):
+                         ("deadlineHeader", d.deadline_header),
+                         ("modelHeader", d.model_header)):
         value = f.string(key, default).strip().lower()
         if not _HEADER_RE.fullmatch(value):
             f.r.error(f.get(key), f.field(key), f"{value!r} is not a valid HTTP header name")
@@ -959,7 +989,9 @@ def _requests(top: _Fields) -> RequestSpec:
         priority_header=headers["priorityHeader"],
         feature_header=headers["featureHeader"],
         deadline_header=headers["deadlineHeader"],
-        body_inspection=f.boolean("bodyInspection", d.body_inspection),
+        model_header=headers["modelHeader"],
+        body_inspection=(f.boolean("bodyInspection", False) if f.has("bodyInspection")
+                         else None),
         max_body_bytes=f.integer("maxBodyBytes", d.max_body_bytes, ge=1),
         default_max_tokens=f.integer("defaultMaxTokens", d.default_max_tokens, ge=1),
         bytes_per_token=f.number("bytesPerToken", d.bytes_per_token, gt=0),

@@ -17,6 +17,7 @@ from llmvalve.client import RetryPolicy, next_delay
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy import Policy
 from llmvalve.core.quantiles import delta, histogram_quantile
+from llmvalve.core.signals import windowed_mean
 from llmvalve.core.types import (
     Admit,
     BackendSnapshot,
@@ -67,7 +68,8 @@ class Gateway:
     admission: Admission
     healthy: list[bool]
     inflight: list[int]
-    prev_hist: dict[int, tuple[list[int], list[int], float, int]] = field(default_factory=dict)
+    prev_hist: dict[int, tuple[list[int], tuple[float, float], tuple[float, float]]] = field(
+        default_factory=dict)
     poll_at: float | None = None
     rr: int = 0
 
@@ -277,11 +279,10 @@ class Simulation:
             sample = Sample(st.req_id, st.ticket.pool, outcome,  # type: ignore[attr-defined]
                             ttft_s=(st.first_token_at - st.sent_at)
                             if st.first_token_at is not None else None,
-                            duration_s=now - st.sent_at, output_tokens=st.output_tokens,
-                            prompt_tokens=st.job.prompt_tokens)
-            prio, epoch = st.job.priority, st.ticket.epoch  # type: ignore[attr-defined]
+                            duration_s=now - st.sent_at, prompt_tokens=st.job.prompt_tokens)
+            epoch = st.ticket.epoch  # type: ignore[attr-defined]
             self.at(now + self.sc.als_delay_s,
-                    lambda t: g.admission.observe(sample, t, prio, epoch))
+                    lambda t: g.admission.observe(sample, t, epoch))
         self.poll(g, now)
 
     def scrape(self, g: Gateway, now: float) -> None:
@@ -293,27 +294,32 @@ class Simulation:
         self.at(now + self.sc.scrape_interval_s, lambda t: self.scrape(g, t))
 
     def _snapshot(self, g: Gateway, b: Backend, now: float) -> BackendSnapshot:
+        """What a scrape of `b` gives the gateway: the cumulative metrics reduced over the
+        window since this gateway's previous scrape, as `core.signals` reduces a /metrics
+        page."""
         if not b.alive:
             return BackendSnapshot(backend=f"b{b.index}", at=now, ok=False)
         e = b.engine
         m = e.metrics
+        itl = (m.itl.total, float(m.itl.count))
+        out = (m.output_tokens.total, float(m.output_tokens.count))
         prev = g.prev_hist.get(b.index)
-        itl_sum, itl_count = m.itl.total, m.itl.count
-        itl_mean = None
-        q_p90 = None
+        itl_mean = q_p90 = out_mean = None
+        finished = 0.0
         if prev is not None:
-            _, q_prev, s_prev, c_prev = prev
-            if itl_count > c_prev:
-                itl_mean = (itl_sum - s_prev) / (itl_count - c_prev)
+            q_prev, itl_prev, out_prev = prev
+            itl_mean, _ = windowed_mean(itl_prev, itl)
+            out_mean, finished = windowed_mean(out_prev, out)
             q_p90 = histogram_quantile(0.9, REQUEST_BUCKETS, delta(m.queue_time.counts, q_prev))
-        g.prev_hist[b.index] = (list(m.itl.counts), list(m.queue_time.counts), itl_sum, itl_count)
+        g.prev_hist[b.index] = (list(m.queue_time.counts), itl, out)
         return BackendSnapshot(
             backend=f"b{b.index}", at=now, ok=True, running=e.num_running,
             waiting=e.num_waiting, kv_usage=e.kv_usage,
             preemptions_total=m.preemptions_total,
             kv_capacity_tokens=e.num_blocks * e.profile.block_size,
             itl_mean_s=itl_mean, queue_time_p90_s=q_p90,
-            requests_finished_total=sum(m.finished.values()))
+            requests_finished_total=sum(m.finished.values()),
+            output_tokens_mean=out_mean, finished_in_window=finished)
 
     # ---- backends -------------------------------------------------------------------------
     def _step(self, b: Backend, now: float) -> None:
