@@ -353,7 +353,7 @@ class Admission:
         return min(times) if times else None
 
     def release(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
-        """The admitted request ended (ext_proc stream closed). Exactly once per ticket."""
+        """The admitted request ended (its access-log entry came). Exactly once per ticket."""
         pool = self.pools[ticket.pool]
         if pool.tickets.pop(ticket.request_id, None) is None:
             raise ValueError(f"ticket {ticket.request_id} released twice or never admitted")

@@ -946,9 +946,10 @@ def _features(top: _Fields) -> tuple[FeatureSpec, ...]:
                         r.error(fb.get(extra), fb.field(extra),
                                 "only used by `type: reroute`")
             elif kind == "reroute":
-                if not cluster.strip():
+                if not cluster.strip() and not model.strip():
                     r.error(fb.get("cluster") or fb.node, fb.field("cluster"),
-                            "a reroute fallback needs `cluster` (the fallback model's cluster)")
+                            "a reroute fallback needs `cluster` (the fallback model's cluster) "
+                            "or `model` (a model one of the pools serves)")
                 if fb.get("content") is not None:
                     r.error(fb.get("content"), fb.field("content"), "only used by `type: static`")
             fallback = FallbackSpec(kind or "static", content, cluster, model)
@@ -1046,6 +1047,7 @@ def load_policy(text: str, source: str = "policy.yaml", *,
     keys_elsewhere = secrets_node is not None or secrets is not None
     tenants = _finish_tenants(tenant_drafts, anonymous, keys_elsewhere, r)
     features = _features(top)
+    _check_reroutes(top, features, pools)
     retry_after = _retry_after(top)
     requests = _requests(top)
     failure_mode_allow = top.boolean("failureModeAllow", False)
@@ -1058,6 +1060,21 @@ def load_policy(text: str, source: str = "policy.yaml", *,
         failure_mode_allow=failure_mode_allow,
         version=hashlib.sha256(hashed.encode("utf-8")).hexdigest()[:12],
     )
+
+
+def _check_reroutes(top: _Fields, features: tuple[FeatureSpec, ...],
+                    pools: tuple[PoolSpec, ...]) -> None:
+    """A reroute without a cluster must name a model some pool serves."""
+    served = {m for p in pools for m in p.models}
+    node = top.get("features")
+    items = (top.r.seq(node, "features") or []) if node is not None else []
+    for i, (feature, item) in enumerate(zip(features, items, strict=False)):
+        fb = feature.fallback
+        if (fb is not None and fb.kind == "reroute" and not fb.cluster and fb.model
+                and fb.model not in served):
+            top.r.error(item, _join(_join("features", i), "fallback.model"),
+                        f"no pool serves the model {fb.model!r} (list it in a pool's "
+                        "`models`, or give the fallback a `cluster`)")
 
 
 def secrets_file_ref(text: str, source: str = "policy.yaml") -> tuple[str, int] | None:

@@ -25,6 +25,7 @@ from llmvalve.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("llmvalve.access_log")
 ID_HEADER = "x-llmvalve-id"
+NO_ADMISSION_ROUTE = "no_admission"  # Envoy's routes that skip the check (probes, model list)
 
 # ResponseFlags field → %RESPONSE_FLAGS% short name (those core.outcomes reads, and a few more).
 FLAG_NAMES = {
@@ -66,6 +67,7 @@ def entry_of(entry: accesslog_pb2.HTTPAccessLogEntry) -> LogEntry | None:
     check_id = entry.request.request_headers.get(ID_HEADER)
     common, response = entry.common_properties, entry.response
     if (not check_id or common.upstream_cluster == FALLBACK_CLUSTER
+            or common.route_name == NO_ADMISSION_ROUTE
             or response.response_code_details.startswith("ext_authz")):
         return None
     tags = common.custom_tags

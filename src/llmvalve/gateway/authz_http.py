@@ -37,6 +37,10 @@ CLUSTER_HEADER = "x-llmvalve-cluster"
 UPSTREAM_HEADER = "x-llmvalve-upstream"  # IP:PORT for the ORIGINAL_DST cluster
 ID_HEADER = "x-llmvalve-id"
 START_HEADER = "x-llmvalve-start"  # Envoy's %START_TIME(%s.%3f)%: when the request arrived
+# ext_authz takes an HTTP 5xx from its service for the service's own failure (and answers with
+# its status_on_error): "unavailable" goes on the wire as 418, which Envoy's local reply
+# mapper turns back into a 503 with our headers and body (templates/envoy.yaml.tmpl).
+UNAVAILABLE_ON_THE_WIRE = 418
 
 
 def go_headers(go: Go) -> dict[str, str]:
@@ -108,11 +112,12 @@ class AuthzHttp:
             feature.fallback, reason=reason, path=request.path,
             model=body.model if body is not None else None, stream=stream,
             request_id=request.headers.get("x-request-id", ""), created=int(self.wall_clock()))
-        return reply_response(reply)
+        return web.Response(status=reply.status, headers=dict(reply.headers), body=reply.body)
 
 
 def reply_response(reply: replies.Reply) -> web.Response:
-    return web.Response(status=reply.status, headers=dict(reply.headers), body=reply.body)
+    status = UNAVAILABLE_ON_THE_WIRE if reply.status >= 500 else reply.status
+    return web.Response(status=status, headers=dict(reply.headers), body=reply.body)
 
 
 def models_response(policy: Policy, created: int) -> web.Response:

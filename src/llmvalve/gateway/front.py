@@ -62,6 +62,7 @@ RECENT_TTL_S = 600.0
 # The control plane's own overload: a check that reaches it this late (seconds since Envoy got
 # the request) is shed at once, the top class last (rank r of the classes: TOP_LAG_S / 2^r).
 TOP_LAG_S = 1.0
+CLIENT_LEFT = frozenset({"DC", "DR"})  # %RESPONSE_FLAGS%: the downstream went away
 FALLBACK_CLUSTER = "llmvalve_fallback"  # the control plane itself serves static fallbacks
 DIRECT_CLUSTER = "llm_direct"  # ORIGINAL_DST: the backend the core picked, by address
 
@@ -166,6 +167,7 @@ class Joined:
     sample: Sample | None  # None: nothing for the limiter (cancelled, or not a latency)
     klass: str
     released: bool  # this entry closed the ticket (else it had been closed before)
+    client_left: bool = False  # the client went away before the answer was complete
 
 
 @dataclass
@@ -192,9 +194,11 @@ class Front:
 
     # ---- the check ---------------------------------------------------------------------------
     def check(self, check: Check, now: float) -> Verdict:
-        if check.check_id in self._waiting or self.admission.ticket(check.check_id):
-            raise ValueError(f"check id {check.check_id!r} is already in use")
         policy, spec = self.policy, self.policy.requests
+        if self._phase(check.check_id) is not None:  # Envoy's ids are unique: a bad caller
+            return Answer(check.check_id, replies.bad_request(
+                f"x-llmvalve-id {check.check_id!r} is already in use"),
+                Record("bad_request", "", "duplicate_id"))
         headers = check.headers
         classified = self.classifier.classify(headers.get("authorization"),
                                               headers.get(spec.priority_header))
@@ -221,7 +225,8 @@ class Front:
             return Answer(check.check_id, replies.model_not_allowed(model or ""),
                           Record("model_not_allowed", klass, "model_not_allowed",
                                  classified.tenant))
-        est = request_facts.estimate(spec, request_facts.content_length(headers), facts)
+        size = max(request_facts.content_length(headers), len(check.body or b""))
+        est = request_facts.estimate(spec, size, facts)
         deadline_ms = request_facts.deadline_ms(headers, spec.deadline_header)
         info = RequestInfo(
             request_id=check.check_id, tenant=classified.tenant, priority=classified.priority,
@@ -292,7 +297,8 @@ class Front:
                             ttft_s=entry.ttft_s if entry.streamed else None,
                             duration_s=entry.upstream_s, prompt_tokens=ticket.prompt_tokens)
             self.admission.observe(sample, now, ticket.epoch)
-        return Joined(ticket, outcome, sample, self._class_name(ticket.priority), released)
+        return Joined(ticket, outcome, sample, self._class_name(ticket.priority), released,
+                      bool(entry.flags & CLIENT_LEFT))
 
     def reclaim(self, now: float) -> list[Ticket]:
         """Release (DROPPED) tickets past their pool's lease timeout."""

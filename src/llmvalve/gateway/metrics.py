@@ -105,6 +105,9 @@ class GatewayMetrics:
         self.access_logs.labels("yes" if sample is not None else "no").inc()
         if joined.released:
             self.releases.labels(joined.outcome.value).inc()
+            if joined.client_left:
+                self.record(Record("cancelled_in_flight", klass, "cancelled",
+                                   joined.ticket.tenant), joined.ticket.request_id)
         if sample is None:
             return
         met: bool | None = None

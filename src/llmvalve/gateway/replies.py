@@ -1,6 +1,6 @@
 """The answers the gateway writes itself: shed (429/503), 401, 400 and static fallbacks.
 
-Plain values (status, headers, body); `extproc` turns them into an `ImmediateResponse`.
+Plain values (status, headers, body); the authorization adapters send them as the denial.
 Error bodies follow OpenAI's shape `{"error": {"message", "type", "code"}}` so the OpenAI
 SDKs raise their usual exceptions, and 429/503 carry `retry-after` (whole seconds, rounded
 up) and `retry-after-ms`, which the SDKs' retry loops honour.

@@ -96,10 +96,15 @@ def estimate(spec: RequestSpec, content_length: int, facts: BodyFacts | None) ->
 
 
 def content_length(headers: Mapping[str, str]) -> int:
-    try:
-        return max(0, int(headers.get("content-length", "0")))
-    except ValueError:
-        return 0
+    """The request body's size in bytes: Envoy copies the client's `content-length` into
+    `x-llmvalve-content-length` (the check's own content-length is that of the body it
+    forwards, which may be cut at its max_request_bytes)."""
+    for name in ("x-llmvalve-content-length", "content-length"):
+        try:
+            return max(0, int(headers.get(name, "")))
+        except ValueError:
+            continue
+    return 0
 
 
 def stream_hint(headers: Mapping[str, str]) -> bool | None:
