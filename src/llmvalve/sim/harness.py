@@ -29,7 +29,6 @@ from llmvalve.core.types import (
 )
 from llmvalve.engine.engine import Engine, PromptTooLong, StepResult
 from llmvalve.engine.metrics import REQUEST_BUCKETS
-from llmvalve.engine.profiles import get_profile
 from llmvalve.sim.scenario import Scenario
 from llmvalve.sim.workload import Job
 
@@ -107,7 +106,7 @@ class Simulation:
         self.sc = sc
         self.policy = policy
         self.controller = controller
-        self.profile = get_profile(sc.profile)
+        self.profile = sc.engine_profile()
         self.rng = random.Random(f"sim:{seed}:{controller}")
         self.backends = [Backend(i, Engine(self.profile, f"b{i}")) for i in range(sc.backends)]
         self.gateways = [
