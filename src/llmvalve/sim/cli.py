@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "limit per window in hindsight")
     p.add_argument("--oracle-window", type=float, default=20.0, metavar="S",
                    help="the hindsight oracle's window in seconds (default 20)")
+    p.add_argument("--capacity", action="store_true",
+                   help="measure what the backends can serve of this request mix and print "
+                   "the scenario's load factor (per seed)")
     p.add_argument("--json", action="store_true", help="print the results JSON only")
     p.add_argument("--plot", metavar="PNG", help="write time series (and sweep) plots")
     p.add_argument("--list", action="store_true", help="list the built-in scenarios")
@@ -59,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--gateways must be >= 1")
     if not args.oracle_window > 0:
         return _fail("--oracle-window must be > 0")
+    if args.capacity:
+        return _capacity(sc, seeds, args.json)
     t0 = time.perf_counter()
     try:
         result, runs = simulate_seeds(sc, ctrls, seeds, args.oracle, args.gateways,
@@ -99,3 +104,18 @@ def _print_extras(result: dict) -> None:
         for row in result["sweep"]:
             print(f"{row['load']:<5} " + " ".join(
                 f"{row['controllers'][n]['goodput_tok_s']:>12.0f}" for n in names))
+
+
+def _capacity(sc, seeds: list[int], as_json: bool) -> int:  # type: ignore[no-untyped-def]
+    from llmvalve.sim.capacity import measure
+
+    out = {str(s): measure(sc, s) for s in seeds}
+    if as_json:
+        print(json.dumps({"scenario": sc.name, "capacity": out}, indent=2))
+        return 0
+    for s, m in out.items():
+        print(f"{sc.name} seed {s}: offered {m['offered_tok_s']:.0f} output tok/s "
+              f"({m['offered_req_s']:.2f} req/s); capacity {m['capacity_tok_s']:.0f} tok/s "
+              f"({m['capacity_req_s']:.2f} req/s, best at {m['best_at']}); "
+              f"load factor {m['load_factor']}")
+    return 0

@@ -45,7 +45,7 @@ CLASS_KEYS = ("name", "priority", "tenant", "rate", "prompt", "output", "maxToke
               "cancel", "retry", "trace")
 DIST_KEYS = ("mean", "cv", "min", "max")
 TRACE_KEYS = ("file", "speed", "start", "split", "tenants")
-ONOFF_KEYS = ("on", "off", "onFor", "offFor")
+ONOFF_KEYS = ("onRate", "offRate", "onFor", "offFor")
 EXPECT_KEYS = ("doNoHarm", "p0WithinShare")
 RETRY_MODES = ("none", "jitter", "immediate")
 SHIPPED_TRACES = ("azure-conv",)
@@ -196,8 +196,8 @@ def _on_off(c: _Ctx, node: Node, field: str) -> OnOff | None:
     f = c.r.fields(node, field, ONOFF_KEYS)
     if f.node is None:
         return None
-    on = f.require("on")
-    on_rate = c.r.number(on, f.field("on"), ge=0) if on is not None else None
+    on = f.require("onRate")
+    on_rate = c.r.number(on, f.field("onRate"), ge=0) if on is not None else None
 
     def span(key: str) -> tuple[float, float]:
         n = f.get(key)
@@ -219,7 +219,7 @@ def _on_off(c: _Ctx, node: Node, field: str) -> OnOff | None:
     on_for, off_for = span("onFor"), span("offFor")
     if on_rate is None:
         return None
-    return OnOff(on_rate, f.number("off", 0.0, ge=0), on_for, off_for)
+    return OnOff(on_rate, f.number("offRate", 0.0, ge=0), on_for, off_for)
 
 
 def _rate(c: _Ctx, node: Node | None, field: str
@@ -236,7 +236,7 @@ def _rate(c: _Ctx, node: Node | None, field: str
     f = c.r.fields(node, field, ("ramp", "onOff"))
     if f.has("ramp") == f.has("onOff"):
         c.r.error(node, field, "a rate mapping has exactly one of ramp: [[time, req/s], ...] "
-                  "or onOff: {on, off, onFor, offFor}")
+                  "or onOff: {onRate, offRate, onFor, offFor}")
         return ((0.0, 0.0),), False, None
     if f.has("ramp"):
         ramp = f.get("ramp")

@@ -50,8 +50,7 @@ def _poisson(cls: TrafficClass, duration_s: float, scale: float,
              rng: random.Random, seed: int) -> list[float]:
     if cls.ramp:
         return _ramp(cls.rate, duration_s, scale, rng)
-    rate = cls.rate if cls.on_off is None else _on_off_steps(
-        cls.on_off, duration_s, random.Random(f"{seed}:{cls.name}:on-off"))
+    rate = cls.rate if cls.on_off is None else on_off_schedule(cls, duration_s, seed)
     return _steps(rate, duration_s, scale, rng)
 
 
@@ -111,9 +110,13 @@ def _on_off_steps(spec: OnOff, duration_s: float,
 
 def on_off_schedule(cls: TrafficClass, duration_s: float,
                     seed: int) -> tuple[tuple[float, float], ...]:
-    """The (time, req/s) steps an on/off class follows at this seed."""
-    assert cls.on_off is not None
-    return _on_off_steps(cls.on_off, duration_s, random.Random(f"{seed}:{cls.name}:on-off"))
+    """The (time, req/s) steps an on/off class follows at this seed. The periods depend only
+    on the seed and the period ranges: classes with the same onFor and offFor switch together
+    (one application's traffic, split by class)."""
+    spec = cls.on_off
+    assert spec is not None
+    rng = random.Random(f"{seed}:on-off:{spec.on_for_s}:{spec.off_for_s}")
+    return _on_off_steps(spec, duration_s, rng)
 
 
 @lru_cache(maxsize=4)
