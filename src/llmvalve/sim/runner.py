@@ -8,10 +8,11 @@ Oracles (`--oracle`): yardsticks computed from hindsight on the exact same reque
     each window's best limit independently from the sweep does not work in a simulator with
     memory: a window's choice leaves a backlog (or an idle pool) that the next window's choice
     was not measured with, and such a schedule often loses to a constant. So the schedule is
-    built greedily, window after window, from the best constant: each window tries the limits
-    under which the requests that *arrived* in it earned the most goodput in the sweep, and a
-    change is kept only when the whole run's goodput rises (a `schedule:` limit run). It is
-    never below `fixed`, and costs at most two runs per window.
+    searched greedily from the best constant: each window tries the limits under which the
+    requests that *arrived* in it earned the most goodput in the sweep, for that window alone
+    and from it on, and a change is kept only when the whole run's goodput rises (a
+    `schedule:` limit run); two passes. It is never below `fixed`; it is a lower bound of the
+    best schedule, not the best schedule itself.
 """
 
 from __future__ import annotations
@@ -106,25 +107,35 @@ def oracles(sc: Scenario, seed: int, policy: Policy, have: dict[str, RunResult],
 
 def _hindsight(sc: Scenario, seed: int, policy: Policy, sweep_runs: dict[str, RunResult],
                gp: dict[str, float], fixed: str, load_scale: float,
-               window_s: float) -> tuple[list[str], float, int]:
-    """Greedy, window by window from the first: start from the best constant; in each window
-    try the two limits under which that window's arrivals did best in the sweep (when they
-    beat the current choice there by more than 1 %), keep a change only if the whole run's
-    goodput rises. Never below the best constant; at most two runs per window."""
+               window_s: float, passes: int = 2) -> tuple[list[str], float, int]:
+    """Greedy search over per-window fixed limits, from the best constant. Window by window,
+    the two limits under which that window's arrivals did best in the sweep (when they beat
+    the current choice there by more than 1 %) are tried for that window alone and from that
+    window on; a change is kept only if the whole run's goodput rises. A second pass revisits
+    the windows, since a change is often worth it only together with a later one (raise the
+    limit while prompts are short, cut it when they grow). Never below the best constant."""
     by_window = {c: good_tokens_by_arrival(r, policy, window_s) for c, r in sweep_runs.items()}
     n = len(by_window[fixed])
     picks, best, tried = [fixed] * n, gp[fixed], 0
-    for w in range(n):
-        ranked = sorted(by_window, key=lambda c: -by_window[c][w])
-        for c in ranked[:2]:
-            if c == picks[w] or by_window[c][w] <= 1.01 * by_window[picks[w]][w]:
-                continue
-            trial = [*picks[:w], c, *picks[w + 1:]]
-            g = summarize(run_one(sc, _schedule_name(trial, window_s), seed, load_scale),
-                          policy)["goodput_tok_s"]
-            tried += 1
-            if g > best:
-                picks, best = trial, g
+    for _ in range(passes):
+        improved = False
+        for w in range(n):
+            ranked = sorted(by_window, key=lambda c: -by_window[c][w])
+            for c in ranked[:2]:
+                if c == picks[w] or by_window[c][w] <= 1.01 * by_window[picks[w]][w]:
+                    continue
+                alone = [*picks[:w], c, *picks[w + 1:]]
+                onward = [*picks[:w]] + [c] * (n - w)
+                for trial in (alone, onward) if alone != onward else (alone,):
+                    g = summarize(run_one(sc, _schedule_name(trial, window_s), seed,
+                                          load_scale), policy)["goodput_tok_s"]
+                    tried += 1
+                    if g > best:
+                        picks, best, improved = trial, g, True
+                if picks[w] == c:
+                    break
+        if not improved:
+            break
     return picks, best, tried
 
 
