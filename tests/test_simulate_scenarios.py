@@ -15,7 +15,10 @@ from llmvalve.sim.runner import run_one, simulate, sweep
 from llmvalve.sim.scenario import builtin_names, load_scenario
 
 BUILTINS = ["steady", "burst", "prompt-shift", "capacity-drop", "overload-sweep", "retry-storm",
-            "cancel-heavy", "multi-gateway", "noise", "azure-conv"]
+            "cancel-heavy", "multi-gateway", "noise", "azure-conv",
+            # issue 10: workloads written independently of the controller's tuning
+            "code-bursty", "code-bursty-3x", "heavy-tail", "tenant-flood", "slowdown-all",
+            "seq-cap", "calm-steady", "calm-bursty", "calm-ramp"]
 
 
 def att(result: dict, ctrl: str, prio: str = "0") -> float:

@@ -105,7 +105,7 @@ def test_per_tenant_results_add_up_to_their_class():
 
 def test_time_series_per_second():
     res = cli_json("--scenario", "steady", "--controllers", "none,adaptive")
-    for name, ctrl in res["controllers"].items():
+    for ctrl in res["controllers"].values():
         ts = ctrl["timeseries"]
         n = len(ts["t"])
         assert n >= 60 and ts["t"][:3] == [0.0, 1.0, 2.0]

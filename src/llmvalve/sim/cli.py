@@ -40,7 +40,7 @@ def _fail(msg: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from llmvalve.sim.report import table
-    from llmvalve.sim.runner import parse_seeds, simulate_seeds, sweep
+    from llmvalve.sim.runner import parse_seeds, simulate_seeds
     from llmvalve.sim.scenario import ScenarioError, builtin_names, load_scenario
 
     if args.list:
@@ -67,14 +67,11 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         result, runs = simulate_seeds(sc, ctrls, seeds, args.oracle, args.gateways,
-                                      args.oracle_window)
+                                      args.oracle_window, with_sweep=True)
     except ValueError as exc:  # e.g. a bad schedule: controller
         return _fail(str(exc))
     if not args.seeds:
         del result["seeds"]  # one seed: the JSON of before
-    if sc.sweep_loads:
-        result["sweep"] = sweep(sc, list(result["controllers"]), list(sc.sweep_loads),
-                                seeds[0])
     elapsed = time.perf_counter() - t0
     if args.plot:
         from llmvalve.sim.plot import plot_runs, plot_sweep
