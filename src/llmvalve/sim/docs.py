@@ -131,8 +131,9 @@ def _summary(results: dict[str, dict]) -> str:
                     f"{v['fixed']['mean']:.3f}) | {v['hindsight']['worst']:.3f} | "
                     f"{v['none']['worst']:.3f} | {summ['slo_attainment']['0']['worst']:.3f} | "
                     f"{summ['worst_seed']} |")
-    return ("## Summary: `adaptive` against the oracles\n\nWorst over seeds 1, 2, 3 of each "
-            "ratio (mean in brackets), and the worst seed's P0 attainment.\n\n"
+    return ("## Summary: `adaptive` against the oracles\n\nThe worst over seeds 1, 2, 3 of each "
+            "ratio (mean in brackets) and of P0 attainment; `worst seed` is where adaptive / best "
+            "fixed is lowest.\n\n"
             + "\n".join(rows) + "\n")
 
 

@@ -116,7 +116,7 @@ def _oracle_lines(result: dict) -> list[str]:
         lines.append(f"oracle: best fixed limit {o['controller']} → goodput "
                      f"{o['goodput_tok_s']:.0f} tok/s")
     orc = result.get("oracles")
-    if orc:
+    if orc and "hindsight" in orc:
         h = orc["hindsight"]
         sched = ", ".join(f"{t:g} s {c}" for t, c in h["schedule"])
         lines.append(f"oracles: none {orc['none']['goodput_tok_s']:.0f}, best fixed (static or "
@@ -150,10 +150,10 @@ def seeds_table(result: dict) -> str:
     runs = seeds["runs"]
     ctrls = list(summ)
     prios = sorted(result["controllers"][ctrls[0]]["classes"]) if ctrls else []
-    head = _head(prios, seed=True) + f" {'mean gp':>8}"
     oracle = "oracles" in result
-    if oracle:
-        head += f" {'/fixed':>7} {'/hindsi':>7} {'/none':>6}"
+    ratios = [k for k in ("fixed", "hindsight", "none") if k in result.get("oracles", {})]
+    head = _head(prios, seed=True) + f" {'mean gp':>8}" + "".join(
+        f" {'/' + k[:7]:>8}" for k in ratios)
     worst = ("lowest goodput / best fixed" if oracle else "lowest goodput")
     lines = [f"scenario {result['scenario']} (seeds {','.join(map(str, seeds['seeds']))}, "
              f"{result['duration_s']:.0f} s): each controller at its worst seed ({worst})",
@@ -162,23 +162,21 @@ def seeds_table(result: dict) -> str:
         s = str(summ[c]["worst_seed"])
         line = _row(c, runs[s]["controllers"][c], prios, f"{s:>4} ")
         line += f" {summ[c]['goodput_tok_s']['mean']:>8.0f}"
-        if oracle:
-            v = runs[s]["vs_oracle"][c]
-            line += f" {v['fixed']:>7.3f} {v['hindsight']:>7.3f} {v['none']:>6.3f}"
+        line += "".join(f" {runs[s]['vs_oracle'][c][k]:>8.3f}" for k in ratios)
         lines.append(line)
     if oracle:
         for s, r in runs.items():
             o = r["oracles"]
+            h = (f", hindsight {o['hindsight']['goodput_tok_s']:.0f}" if "hindsight" in o
+                 else "")
             lines.append(f"seed {s}: best static {o['static']['controller']} "
                          f"{o['static']['goodput_tok_s']:.0f}, none "
-                         f"{o['none']['goodput_tok_s']:.0f}, hindsight "
-                         f"{o['hindsight']['goodput_tok_s']:.0f} tok/s")
+                         f"{o['none']['goodput_tok_s']:.0f}{h} tok/s")
         for c in ctrls:
             v = summ[c]["vs_oracle"]
-            lines.append(f"{c}: × best fixed mean {v['fixed']['mean']:.3f} worst "
-                         f"{v['fixed']['worst']:.3f} (seed {v['fixed']['worst_seed']}); "
-                         f"× hindsight mean {v['hindsight']['mean']:.3f} worst "
-                         f"{v['hindsight']['worst']:.3f}")
+            lines.append(f"{c}: " + "; ".join(
+                f"x {k} mean {v[k]['mean']:.3f} worst {v[k]['worst']:.3f} (seed "
+                f"{v[k]['worst_seed']})" for k in ratios))
     return "\n".join(lines)
 
 

@@ -28,6 +28,7 @@ from llmvalve.sim.scenario import Scenario
 from llmvalve.sim.workload import generate
 
 ORACLE_WINDOW_S = 20.0
+ORACLES = ("fixed", "static", "none", "hindsight")
 
 
 def default_policy() -> Policy:
@@ -45,8 +46,10 @@ def run_one(sc: Scenario, controller: str, seed: int | None = None,
 
 def simulate(sc: Scenario, controllers: list[str] | None = None, seed: int | None = None,
              oracle: bool = False, gateways: int | None = None,
-             load_scale: float = 1.0,
-             oracle_window_s: float = ORACLE_WINDOW_S) -> tuple[dict, dict[str, RunResult]]:
+             load_scale: float = 1.0, oracle_window_s: float = ORACLE_WINDOW_S,
+             hindsight: bool = True) -> tuple[dict, dict[str, RunResult]]:
+    """Each controller on the scenario at one seed; with `oracle`, the oracles too (the
+    hindsight search, the costly part, can be left out)."""
     if gateways is not None:
         sc = replace(sc, gateways=gateways)
     seed = sc.seed if seed is None else seed
@@ -62,7 +65,7 @@ def simulate(sc: Scenario, controllers: list[str] | None = None, seed: int | Non
         out["controllers"][c]["timeseries"] = timeseries(runs[c])
     if oracle:
         out["oracle"], out["oracles"] = oracles(sc, seed, policy, runs, load_scale,
-                                                oracle_window_s)
+                                                oracle_window_s if hindsight else None)
         out["vs_oracle"] = {c: ratios(r["goodput_tok_s"], out["oracles"])
                             for c, r in out["controllers"].items()}
     return out, runs
@@ -72,7 +75,7 @@ def ratios(goodput: float, orc: dict) -> dict:
     """A controller's goodput over each oracle's (1.0 when the oracle has none either)."""
     def r(ref: float) -> float:
         return round(goodput / ref, 4) if ref > 0 else 1.0
-    return {k: r(orc[k]["goodput_tok_s"]) for k in ("fixed", "static", "none", "hindsight")}
+    return {k: r(orc[k]["goodput_tok_s"]) for k in ORACLES if k in orc}
 
 
 def _schedule_name(picks: list[str], window_s: float) -> str:
@@ -84,25 +87,24 @@ def _schedule_name(picks: list[str], window_s: float) -> str:
 
 
 def oracles(sc: Scenario, seed: int, policy: Policy, have: dict[str, RunResult],
-            load_scale: float, window_s: float) -> tuple[dict, dict]:
-    """(the best static limit as `oracle` always reported it, every oracle)."""
+            load_scale: float, window_s: float | None) -> tuple[dict, dict]:
+    """(the best static limit as `oracle` always reported it, every oracle; no hindsight
+    search when `window_s` is None)."""
     cands = [f"static:{n}" for n in sc.oracle_sweep] + ["none"]
     sweep_runs = {c: have.get(c) or run_one(sc, c, seed, load_scale) for c in cands}
     gp = {c: summarize(r, policy)["goodput_tok_s"] for c, r in sweep_runs.items()}
     static = max((c for c in cands if c != "none"), key=lambda c: gp[c])
     fixed = static if gp[static] >= gp["none"] else "none"
-    picks, best, tried = _hindsight(sc, seed, policy, sweep_runs, gp, fixed, load_scale,
-                                    window_s)
-    steps = [[w * window_s, c] for w, c in enumerate(picks) if w == 0 or picks[w - 1] != c]
     static_best = {"controller": static, "goodput_tok_s": gp[static]}
-    return static_best, {
-        "window_s": window_s,
-        "static": static_best,
-        "none": {"controller": "none", "goodput_tok_s": gp["none"]},
-        "fixed": {"controller": fixed, "goodput_tok_s": gp[fixed]},
-        "hindsight": {"goodput_tok_s": best, "schedule": steps, "runs": tried},
-        "sweep": gp,
-    }
+    out = {"window_s": window_s, "static": static_best,
+           "none": {"controller": "none", "goodput_tok_s": gp["none"]},
+           "fixed": {"controller": fixed, "goodput_tok_s": gp[fixed]}, "sweep": gp}
+    if window_s is not None:
+        picks, best, tried = _hindsight(sc, seed, policy, sweep_runs, gp, fixed, load_scale,
+                                        window_s)
+        steps = [[w * window_s, c] for w, c in enumerate(picks) if w == 0 or picks[w - 1] != c]
+        out["hindsight"] = {"goodput_tok_s": best, "schedule": steps, "runs": tried}
+    return static_best, out
 
 
 def _hindsight(sc: Scenario, seed: int, policy: Policy, sweep_runs: dict[str, RunResult],
@@ -141,15 +143,15 @@ def _hindsight(sc: Scenario, seed: int, policy: Policy, sweep_runs: dict[str, Ru
 
 def simulate_seeds(sc: Scenario, controllers: list[str] | None, seeds: list[int],
                    oracle: bool = False, gateways: int | None = None,
-                   oracle_window_s: float = ORACLE_WINDOW_S,
-                   with_sweep: bool = False) -> tuple[dict, dict[str, RunResult]]:
+                   oracle_window_s: float = ORACLE_WINDOW_S, with_sweep: bool = False,
+                   hindsight: bool = True) -> tuple[dict, dict[str, RunResult]]:
     """Every seed in turn. The top-level fields are the first seed's, exactly as a one-seed
     run prints them; `seeds` holds each seed's results and the mean and worst over seeds."""
     per: dict[int, dict] = {}
     first_runs: dict[str, RunResult] = {}
     for s in seeds:
         res, runs = simulate(sc, controllers, s, oracle, gateways,
-                             oracle_window_s=oracle_window_s)
+                             oracle_window_s=oracle_window_s, hindsight=hindsight)
         if with_sweep and sc.sweep_loads:
             res["sweep"] = sweep(sc, list(res["controllers"]), list(sc.sweep_loads), s)
         per[s] = res
@@ -188,7 +190,7 @@ def seed_summary(per: dict[int, dict]) -> dict:
         out["controllers"][c] = entry
     if "oracles" in first:
         out["oracles"] = {k: _stat({s: r["oracles"][k]["goodput_tok_s"] for s, r in per.items()})
-                          for k in ("static", "none", "fixed", "hindsight")}
+                          for k in ORACLES if k in first["oracles"]}
     return out
 
 
