@@ -118,3 +118,15 @@ def test_time_series_per_second():
     assert res["controllers"]["none"]["timeseries"]["limit"][5] is None  # unlimited
     adaptive = res["controllers"]["adaptive"]["timeseries"]
     assert adaptive["limit_unit"] == "tokens" and adaptive["limit"][5] > 0
+
+
+def test_capacity_and_load_factor():
+    from llmvalve.sim.capacity import measure
+
+    # steady says "about half of two small backends"
+    m = measure(load_scenario("steady"), 1)
+    assert 0.35 <= m["load_factor"] <= 0.6, m
+    assert m["capacity_req_s"] > 4.0 and m["best_at"]
+    out = subprocess.run([sys.executable, "-m", "llmvalve.cli", "simulate", "--list"],
+                         capture_output=True, text=True, check=True)
+    assert "code-bursty" in out.stdout.split()

@@ -12,7 +12,7 @@ _CONTROLLER_RE = re.compile(r"none|seed|adaptive|static(:[1-9][0-9]*)?|schedule:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenario", required=True, help="built-in name or a YAML file")
+    p.add_argument("--scenario", help="built-in name or a YAML file (required but with --list)")
     p.add_argument("--controllers", help="comma list: none,static:N,seed,adaptive "
                    "(default: the scenario's)")
     p.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         print("\n".join(builtin_names()))
         return 0
+    if not args.scenario:
+        return _fail("--scenario is required (--list names the built-ins)")
     try:
         sc = load_scenario(args.scenario)
         seeds = parse_seeds(args.seeds) if args.seeds else [sc.seed if args.seed is None
