@@ -81,13 +81,13 @@ def test_hindsight_finds_a_better_schedule_when_the_best_limit_moves():
 
 
 def test_a_schedule_limit_follows_its_steps():
-    lim = make_limit("schedule:0=4,10=none,20=8", default_policy(), 0.0)
+    lim = make_limit("schedule:0=4/10=none/20=8", default_policy(), 0.0)
     assert (lim.limit(), lim.next_update()) == (4.0, 10.0)
     assert lim.update(9.9, 0.0) == 4.0
     assert lim.update(10.0, 0.0) == float("inf") and lim.next_update() == 20.0
     assert lim.update(25.0, 0.0) == 8.0 and lim.next_update() is None
     with pytest.raises(ValueError):
-        make_limit("schedule:5=4,2=8", default_policy(), 0.0)
+        make_limit("schedule:5=4/2=8", default_policy(), 0.0)
 
 
 def test_per_tenant_results_add_up_to_their_class():

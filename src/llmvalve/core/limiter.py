@@ -157,7 +157,7 @@ class SeedLimit(_Passive):
 class ScheduledLimit(_Passive):
     """A fixed limit that changes at set times: from each (time, N) on the limit is N requests
     (None: unlimited) until the next. The simulator's hindsight oracle runs one; nothing in
-    production does (written `schedule:0=40,20=96,40=none`)."""
+    production does (written `schedule:0=40/20=96/40=none`)."""
 
     unit = "requests"
 
@@ -170,15 +170,15 @@ class ScheduledLimit(_Passive):
         if any(n is not None and n < 1 for _, n in schedule):
             raise ValueError("scheduled limits must be >= 1 (or none)")
         self.schedule = schedule
-        self.name = "schedule:" + ",".join(f"{t:g}={'none' if n is None else n}"
+        self.name = "schedule:" + "/".join(f"{t:g}={'none' if n is None else n}"
                                            for t, n in schedule)
         self._i = 0
 
     @classmethod
     def parse(cls, text: str) -> ScheduledLimit:
-        """`0=40,20=96,40=none` → from t = 0 s 40, from 20 s 96, from 40 s unlimited."""
+        """`0=40/20=96/40=none` → from t = 0 s 40, from 20 s 96, from 40 s unlimited."""
         steps: list[tuple[float, int | None]] = []
-        for part in text.split(","):
+        for part in text.split("/"):
             t, sep, n = part.partition("=")
             if not sep:
                 raise ValueError(f"bad schedule step {part!r}: expected TIME=LIMIT")

@@ -82,7 +82,7 @@ def _schedule_name(picks: list[str], window_s: float) -> str:
     steps = [(w * window_s, c) for w, c in enumerate(picks) if w == 0 or picks[w - 1] != c]
     if len(steps) == 1:
         return steps[0][1]
-    return "schedule:" + ",".join(
+    return "schedule:" + "/".join(
         f"{t:g}={'none' if c == 'none' else c.split(':')[1]}" for t, c in steps)
 
 
