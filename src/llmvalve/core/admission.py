@@ -45,7 +45,7 @@ from typing import Protocol
 
 from llmvalve.core.adaptive import AdaptiveLimit
 from llmvalve.core.breaker import Breaker
-from llmvalve.core.limiter import Limit, SeedLimit, StaticLimit, Unlimited
+from llmvalve.core.limiter import Limit, ScheduledLimit, SeedLimit, StaticLimit, Unlimited
 from llmvalve.core.picker import Picker
 from llmvalve.core.policy import BreakerSpec, DropPolicy, Policy, PoolSpec
 from llmvalve.core.scheduler import Scheduler, Waiting
@@ -78,6 +78,8 @@ def make_limit(controller: str, policy: Policy, now: float) -> Limit:
         return StaticLimit(policy.limiter.static.limit)
     if controller.startswith("static:"):
         return StaticLimit(int(controller.split(":", 1)[1]))
+    if controller.startswith("schedule:"):  # the simulator's hindsight oracle
+        return ScheduledLimit.parse(controller.split(":", 1)[1])
     raise ValueError(f"unknown controller {controller!r} (none, static:N, seed, adaptive)")
 
 

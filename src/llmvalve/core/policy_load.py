@@ -1115,3 +1115,10 @@ def load_policy_file(path: str | Path) -> Policy:
             raise PolicyError(_sorted([*err.errors, issue], source)) from None
         raise PolicyError([issue]) from None
     return load_policy(text, source, secrets=(secrets_text, str(secrets_path)))
+
+
+# The node reader, for other YAML formats that want the policy's care (line numbers, unknown
+# keys named, every issue collected): `llmvalve.sim.scenario_load` reads scenarios with it.
+NodeReader = _Reader
+NodeFields = _Fields
+compose_document = _compose

@@ -30,7 +30,6 @@ from llmvalve.core.types import (
 )
 from llmvalve.engine.engine import Engine, PromptTooLong, StepResult
 from llmvalve.engine.metrics import REQUEST_BUCKETS
-from llmvalve.engine.profiles import get_profile
 from llmvalve.sim.scenario import Scenario
 from llmvalve.sim.workload import Job
 
@@ -88,6 +87,11 @@ class TimePoint:
     rejections: int
     live_backends: int
     preemptions: int  # cumulative
+    inflight_by_class: dict[int, float] = field(default_factory=dict)  # in the limit's unit
+    kv_usage_max: float = 0.0  # the fullest live backend
+    saturation: float = 0.0  # the limiter's σ (0 for limits that do not measure it)
+    pressure: float | None = None  # adaptive: r at its last window
+    action: str = ""  # adaptive: what its last window did
 
 
 @dataclass
@@ -109,7 +113,7 @@ class Simulation:
         self.sc = sc
         self.policy = policy
         self.controller = controller
-        self.profile = get_profile(sc.profile)
+        self.profile = sc.engine_profile()
         self.rng = random.Random(f"sim:{seed}:{controller}")
         self.backends = [Backend(i, Engine(self.profile, f"b{i}")) for i in range(sc.backends)]
         self.gateways = [
@@ -369,25 +373,36 @@ class Simulation:
     def tick(self, now: float) -> None:
         live = [b for b in self.backends if b.alive]
         kv = sum(b.engine.kv_usage for b in live) / max(1, len(live))
-        self.kv_max = max(self.kv_max, max((b.engine.kv_usage for b in live), default=0.0))
+        kv_top = max((b.engine.kv_usage for b in live), default=0.0)
+        self.kv_max = max(self.kv_max, kv_top)
         depth: dict[int, int] = {}
-        limit = inflight_cost = 0.0
+        by_class: dict[int, float] = {}
+        limit = inflight_cost = sigma = 0.0
         inflight_req = 0
         unit = "requests"
+        pressure: float | None = None
+        action = ""
         for g in self.gateways:
             for pool in g.admission.pools.values():
                 limit += pool.current_limit()
                 inflight_cost += pool.inflight
                 inflight_req += len(pool.tickets)
                 unit = pool.limit.unit
+                sigma = max(sigma, pool.limit.saturation(now))
+                st = pool.limit.status()
+                if st.get("pressure") is not None:
+                    pressure = max(pressure or 0.0, st["pressure"])
+                    action = st.get("last_action", "")
                 for p in self.policy.priorities:
                     depth[p] = depth.get(p, 0) + pool.scheduler.depth(p)
+                    by_class[p] = by_class.get(p, 0.0) + pool.inflight_by_class.get(p, 0.0)
         self.timeseries.append(TimePoint(
             now, limit, unit, inflight_req, inflight_cost, kv,
             sum(b.engine.num_waiting for b in live), sum(b.engine.num_running for b in live),
             depth, self.rejections_since_tick, len(live),
             self.dead_preemptions + sum(b.engine.metrics.preemptions_total
-                                        for b in self.backends)))
+                                        for b in self.backends),
+            by_class, kv_top, sigma, pressure, action))
         self.rejections_since_tick = 0
         if now < self.sc.duration_s + DRAIN_LIMIT_S:
             self.at(now + 1.0, self.tick)
