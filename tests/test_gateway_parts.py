@@ -9,7 +9,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 from envoy.data.accesslog.v3 import accesslog_pb2
-from llmvalve.gateway.als import flags_of, sample_of
 
 from llmvalve.core.policy import (
     SEED_QUEUES,
@@ -22,6 +21,7 @@ from llmvalve.core.policy import (
 from llmvalve.core.types import Admit, Outcome, Queued, Reason, Reject, Ticket
 from llmvalve.gateway import reading, replies
 from llmvalve.gateway.admin import AdminState, build_app
+from llmvalve.gateway.als import flags_of, sample_of
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.metrics import GatewayMetrics
 from llmvalve.gateway.scraper import Scraper

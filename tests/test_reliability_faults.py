@@ -17,12 +17,12 @@ from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf import wrappers_pb2
-from llmvalve.gateway.als import AccessLogServicer
 
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy_load import hash_api_key, load_policy
 from llmvalve.core.signals import SignalReader
 from llmvalve.core.types import Admit, Outcome, RequestInfo
+from llmvalve.gateway.als import AccessLogServicer
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.scraper import Scraper
 from llmvalve.server import ControlPlane
