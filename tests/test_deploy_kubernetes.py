@@ -246,8 +246,8 @@ def test_sim_backends_are_what_envoy_and_the_scraper_expect(deployment):
 
 # -- compose ------------------------------------------------------------------------------------
 def compose_schema() -> dict:
-    """The Compose specification's schema as check-jsonschema vendors it (SchemaStore copy of
-    compose-spec/compose-spec, Apache-2.0: licence beside it in that package)."""
+    """The Compose specification's JSON schema (compose-spec/compose-spec, Apache-2.0) as the
+    check-jsonschema wheel vendors it, its licence in that package's vendor/licenses/."""
     vendor = resources.files("check_jsonschema.builtin_schemas.vendor")
     return json.loads(vendor.joinpath("compose-spec.json").read_text())
 
