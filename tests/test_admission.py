@@ -31,7 +31,6 @@ from llmvalve.core.types import (
     Reason,
     Reject,
     RequestInfo,
-    Sample,
     Ticket,
 )
 

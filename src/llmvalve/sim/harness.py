@@ -1,6 +1,7 @@
-"""Virtual-time harness: scenario traffic → gateway replicas (the real `Admission` core) →
-simulated engines (the real `Engine`), with feedback arriving as it would in production: backend
-metrics by periodic scrape, per-request samples by access log a little after each request ends.
+"""Virtual-time harness: scenario traffic → gateway replicas (the production `Front` over the
+`Admission` core, fed what Envoy would show it: sim/gateway.py) → simulated engines (the real
+`Engine`), with feedback arriving as it does in production: backend metrics by periodic scrape,
+each request's end (its slot's release, its latency) by access log a little after it ends.
 
 The clock is the event heap, keyed (time, sequence): time moves only when an event is popped,
 so the same scenario and seed give the same numbers, to the last digit.
@@ -18,20 +19,16 @@ from llmvalve.core.admission import Admission
 from llmvalve.core.policy import Policy
 from llmvalve.core.quantiles import delta, histogram_quantile
 from llmvalve.core.signals import windowed_mean
-from llmvalve.core.types import (
-    Admit,
-    BackendSnapshot,
-    Outcome,
-    Queued,
-    Reason,
-    Reject,
-    RequestInfo,
-    Sample,
-)
+from llmvalve.core.types import BackendSnapshot
 from llmvalve.engine.engine import Engine, PromptTooLong, StepResult
 from llmvalve.engine.metrics import REQUEST_BUCKETS
+from llmvalve.gateway.front import Answer, Front, Go, Verdict, Wait
+from llmvalve.sim import gateway as sim_gateway
 from llmvalve.sim.scenario import Scenario
 from llmvalve.sim.workload import Job
+
+MAINTAIN_EVERY_S = 1.0  # as the production driver: reclaim leases, reconcile slots
+DROPPED_REASONS = ("queue_timeout", "client_deadline")  # waited, then shed: "dropped"
 
 DRAIN_LIMIT_S = 120.0  # after the traffic stops, how long unfinished requests may still finish
 
@@ -64,7 +61,7 @@ class Backend:
 @dataclass
 class Gateway:
     index: int
-    admission: Admission
+    front: Front
     healthy: list[bool]
     inflight: list[int]
     prev_hist: dict[int, tuple[list[int], tuple[float, float], tuple[float, float]]] = field(
@@ -111,13 +108,13 @@ class Simulation:
     def __init__(self, sc: Scenario, policy: Policy, controller: str, jobs: list[Job],
                  seed: int = 1) -> None:
         self.sc = sc
-        self.policy = policy
+        self.policy = policy = sim_gateway.sim_policy(policy, jobs)
         self.controller = controller
         self.profile = sc.engine_profile()
         self.rng = random.Random(f"sim:{seed}:{controller}")
         self.backends = [Backend(i, Engine(self.profile, f"b{i}")) for i in range(sc.backends)]
         self.gateways = [
-            Gateway(g, Admission(policy, random.Random(f"gw:{seed}:{g}"), controller),
+            Gateway(g, Front(Admission(policy, random.Random(f"gw:{seed}:{g}"), controller)),
                     [True] * sc.backends, [0] * sc.backends)
             for g in range(sc.gateways)]
         self.states = [JobState(j) for j in jobs]
@@ -146,6 +143,7 @@ class Simulation:
         for g in self.gateways:
             offset = self.sc.scrape_interval_s * g.index / max(1, len(self.gateways))
             self.at(offset, lambda now, g=g: self.scrape(g, now))
+            self.at(MAINTAIN_EVERY_S, lambda now, g=g: self.maintain(g, now))
         self.at(0.0, self.tick)
         end = self.sc.duration_s + DRAIN_LIMIT_S
         while self.heap:
@@ -175,30 +173,30 @@ class Simulation:
         st.gateway = g.index
         st.req_id = f"{job.job_id}.{st.attempt}"
         self.by_req[st.req_id] = st
-        info = RequestInfo(st.req_id, job.tenant, job.priority, 0.0, job.prompt_tokens,
-                           job.max_tokens)
-        decision = g.admission.submit(info, now)
-        if isinstance(decision, Queued):
+        check = sim_gateway.check_of(job, st.req_id, self.policy, job.cls.stream)
+        verdict = g.front.check(check, now)
+        if isinstance(verdict, Wait):
             st.status = "queued"
             self._schedule_poll(g, now)
         else:
-            self.decided(g, decision, now)
+            self.decided(g, verdict, now)
 
     def cancel(self, st: JobState, now: float) -> None:
         if st.status == "queued":
-            self.gateways[st.gateway].admission.cancel(st.req_id, now)
+            self.gateways[st.gateway].front.client_left(st.req_id, now)
         elif st.status == "running":
-            self._end_on_backend(st, Outcome.IGNORE, now)
+            self._end_on_backend(st, now, client_left=True)
         elif st.status != "pending":
             return
         self._settle(st, "cancelled", now)
 
-    def rejected(self, st: JobState, reject: Reject, now: float) -> None:
-        self.retry_after.append(reject.retry_after_s)
+    def rejected(self, st: JobState, answer: Answer, now: float) -> None:
+        retry_after = sim_gateway.retry_after_s(answer)
+        if retry_after is not None:
+            self.retry_after.append(retry_after)
         self.rejections_since_tick += 1
-        final = "dropped" if reject.reason in (Reason.QUEUE_TIMEOUT, Reason.DEADLINE) \
-            else "rejected"
-        self._retry_or_settle(st, reject.retry_after_s, final, now)
+        final = "dropped" if answer.record.reason in DROPPED_REASONS else "rejected"
+        self._retry_or_settle(st, retry_after, final, now)
 
     def _retry_or_settle(self, st: JobState, retry_after_s: float | None, final: str,
                          now: float) -> None:
@@ -215,7 +213,7 @@ class Simulation:
 
     # ---- gateways -------------------------------------------------------------------------
     def _schedule_poll(self, g: Gateway, now: float) -> None:
-        t = g.admission.next_deadline()
+        t = g.front.next_deadline()
         if t is None:
             return
         t = max(t, now)
@@ -230,32 +228,45 @@ class Simulation:
             self.poll(g, now)
 
     def poll(self, g: Gateway, now: float) -> None:
-        for d in g.admission.poll(now):
-            self.decided(g, d, now)
+        for verdict in g.front.poll(now):
+            self.decided(g, verdict, now)
         self._schedule_poll(g, now)
 
-    def decided(self, g: Gateway, d: Admit | Reject, now: float) -> None:
-        st = self.by_req[d.request_id]
-        if isinstance(d, Reject):
-            self.rejected(st, d, now)
+    def maintain(self, g: Gateway, now: float) -> None:
+        g.front.reclaim(now)
+        if g.front.reconcile(now):
+            self.poll(g, now)
+        if now < self.sc.duration_s + DRAIN_LIMIT_S:
+            self.at(now + MAINTAIN_EVERY_S, lambda t: self.maintain(g, t))
+
+    def decided(self, g: Gateway, verdict: Verdict, now: float) -> None:
+        st = self.by_req[verdict.check_id]
+        if isinstance(verdict, Answer):
+            self.rejected(st, verdict, now)
             return
-        st.ticket = d.ticket
-        st.queue_wait_s += d.wait_s
-        b = int(d.ticket.backend[1:]) if d.ticket.backend else self._route(g)
+        assert isinstance(verdict, Go)
+        if verdict.ticket is None:  # a static fallback answered it: not served by a backend
+            self._settle(st, "rejected", now)
+            return
+        st.ticket = verdict.ticket
+        st.queue_wait_s += verdict.ticket.wait_s
+        backend_name = verdict.ticket.backend
+        b = int(backend_name[1:]) if backend_name else self._route(g)
         backend = self.backends[b]
         st.backend = b
         st.sent_at = now
         st.status = "running"
+        st.first_token_at = None
         g.inflight[b] += 1
         if not backend.alive:
-            self._end_on_backend(st, Outcome.DROPPED, now)
+            self._end_on_backend(st, now, status=503, failed=True)
             self._retry_or_settle(st, None, "dropped", now)
             return
         try:
             backend.engine.add(st.req_id, st.job.prompt_tokens, st.job.output_tokens, now,
                                st.job.max_tokens)
         except PromptTooLong:  # the backend answers 400: not an overload signal
-            self._end_on_backend(st, Outcome.IGNORE, now)
+            self._end_on_backend(st, now, status=400)
             self._settle(st, "rejected", now)
             return
         backend.requests.add(st.req_id)
@@ -270,30 +281,32 @@ class Simulation:
         g.rr += 1
         return min(candidates, key=lambda i: (g.inflight[i], (i - g.rr) % n))
 
-    def _end_on_backend(self, st: JobState, outcome: Outcome, now: float) -> None:
+    def _end_on_backend(self, st: JobState, now: float, status: int | None = 200,
+                        client_left: bool = False, failed: bool = False) -> None:
+        """The request ends at the backend; its access-log entry reaches the gateway
+        `als_delay_s` later (which releases its slot)."""
         backend = self.backends[st.backend]
         if backend.alive and backend.engine.has(st.req_id):
             backend.engine.abort(st.req_id, now)
         backend.requests.discard(st.req_id)
         g = self.gateways[st.gateway]
         g.inflight[st.backend] -= 1
-        g.admission.release(st.ticket, outcome, now)  # type: ignore[arg-type]
         st.status = "ended"
-        if outcome is not Outcome.IGNORE:
-            sample = Sample(st.req_id, st.ticket.pool, outcome,  # type: ignore[attr-defined]
-                            ttft_s=(st.first_token_at - st.sent_at)
-                            if st.first_token_at is not None else None,
-                            duration_s=now - st.sent_at, prompt_tokens=st.job.prompt_tokens)
-            epoch = st.ticket.epoch  # type: ignore[attr-defined]
-            self.at(now + self.sc.als_delay_s,
-                    lambda t: g.admission.observe(sample, t, epoch))
-        self.poll(g, now)
+        entry = sim_gateway.log_entry(
+            st.req_id, status, sent_at=st.sent_at, first_token_at=st.first_token_at,
+            ended_at=now, streamed=st.job.cls.stream, client_left=client_left, failed=failed)
+
+        def logged(t: float) -> None:
+            g.front.access_log(entry, t)
+            self.poll(g, t)
+
+        self.at(now + self.sc.als_delay_s, logged)
 
     def scrape(self, g: Gateway, now: float) -> None:
         for b in self.backends:
             snap = self._snapshot(g, b, now)
             g.healthy[b.index] = snap.ok
-            g.admission.on_snapshot("default", snap, now)
+            g.front.on_snapshot(self.policy.pools[0].name, snap, now)
         self._schedule_poll(g, now)
         self.at(now + self.sc.scrape_interval_s, lambda t: self.scrape(g, t))
 
@@ -345,7 +358,7 @@ class Simulation:
                 st.first_token_at = now
             st.output_tokens = ev.generated
             if ev.finished:
-                self._end_on_backend(st, Outcome.SUCCESS, now)
+                self._end_on_backend(st, now)
                 self._settle(st, "completed", now)
         self._step(b, now)
 
@@ -362,7 +375,7 @@ class Simulation:
             for req_id in list(b.requests):
                 st = self.by_req[req_id]
                 if st.status == "running":
-                    self._end_on_backend(st, Outcome.DROPPED, now)
+                    self._end_on_backend(st, now, status=503, failed=True)
                     self._retry_or_settle(st, None, "dropped", now)
         if ev.rejoin and not b.alive:
             b.engine = Engine(self.profile, f"b{b.index}")
@@ -383,7 +396,7 @@ class Simulation:
         pressure: float | None = None
         action = ""
         for g in self.gateways:
-            for pool in g.admission.pools.values():
+            for pool in g.front.admission.pools.values():
                 limit += pool.current_limit()
                 inflight_cost += pool.inflight
                 inflight_req += len(pool.tickets)
