@@ -61,7 +61,7 @@ def test_tenant_labels_are_bounded():
 def joined(klass: str, wait_s: float, outcome: Outcome, ttft_s: float | None) -> Joined:
     ticket = Ticket("r", "d", 0, "t", 1.0, 0.0, 0, wait_s=wait_s)
     sample = None if outcome is Outcome.IGNORE else Sample("r", "d", outcome, ttft_s=ttft_s)
-    return Joined(ticket, outcome, sample, klass, released=True)
+    return Joined(ticket, outcome, sample, klass, released=True, ttft_s=ttft_s)
 
 
 def test_slo_judges_ttft_at_the_gateway_and_counts_sheds_as_misses():
@@ -72,7 +72,7 @@ def test_slo_judges_ttft_at_the_gateway_and_counts_sheds_as_misses():
     metrics.joined(joined("p0", 1.5, Outcome.SUCCESS, 1.0))  # 2.5 s: missed
     metrics.joined(joined("p0", 0.0, Outcome.IGNORE, None))  # cancelled: not judged
     metrics.joined(joined("p0", 0.0, Outcome.DROPPED, None))  # the backend failed: missed
-    metrics.joined(joined("p0", 0.0, Outcome.SUCCESS, None))  # not streamed: no TTFT, not judged
+    metrics.joined(joined("p0", 0.0, Outcome.SUCCESS, None))  # no first byte seen: not judged
     assert value(metrics, "llmvalve_ttft_seconds_count", **{"class": "p0"}) == 2
     slo = metrics.slo
     slo.judge("p2", False, 3.0)

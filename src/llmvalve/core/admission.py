@@ -122,6 +122,7 @@ class _Pool:
     pushed_out: list[Reject] = field(default_factory=list)  # for the next poll()
     # The pool's mean answer length (tokens), learned from the backends' metrics.
     expected_output: float | None = None
+    samples: int = 0  # access-log samples received
 
     def current_limit(self) -> float:
         return self.override if self.override is not None else self.limit.limit()
@@ -374,6 +375,7 @@ class Admission:
     def observe(self, sample: Sample, now: float, ticket_epoch: int | None = None) -> None:
         """Per-request feedback (an access-log entry joined to its ticket), after release."""
         pool = self._pool(sample.pool)
+        pool.samples += 1
         pool.limit.on_sample(sample, pool.limit.epoch if ticket_epoch is None else ticket_epoch,
                              now)
 
@@ -465,6 +467,8 @@ class Admission:
                 "override_expires_in_s": (None if pool.override_until is None
                                           else max(0.0, pool.override_until - now)),
                 "breaker": pool.breaker.state(now).value,
+                "samples": pool.samples,
+                "expected_output_tokens": pool.expected_output,
                 "limiter": pool.limit.status(),
                 "classes": {
                     str(q.priority): {

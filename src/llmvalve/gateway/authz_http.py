@@ -7,7 +7,9 @@ answers itself (static fallbacks, the model list).
                                   response); any other status = the answer the client gets.
     any path, x-llmvalve-fallback: static
                                   a request Envoy routed here for its static fallback answer
-    GET /v1/models                the models of every pool (OpenAI's list shape)
+    GET /v1/models                the models of every pool (OpenAI's list shape): the pools'
+                                  `models`, and for a pool that lists none, what its backends
+                                  serve (asked at their API, cached for MODELS_TTL_S)
     GET /healthz                  Envoy's health check of this listener
 
 A check held in a queue is an open HTTP request; the client leaving makes Envoy close that
@@ -17,11 +19,12 @@ aiohttp's low-level server: no router, no middleware, one function per request.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
+import aiohttp
 from aiohttp import web
 
 from llmvalve.core.policy import Policy
@@ -41,6 +44,7 @@ START_HEADER = "x-llmvalve-start"  # Envoy's %START_TIME(%s.%3f)%: when the requ
 # its status_on_error): "unavailable" goes on the wire as 418, which Envoy's local reply
 # mapper turns back into a 503 with our headers and body (templates/envoy.yaml.tmpl).
 UNAVAILABLE_ON_THE_WIRE = 418
+MODELS_TTL_S = 10.0
 
 
 def go_headers(go: Go) -> dict[str, str]:
@@ -66,6 +70,7 @@ class AuthzHttp:
         self.driver = driver
         self.wall_clock = wall_clock
         self.server = web.Server(self.handle, handler_cancellation=True, access_log=None)
+        self._models: tuple[float, list[dict]] | None = None
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
@@ -76,7 +81,7 @@ class AuthzHttp:
         if path == "/healthz":
             return web.Response(text="ok\n")
         if path == "/v1/models":
-            return models_response(self.driver.policy, int(self.wall_clock()))
+            return web.json_response({"object": "list", "data": await self.models()})
         return web.Response(status=404, text="not found\n")
 
     async def check(self, request: web.BaseRequest) -> web.Response:
@@ -94,6 +99,24 @@ class AuthzHttp:
         if isinstance(verdict, Answer):
             return reply_response(verdict.reply)
         return web.Response(status=200, headers=go_headers(verdict))
+
+    async def models(self) -> list[dict]:
+        now = self.wall_clock()
+        if self._models is not None and now - self._models[0] < MODELS_TTL_S:
+            return self._models[1]
+        data: list[dict] = []
+        for pool in self.driver.policy.pools:
+            if pool.models:
+                data += [{"id": m, "object": "model", "created": int(now), "owned_by": pool.name}
+                         for m in pool.models]
+                continue
+            for backend in pool.backends:
+                found = await backend_models(backend.metrics_url) if backend.metrics_url else []
+                if found:
+                    data += found
+                    break
+        self._models = (now, data)
+        return data
 
     async def fallback(self, request: web.BaseRequest, policy: Policy) -> web.Response:
         """The static answer of the request's feature, in the shape its body asks for."""
@@ -120,8 +143,14 @@ def reply_response(reply: replies.Reply) -> web.Response:
     return web.Response(status=status, headers=dict(reply.headers), body=reply.body)
 
 
-def models_response(policy: Policy, created: int) -> web.Response:
-    data = [{"id": model, "object": "model", "created": created, "owned_by": pool.name}
-            for pool in policy.pools for model in pool.models]
-    return web.Response(text=json.dumps({"object": "list", "data": data}),
-                        content_type="application/json")
+async def backend_models(url: str, timeout_s: float = 2.0) -> list[dict]:
+    """The model list a backend serves (its OpenAI API at the metrics URL's host and port)."""
+    parts = urlsplit(url)
+    api = f"{parts.scheme}://{parts.netloc}/v1/models"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s, \
+                s.get(api) as r:
+            doc = await r.json(content_type=None)
+        return [m for m in doc.get("data", []) if isinstance(m, dict) and "id" in m]
+    except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+        return []

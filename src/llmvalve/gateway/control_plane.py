@@ -187,6 +187,7 @@ class ControlPlane:
                 "gateway": {"checks_held": self.driver.waiting,
                             "open_tickets": front.open_tickets(),
                             "access_log_streams": self.access_log.streams,
+                            "last_access_log": _entry_json(self.access_log.last),
                             **front.counts},
                 "policy": self.reloads.status(self.policy.version),
                 **self.history.enrich(self.driver.status())}
@@ -234,3 +235,11 @@ class ControlPlane:
         await self.driver.stop()
         for runner in getattr(self, "_runners", []):
             await runner.cleanup()
+
+
+def _entry_json(entry: Any) -> dict[str, Any] | None:
+    if entry is None:
+        return None
+    out = dataclasses.asdict(entry)
+    out["flags"] = sorted(entry.flags)
+    return out

@@ -168,6 +168,7 @@ class Joined:
     klass: str
     released: bool  # this entry closed the ticket (else it had been closed before)
     client_left: bool = False  # the client went away before the answer was complete
+    ttft_s: float | None = None  # the client's first body byte (streamed or not), for SLOs
 
 
 @dataclass
@@ -298,7 +299,7 @@ class Front:
                             duration_s=entry.upstream_s, prompt_tokens=ticket.prompt_tokens)
             self.admission.observe(sample, now, ticket.epoch)
         return Joined(ticket, outcome, sample, self._class_name(ticket.priority), released,
-                      bool(entry.flags & CLIENT_LEFT))
+                      bool(entry.flags & CLIENT_LEFT), entry.ttft_s)
 
     def reclaim(self, now: float) -> list[Ticket]:
         """Release (DROPPED) tickets past their pool's lease timeout."""

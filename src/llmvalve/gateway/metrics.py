@@ -113,9 +113,9 @@ class GatewayMetrics:
         met: bool | None = None
         if sample.outcome is Outcome.DROPPED:
             met = False
-        elif sample.ttft_s is not None:
-            ttft = joined.ticket.wait_s + sample.ttft_s
-            self.backend_ttft.labels(klass).observe(sample.ttft_s)
+        elif joined.ttft_s is not None:  # the first body byte: for a plain answer, all of it
+            ttft = joined.ticket.wait_s + joined.ttft_s
+            self.backend_ttft.labels(klass).observe(joined.ttft_s)
             self.gateway_ttft.labels(klass).observe(ttft)
             objective = self.ttft_slo(klass)
             if objective is not None:

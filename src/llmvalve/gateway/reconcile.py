@@ -4,7 +4,8 @@ The access log is the release signal, and it is lossy by design: Envoy drops ent
 log stream is down (a control-plane restart, a network blip, Envoy itself killed with requests
 in flight). A ticket whose entry is lost would hold its slot until the lease timeout
 (minutes). The backends know better: every scrape says how many requests each one holds
-(`running + waiting`). So, for each pool whose backends are all scraped, every `every_s`:
+(`running + waiting`). So, for each pool whose backends are all scraped, at every call
+(the driver calls once a second):
 
     open  = this gateway's tickets admitted more than `settle_s` before the reading and still
             open now,
@@ -34,14 +35,13 @@ Reading = tuple[float, float]  # (taken at, running + waiting)
 
 
 class Reconciler:
-    def __init__(self, settle_s: float = 2.0, log_delay_s: float = 1.0, every_s: float = 5.0,
-                 history: int = 16) -> None:
+    def __init__(self, settle_s: float = 2.0, log_delay_s: float = 1.0,
+                 max_age_s: float = 5.0, history: int = 16) -> None:
         self.settle_s = settle_s
         self.log_delay_s = log_delay_s
-        self.every_s = every_s
+        self.max_age_s = max_age_s  # a reading older than log_delay_s + this is stale
         self._history = history
         self._readings: dict[tuple[str, str], collections.deque[Reading]] = {}
-        self._next_at = 0.0
 
     def observe(self, pool: str, snap: BackendSnapshot) -> None:
         key = (pool, snap.backend)
@@ -52,14 +52,13 @@ class Reconciler:
         readings.append((snap.at, snap.running + snap.waiting))
 
     def lost(self, admission: Admission, now: float) -> list[Ticket]:
-        if now < self._next_at:
-            return []
-        self._next_at = now + self.every_s
         out: list[Ticket] = []
         for name, pool in admission.pools.items():
-            seen = self._seen(name, [b.name for b in pool.spec.backends], now)
-            if seen is None or not pool.tickets:
+            if not pool.tickets or not pool.spec.backends:
                 continue
+            seen = self._seen(name, [b.name for b in pool.spec.backends], now)
+            if seen is None or len(pool.tickets) <= seen[1]:
+                continue  # the common case: no more open tickets than the backends hold
             at, count = seen
             old = sorted((t for t in pool.tickets.values()
                           if t.admitted_at < at - self.settle_s), key=lambda t: t.admitted_at)
@@ -81,7 +80,7 @@ class Reconciler:
                 if at <= now - self.log_delay_s:
                     chosen = (at, count)
                     break
-            if chosen is None or chosen[0] < now - self.log_delay_s - self.every_s:
+            if chosen is None or chosen[0] < now - self.log_delay_s - self.max_age_s:
                 return None
             oldest = min(oldest, chosen[0])
             total += chosen[1]
