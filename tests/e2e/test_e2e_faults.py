@@ -152,9 +152,9 @@ async def test_envoy_crash_releases_everything_and_a_new_envoy_is_served(e2e):
 async def test_sigterm_drains_then_exits_0_and_a_restart_is_served(e2e):
     """SIGTERM: /readyz turns 503 at once; new requests are shed 503 + Retry-After (reason
     draining) — a load balancer sends them to another replica; the queued request still gets
-    its slot and completes; at the drain deadline (5 s here) the process exits 0 (requests still
-    in flight carry on through Envoy to their end). A new control plane on the same port is served by the same Envoy,
-    whose access-log stream reconnects to it."""
+    its slot and completes; at the drain deadline (5 s here) the process exits 0 (requests
+    still in flight carry on through Envoy to their end). A new control plane on the same port
+    is served by the same Envoy, whose access-log stream reconnects to it."""
     url = e2e.base_url + "/chat/completions"
     cp = e2e.stack.control_plane
     async with aiohttp.ClientSession() as session:

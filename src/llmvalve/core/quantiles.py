@@ -28,3 +28,12 @@ def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float
             return lo + (float(bounds[i]) - lo) * (rank - acc) / c
         acc += c
     return float(bounds[-1])
+
+
+def percentile(samples: Sequence[float], q: float, empty: float = float("nan")) -> float:
+    """The q-quantile of raw samples: the sorted sample at rank ⌊q·n⌋ (so p50 of two samples is
+    the larger one); `empty` when there is none."""
+    if not samples:
+        return empty
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

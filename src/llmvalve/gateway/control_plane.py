@@ -132,7 +132,8 @@ class ControlPlane:
         await self.scraper.start(self.policy)
         await self.data_grpc.start()
         await self.admin_grpc.start()
-        self.ports["http"] = await self._serve_http(self.authz.server, self.config.http)
+        host, port = split_addr(self.config.http)
+        self.ports["http"] = await self.authz.listener.start(host, port)
         self.ports["admin"] = await self._serve_http(self._admin_app(), self.config.admin)
         self.state.ready = True
         self.history.start()
@@ -171,15 +172,12 @@ class ControlPlane:
             raise OSError(f"cannot listen on {addr} (gRPC)")
         return port
 
-    async def _serve_http(self, handler: Any, addr: str) -> int:
-        runner = (web.AppRunner(handler, access_log=None) if isinstance(handler, web.Application)
-                  else web.ServerRunner(handler))
-        await runner.setup()
+    async def _serve_http(self, app: web.Application, addr: str) -> int:
+        self.admin_runner = web.AppRunner(app, access_log=None)
+        await self.admin_runner.setup()
         host, port = split_addr(addr)
-        site = web.TCPSite(runner, host, port, reuse_address=True, backlog=4096)
-        await site.start()
-        self._runners = [*getattr(self, "_runners", []), runner]
-        return runner.addresses[-1][1]
+        await web.TCPSite(self.admin_runner, host, port, reuse_address=True).start()
+        return self.admin_runner.addresses[-1][1]
 
     def status(self) -> dict[str, Any]:
         front = self.front
@@ -233,8 +231,8 @@ class ControlPlane:
         await self.admin_grpc.stop(0.5)
         await self.scraper.stop()
         await self.driver.stop()
-        for runner in getattr(self, "_runners", []):
-            await runner.cleanup()
+        await self.authz.listener.stop()
+        await self.admin_runner.cleanup()
 
 
 def _entry_json(entry: Any) -> dict[str, Any] | None:
