@@ -5,7 +5,7 @@ answers itself (static fallbacks, the model list).
                                   200 + headers = let it through (Envoy copies the upstream
                                   headers onto the request and the client headers onto the
                                   response); any other status = the answer the client gets.
-    any path, x-llmvalve-fallback: static
+    any path, x-llmvalve-static-fallback: FEATURE
                                   a request Envoy routed here for its static fallback answer
     GET /v1/models                the models of every pool (OpenAI's list shape): the pools'
                                   `models`, and for a pool that lists none, what its backends
@@ -31,7 +31,7 @@ from llmvalve.core.policy import Policy
 from llmvalve.core.types import Reason
 from llmvalve.gateway import replies, request_facts
 from llmvalve.gateway.driver import Driver
-from llmvalve.gateway.front import Answer, Check, Go
+from llmvalve.gateway.front import STATIC_FALLBACK_HEADER, Answer, Check, Go
 from llmvalve.gateway.http_listener import HttpListener, Request, Response
 
 log = logging.getLogger("llmvalve.authz")
@@ -80,7 +80,7 @@ class AuthzHttp:
         path = request.path
         if path.startswith(CHECK_PREFIX):
             return await self.check(request)
-        if request.headers.get("x-llmvalve-fallback") == "static":
+        if STATIC_FALLBACK_HEADER in request.headers:
             return self.fallback(request, self.driver.policy)
         if path == "/healthz":
             return Response(200, TEXT, b"ok\n")
@@ -124,7 +124,7 @@ class AuthzHttp:
 
     def fallback(self, request: Request, policy: Policy) -> Response:
         """The static answer of the request's feature, in the shape its body asks for."""
-        feature = policy.feature(request.headers.get("x-llmvalve-fallback-feature"))
+        feature = policy.feature(request.headers.get(STATIC_FALLBACK_HEADER))
         if feature is None or feature.fallback is None or feature.fallback.kind != "static":
             return reply_response(replies.bad_request("no static fallback for this request"))
         facts = request_facts.parse_body(request.body) if request.body else None

@@ -70,7 +70,8 @@ class ControlPlaneConfig:
     admin_token_file: Path | None = None
     controller: str | None = None
     policy_path: Path | None = None
-    metrics_urls: tuple[str, ...] = ()  # replace the first pool's backends
+    # Replace pools' backends: "URL" (the first pool) or "POOL=URL", one backend each.
+    metrics_urls: tuple[str, ...] = ()
     watch_interval_s: float = 0.0
     metrics_tenants: str = "*"
     ports: dict[str, int] = field(default_factory=dict)
@@ -82,12 +83,25 @@ def split_addr(addr: str) -> tuple[str, int]:
 
 
 def with_backends(policy: Policy, urls: tuple[str, ...]) -> Policy:
-    """The policy with its first pool scraping `urls` instead of the configured backends."""
+    """The policy with the pools named in `urls` ("URL": the first pool, "POOL=URL") scraping
+    those URLs instead of their configured backends."""
     if not urls:
         return policy
-    backends = tuple(BackendSpec(name=f"backend-{i}", metrics_url=u) for i, u in enumerate(urls))
-    first = dataclasses.replace(policy.pools[0], backends=backends)
-    return dataclasses.replace(policy, pools=(first, *policy.pools[1:]))
+    by_pool: dict[str, list[str]] = {}
+    for item in urls:
+        pool, sep, url = item.partition("=")
+        if not sep or "://" in pool:
+            pool, url = policy.pools[0].name, item
+        if policy.pool(pool) is None:
+            raise ValueError(f"--metrics-url {item!r}: the policy has no pool {pool!r}")
+        by_pool.setdefault(pool, []).append(url)
+    first = policy.pools[0].name
+    pools = tuple(
+        p if p.name not in by_pool else dataclasses.replace(p, backends=tuple(
+            BackendSpec(f"backend-{i}" if p.name == first else f"{p.name}-{i}", url)
+            for i, url in enumerate(by_pool[p.name])))
+        for p in policy.pools)
+    return dataclasses.replace(policy, pools=pools)
 
 
 class ControlPlane:
