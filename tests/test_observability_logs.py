@@ -39,7 +39,8 @@ def test_serve_logs_json_decisions_and_state_changes_without_secrets(tmp_path):
         assert match, line + proc.stderr.read()
         check = urllib.request.Request(
             f"http://127.0.0.1:{match.group(1)}/check/v1/chat/completions", method="POST",
-            headers={"x-llmvalve-id": "log-test-1", "authorization": f"Bearer {KEY}",
+            headers={"x-llmvalve-id": "log-test-1", "x-request-id": "req-log-1",
+                     "authorization": f"Bearer {KEY}",
                      "x-llmvalve-content-length": "100"})
         with urllib.request.urlopen(check, timeout=5) as answer:
             assert answer.status == 200  # admitted
@@ -60,7 +61,8 @@ def test_serve_logs_json_decisions_and_state_changes_without_secrets(tmp_path):
     assert records, err
     assert all({"ts", "level", "logger", "msg"} <= set(r) for r in records)
     decisions = [r for r in records if r.get("event") == "decision"]
-    assert decisions[0]["request_id"] == "log-test-1" and decisions[0]["level"] == "debug"
+    assert decisions[0]["check_id"] == "log-test-1" and decisions[0]["level"] == "debug"
+    assert decisions[0]["request_id"] == "req-log-1"
     assert (decisions[0]["tenant"], decisions[0]["class"], decisions[0]["decision"]) == (
         "app", "interactive", "admitted")
     assert any(r.get("event") == "policy" and r["level"] == "info" for r in records)

@@ -81,7 +81,7 @@ class GatewayMetrics:
         self.scrapes = Counter(
             "llmvalve_backend_scrapes", "Backend /metrics scrapes", ["backend", "ok"], registry=r)
 
-    def record(self, record: Record, check_id: str = "") -> None:
+    def record(self, record: Record, check_id: str = "", request_id: str = "") -> None:
         """One decision delivered to Envoy (or a request that left): counters, the SLO
         view, and one DEBUG log line."""
         klass, decision = record.klass, record.decision
@@ -94,8 +94,8 @@ class GatewayMetrics:
         elif decision in SHED:
             self.slo.judge(klass, False, self.clock())
             self.slo_verdicts.labels(klass, "no").inc()
-        logs.decision(request_id=check_id, tenant=record.tenant, klass=klass,
-                      decision=decision, reason=record.reason, wait_s=record.wait_s,
+        logs.decision(check_id=check_id, request_id=request_id, tenant=record.tenant,
+                      klass=klass, decision=decision, reason=record.reason, wait_s=record.wait_s,
                       retry_after_s=record.retry_after_s)
 
     def joined(self, joined: Joined) -> None:
