@@ -121,6 +121,13 @@ async def hold_slots(session: aiohttp.ClientSession, url: str, n: int, key: str 
     return tasks
 
 
+async def wait_until(predicate, timeout_s: float, what: str) -> None:
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
 async def cancel_all(tasks) -> None:
     for t in tasks:
         t.cancel()

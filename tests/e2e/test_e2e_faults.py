@@ -15,7 +15,16 @@ import time
 
 import aiohttp
 import pytest
-from e2e_support import P0_KEY, cancel_all, chat_body, get_json, headers, hold_slots, post_json
+from e2e_support import (
+    P0_KEY,
+    cancel_all,
+    chat_body,
+    get_json,
+    headers,
+    hold_slots,
+    post_json,
+    wait_until,
+)
 
 from llmvalve.stack import http_get
 
@@ -36,13 +45,6 @@ def assert_nothing_leaked(e2e) -> None:
     s = e2e.status()
     assert s["gateway"]["reclaimed"] == 0
     assert all(b["in_flight"] == 0 for b in e2e.backend_stats())
-
-
-async def wait_until(predicate, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def test_backend_that_hangs_holds_only_what_it_was_given(e2e):
