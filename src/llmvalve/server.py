@@ -88,8 +88,10 @@ async def _main(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from llmvalve.core.policy_load import PolicyError
     from llmvalve.gateway import logs
+    from llmvalve.stack import raise_fd_limit
 
     logs.setup(args.log_level, args.log_format)
+    raise_fd_limit()
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             return runner.run(_main(args))

@@ -41,6 +41,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def raise_fd_limit() -> int:
+    """Raise this process's open-file limit to its hard limit (children inherit it): every
+    held request is a few sockets (client, Envoy, control plane), and a burst of thousands of
+    connections must not meet a soft limit of 1,024. Returns the limit now in force."""
+    try:
+        import resource
+    except ImportError:  # not on Unix
+        return 0
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = max(soft, 1 << 20)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
+
+
 def envoy_binary() -> str:
     candidate = Path(sys.executable).parent / "envoy"
     if candidate.exists():
@@ -331,6 +349,7 @@ class Stack:
                    "Envoy's /ready", self.envoy)
 
     def start(self) -> Stack:
+        raise_fd_limit()
         try:
             self.start_backends()
             self.start_control_plane()
