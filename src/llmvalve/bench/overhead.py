@@ -5,8 +5,12 @@ Side by side in one run, on this machine, in front of the same upstream:
 - **envoy + llmvalve** (each admission mode: ext_authz over HTTP, the default, and over
   gRPC): the same template and `llmvalve serve` with a full policy — three classes, a tenant
   (API key) per class, the adaptive limiter, the backends scraped and picked per request.
-The upstream is one Envoy with a listener per "backend", answering a fixed chat completion
-and a fixed vLLM /metrics page, so what is measured is the gateway, not a model.
+The "backends" are one Envoy with a listener each, answering a fixed vLLM /metrics page (the
+control plane scrapes them and picks one per request) and a fixed chat completion. With
+`--upstream direct` (the default, as issue 12 measured the shapes) each gateway Envoy answers
+the chat completion itself where it would forward the request — the picked backend's address
+still set on it — so the figures are the admission hop's; `--upstream proxy` forwards to the
+backends, adding the same proxying cost to every mode.
 
 - closed loop (wrk when installed, N connections): the most requests per second, counting only
   200s as admitted, and how many the control plane shed as its own overload;
@@ -106,11 +110,22 @@ def upstream_config(ports: list[int], admin_port: int) -> str:
         "static_resources": {"listeners": [listener(i, p) for i, p in enumerate(ports)]}})
 
 
+def answer_in_place(doc: dict) -> None:
+    """Every route that would forward a request to a backend answers it instead."""
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]
+    for route in hcm["route_config"]["virtual_hosts"][0]["routes"]:
+        if "route" in route and route.get("name") != "no_admission":
+            del route["route"]
+            route["direct_response"] = {"status": 200, "body": {"inline_string": ANSWER}}
+
+
 class Gateways:
     """The processes of one run: the upstream, and one Envoy (+ control plane) per mode."""
 
-    def __init__(self, workdir: Path, backends: int) -> None:
+    def __init__(self, workdir: Path, backends: int, direct: bool = True) -> None:
         self.workdir = workdir
+        self.direct = direct
         self.procs: list[Proc] = []
         self.backend_ports = [free_port() for _ in range(backends)]
         self.ports: dict[str, int] = {}
@@ -132,10 +147,13 @@ class Gateways:
                 control_plane_grpc=("127.0.0.1", cp_grpc),
                 clusters={"llm_backends": tuple(("127.0.0.1", p) for p in self.backend_ports)},
                 note=f"llmvalve bench overhead, {mode}")
-            text = render(params)
+            doc = yaml.safe_load(render(params))
             if mode == "alone":
-                text = yaml.safe_dump(without_admission(text))
-            else:
+                doc = without_admission(render(params))
+            if self.direct:
+                answer_in_place(doc)
+            text = yaml.safe_dump(doc)
+            if mode != "alone":
                 self.procs.append(Proc(f"control-plane-{mode}", [
                     sys.executable, "-m", "llmvalve.cli", "serve", "--policy", str(policy),
                     "--http", f"127.0.0.1:{cp_http}", "--grpc", f"127.0.0.1:{cp_grpc}",
@@ -303,13 +321,13 @@ def cpu_s(pids: list[int]) -> float:
 # -- the run ---------------------------------------------------------------------------------
 def run(args: argparse.Namespace, workdir: Path) -> dict:
     modes = tuple(m for m in MODES if m in args.modes.split(","))
-    gw = Gateways(workdir, args.backends)
+    gw = Gateways(workdir, args.backends, direct=args.upstream == "direct")
     try:
         gw.start(modes)
         for mode in modes:  # warm up connections, code paths and the first scrapes
             asyncio.run(open_loop(gw.url(mode), 100, 1.0))
         time.sleep(1.0)
-        out: dict = {"modes": list(modes), "backends": args.backends,
+        out: dict = {"modes": list(modes), "backends": args.backends, "upstream": args.upstream,
                      "client": "wrk" if shutil.which("wrk") else "python",
                      "closed_loop": {}, "open_loop": [], "burst": {}}
         for mode in modes:
@@ -380,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", default=",".join(MODES), help="alone,http,grpc")
     p.add_argument("--backends", type=int, default=4)
+    p.add_argument("--upstream", choices=("direct", "proxy"), default="direct",
+                   help="direct: the gateway Envoy answers in place of the picked backend "
+                   "(the hop alone); proxy: it forwards to the backends")
     p.add_argument("--rates", default="500,1000", help="open-loop rates (req/s)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved runs per rate")
     p.add_argument("--duration", type=float, default=6.0, help="seconds per measurement")
