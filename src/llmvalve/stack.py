@@ -449,7 +449,9 @@ def _port_free(port: int, host: str = "127.0.0.1") -> bool:
 def banner(stack: Stack) -> str:
     c = stack.config
     gw = stack.gateway_url
-    backends = ", ".join(stack.backend_url(i) for i in range(len(stack.backends)))
+    backends = "; ".join(
+        f"{pool}: " + ", ".join(f"http://{c.host}:{port}" for _, port in procs)
+        for pool, procs in stack.pool_backends.items())
     keys = "\n".join(f"    {who:22s} {key}" for who, key in DEMO_KEYS.items())
     p0 = DEMO_KEYS["interactive-app (P0)"]
     return f"""
@@ -459,7 +461,7 @@ llmvalve is up.
   control plane admin    {stack.admin_url}/status   {stack.admin_url}/metrics
   control plane admin API {c.host}:{c.admin_grpc_port} (llmvalve status / top / override)
   Envoy admin            {stack.envoy_admin_url}
-  backends ({c.profile})  {backends}
+  backends (by pool)     {backends}
   logs                   {stack.workdir}
   demo API keys:
 {keys}
@@ -477,6 +479,7 @@ try:
       print(chunk.choices[0].delta.content or "", end="", flush=True)
   EOF
 
+  # the small model's own pool (policy: pools[].models): ask for model "sim-tiny"
   llmvalve load --target {gw} --scenario burst     # then watch the dashboard
   llmvalve top --grpc {c.host}:{c.admin_grpc_port}
 Ctrl-C stops everything.
