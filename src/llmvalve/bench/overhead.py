@@ -290,6 +290,7 @@ async def burst(url: str, connections: int, timeout_s: float = 60.0) -> dict:
     import aiohttp
 
     statuses: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector,
                                      timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
@@ -298,13 +299,15 @@ async def burst(url: str, connections: int, timeout_s: float = 60.0) -> dict:
                 async with session.post(url, data=BODY, headers=_headers(i)) as r:
                     await r.read()
                     statuses[str(r.status)] += 1
+                    if r.status != 200:
+                        reasons[r.headers.get("x-llmvalve-reason", "")] += 1
             except (aiohttp.ClientError, TimeoutError) as exc:
                 statuses[type(exc).__name__] += 1
 
         t0 = time.monotonic()
         await asyncio.gather(*(one(i) for i in range(connections)))
     return {"connections": connections, "statuses": dict(statuses),
-            "seconds": time.monotonic() - t0}
+            "reasons": dict(reasons), "seconds": time.monotonic() - t0}
 
 
 def cpu_s(pids: list[int]) -> float:
