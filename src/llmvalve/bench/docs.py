@@ -290,7 +290,7 @@ def render(results: Path, img_rel: str = "img") -> str:
 
 What happens to interactive users during a burst if llmvalve sits in front of the GPUs,
 compared with no protection, a hand-tuned fixed limit and the seed's published algorithm —
-measured with real processes: Envoy 1.40, the llmvalve control plane (ext_proc + access log),
+measured with real processes: Envoy 1.40, the llmvalve control plane (ext_authz + access log),
 simulated vLLM backends, and an open-loop load generator streaming over HTTP. Every number and
 plot on this page is the output of `llmvalve bench`, written by `python -m llmvalve.bench.docs`;
 the simulator's prediction for the same scenario and requests is shown next to each result.
@@ -332,10 +332,10 @@ and `--no-sim-headers`.)
 
 ## How a run works
 
-- **Modes.** `none`: Envoy alone (the shipped Envoy template with the ext_proc filter and the
+- **Modes.** `none`: Envoy alone (the shipped Envoy template with the ext_authz filter and the
   access log removed, least-request balancing, an active health check on the backends) — what
   a platform team has without llmvalve. `static:32`, `seed`, `adaptive`: the same Envoy with
-  `llmvalve serve` as its ext_proc and access-log server, running the scenario's policy with
+  `llmvalve serve` as its ext_authz and access-log server, running the scenario's policy with
   that controller; llmvalve picks the backend (KV-aware) and Envoy routes to it.
 - **Processes.** For each mode the scenario's backends (`llmvalve sim-backend`, one process
   each, the scenario's engine profile), the control plane and Envoy are started (one control

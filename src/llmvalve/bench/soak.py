@@ -241,7 +241,7 @@ class Soak:
         window = [lat for t, lat in self.latencies if t > now - 10.0]
         c = self.counters
         row = {"t_s": round(now, 1), "rss_mb": rss_mb(pid), "cpu_s": cpu_s(pid),
-               "streams_open": gw.get("streams_open"), "queued": gw.get("queued_streams"),
+               "queued": gw.get("checks_held"),
                "open_tickets": gw.get("open_tickets"), "inflight": pool.get("inflight_requests"),
                "limit": pool.get("limit"), "reclaimed": gw.get("reclaimed"),
                "client_tasks": len(self.tasks), "offered": c.offered, "served": c.served,
@@ -293,7 +293,7 @@ def _leaks(s: dict[str, Any]) -> int:
     gw = s.get("gateway", {})
     pool = s.get("pools", {}).get("default", {})
     queued = sum(c.get("queue_depth", 0) for c in pool.get("classes", {}).values())
-    return (gw.get("open_tickets", 1) + gw.get("streams_open", 1) + gw.get("queued_streams", 1)
+    return (gw.get("open_tickets", 1) + gw.get("checks_held", 1)
             + pool.get("inflight_requests", 1) + queued + gw.get("reclaimed", 0))
 
 
@@ -313,7 +313,7 @@ def _slope(rows: list[dict[str, Any]], start_s: float, end_s: float) -> float | 
 def _progress(row: dict[str, Any]) -> str:
     return (f"t={row['t_s']:7.1f}s rss={row['rss_mb']} MB offered={row['offered']} "
             f"served={row['served']} shed={row['shed_attempts']} cancelled={row['cancelled']} "
-            f"streams={row['streams_open']} queued={row['queued']} tickets={row['open_tickets']}"
+            f"queued={row['queued']} tickets={row['open_tickets']}"
             f" limit={row['limit']} p99={row['decision_p99_ms']} ms tasks={row['client_tasks']}")
 
 
@@ -376,9 +376,9 @@ async def soak(stack: Stack, minutes: float, load: float, cancel: float, rate: f
                      "overflow": c.overflow, "unfinished_at_end": unfinished},
         "slots_leaked": {"open_tickets": gw.get("open_tickets"),
                          "inflight_requests": pool.get("inflight_requests"),
-                         "streams_open": gw.get("streams_open"),
-                         "queued_streams": gw.get("queued_streams"),
+                         "checks_held": gw.get("checks_held"),
                          "reclaimed_leases": gw.get("reclaimed"),
+                         "reconciled": gw.get("reconciled"),
                          "backend_in_flight": sum(b["in_flight"] for b in backends),
                          "total": _leaks(final) + sum(b["in_flight"] for b in backends)},
         "memory_mb": {"after_first_minute": warm["rss_mb"], "end": end_row["rss_mb"],
@@ -438,8 +438,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"| cancelled by their client | {r['cancelled']:,} |",
         f"| other statuses, client errors | {r['other_status'] or 0}, {r['client_errors'] or 0} |",
         f"| **slots leaked** | **{leak['total']}** (open tickets {leak['open_tickets']}, in "
-        f"flight {leak['inflight_requests']}, open streams {leak['streams_open']}, queued "
-        f"{leak['queued_streams']}, reclaimed leases {leak['reclaimed_leases']}, backend "
+        f"flight {leak['inflight_requests']}, held checks {leak['checks_held']}, reclaimed "
+        f"leases {leak['reclaimed_leases']}, reconciled {leak['reconciled']}, backend "
         f"requests {leak['backend_in_flight']}) |",
         f"| control-plane RSS | {mem['after_first_minute']} MB after the first minute, "
         f"{mem['end']} MB at the end (max {mem['max']}); slope {slope['first_half']} MB/min "
