@@ -2,8 +2,9 @@
 
 Rendered from the same template as every other mode (`gateway.envoy_config.render`), then the
 ext_authz and Lua filters, the access log to the control plane, the per-route filter settings
-and the control plane's clusters are removed. What a platform team has without llmvalve is Envoy balancing over healthy backends,
-so the backend cluster gets least-request balancing (what the simulator's `none` gateway does)
+and the control plane's clusters are removed. What a platform team has without llmvalve is
+Envoy balancing over healthy backends, so the backend cluster gets least-request balancing
+(what the simulator's `none` gateway does)
 and an active health check on the backends' /health, as frequent as the scenario's scrapes.
 """
 
