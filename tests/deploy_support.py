@@ -12,12 +12,16 @@ override, an admin refusal; once per controller.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import prometheus_client
 import promql_parser
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -41,6 +45,17 @@ def load_all(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
+def kustomize(path: Path) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: `kubectl kustomize` cannot render here (the "
+                    "source manifests are still validated one by one)")
+    done = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
 def clusters(cfg: dict) -> dict[str, list[tuple[str, int]]]:
     """Envoy bootstrap: cluster name → its (host, port) endpoints."""
     out = {}
@@ -61,6 +76,60 @@ def serve_args(argv: list[str]):
     args = build_parser().parse_args(argv)
     assert args.command == "serve"
     return args
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    """A listen address as `serve` takes it (HOST:PORT, [V6]:PORT, :PORT) → (host, port)."""
+    host, _, port = addr.rpartition(":")
+    return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Written here rather than imported, so a bug in the product's check cannot hide one."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+# -- compose ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Published:
+    host_ip: str  # "" = every interface of the host
+    port: int | None  # on the host (None: Docker picks one)
+    target: int  # in the container's network namespace
+
+
+def published(service: dict) -> list[Published]:
+    """A compose service's `ports`, short ("[IP:][HOST:]TARGET[/proto]") or long syntax."""
+    out = []
+    for entry in service.get("ports", []):
+        if isinstance(entry, dict):
+            port = entry.get("published")
+            out.append(Published(entry.get("host_ip", ""), int(port) if port else None,
+                                 int(entry["target"])))
+            continue
+        parts = str(entry).split("/")[0].rsplit(":", 2)
+        ip = parts[0].strip("[]") if len(parts) == 3 else ""
+        port = int(parts[-2]) if len(parts) >= 2 and parts[-2] else None
+        out.append(Published(ip, port, int(parts[-1])))
+    return out
+
+
+def netns_owner(compose: dict, name: str) -> str:
+    """The service whose network namespace `name` runs in (`network_mode: service:X`)."""
+    seen = [name]
+    while (mode := compose["services"][seen[-1]].get("network_mode", "")).startswith("service:"):
+        seen.append(mode.removeprefix("service:"))
+        assert seen[-1] not in seen[:-1], f"network_mode cycle: {seen}"
+    return seen[-1]
+
+
+def netns_members(compose: dict, owner: str) -> list[str]:
+    """Every service in `owner`'s network namespace, `owner` included."""
+    return [n for n in compose["services"] if netns_owner(compose, n) == owner]
 
 
 # -- what the control plane exports -------------------------------------------------------------
