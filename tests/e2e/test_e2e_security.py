@@ -216,3 +216,24 @@ def test_no_key_and_no_prompt_in_any_log(e2e):
         for secret in SECRETS:
             assert secret.encode() not in text, f"{secret!r} found in {where}"
         assert b"Bearer" not in text, where
+
+
+def test_the_data_plane_listeners_answer_only_on_loopback(e2e):
+    """`llmvalve up` binds the control plane's ext_authz (HTTP) and access-log (gRPC)
+    listeners to 127.0.0.1: from this host's own network address nothing answers there, while
+    Envoy, beside it, reaches them."""
+    c = e2e.stack.config
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.1.2.3", 9))  # no packet: only picks the outgoing address
+            host = s.getsockname()[0]
+        except OSError:
+            host = "127.0.0.1"
+    if host.startswith("127."):
+        pytest.skip("this host has no non-loopback address")
+    for port in (c.http_port, c.grpc_port):
+        with socket.socket() as probe:
+            probe.settimeout(1)
+            assert probe.connect_ex((host, port)) != 0, port
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", port)) == 0, port

@@ -78,10 +78,12 @@ class AuthzHttp:
 
     async def handle(self, request: Request) -> Response:
         path = request.path
-        if path.startswith(CHECK_PREFIX):
-            return await self.check(request)
+        # First: a client request routed here for its fallback keeps its own path (which
+        # might start with /check); Envoy drops any copy of this header a client sends.
         if STATIC_FALLBACK_HEADER in request.headers:
             return self.fallback(request, self.driver.policy)
+        if path.startswith(CHECK_PREFIX):
+            return await self.check(request)
         if path == "/healthz":
             return Response(200, TEXT, b"ok\n")
         if path == "/v1/models":
