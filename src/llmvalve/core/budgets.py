@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 
 from llmvalve.core.policy import Budget, Policy
-from llmvalve.core.types import RateLimit
+from llmvalve.core.types import RateLimit, Reason, Reject, RequestInfo
 
 REQUESTS = "requests"
 TOKENS = "tokens"
@@ -149,6 +149,19 @@ class Budgets:
             self.buckets[key].level -= self._need(key, tokens)
         self._ledger[request_id] = (tokens, tuple(keys))
         return None
+
+    def submit(self, req: RequestInfo, default_max_tokens: int, now: float) -> Reject | None:
+        """`charge` for a request entering admission (1 request; its prompt + max_tokens, or
+        the policy's default, tokens), or its 429: refused at once, never queued, with the
+        time the buckets need to refill as its Retry-After (none when it can never fit)."""
+        tokens = req.prompt_tokens + (req.max_tokens or default_max_tokens)
+        refusal = self.charge(req.request_id, req.tenant, req.model, tokens, now)
+        if refusal is None:
+            return None
+        reason = Reason.BUDGET_REQUESTS if refusal.kind == REQUESTS else Reason.BUDGET_TOKENS
+        return Reject(req.request_id, 429, reason,
+                      refusal.retry_after_s if refusal.fits_ever else 0.0,
+                      limits=refusal.limits, retryable=refusal.fits_ever)
 
     def refund(self, request_id: str, now: float) -> None:
         """The charged request will never run: give its charge back (no-op if none)."""
