@@ -183,6 +183,8 @@ class Budgets:
               now: float) -> tuple[RateLimit, ...]:
         """What the client is told: per kind, the bucket that binds (see `_views`)."""
         keys = self._applicable(tenant, model)
+        if not keys:
+            return ()
         for key in keys:
             self.buckets[key].refill(now)
         return self._views(keys, tokens)
