@@ -74,6 +74,7 @@ class ControlPlaneConfig:
     metrics_urls: tuple[str, ...] = ()
     watch_interval_s: float = 0.0
     metrics_tenants: str = "*"
+    budget_share: float = 1.0  # this replica's share of every tenant budget (--budget-share)
     ports: dict[str, int] = field(default_factory=dict)
 
 
@@ -116,7 +117,8 @@ class ControlPlane:
         prometheus_client.disable_created_metrics()
         self.metrics = GatewayMetrics(tenants=TenantLabels.parse(config.metrics_tenants))
         self.metrics.ttft_slo = lambda klass: ttft_objective(self.policy, klass)
-        self.front = Front(Admission(self.policy, random.Random(), config.controller))
+        self.front = Front(Admission(self.policy, random.Random(), config.controller,
+                                     budget_share=config.budget_share))
         self.driver = Driver(self.front, self.metrics)
         self.state = AdminState()
         self.reloads = ReloadLog(self.metrics, config.policy_path)

@@ -125,13 +125,15 @@ def _admission_service(params: EnvoyParams) -> str:
                     - {{exact: content-type}}
                     - {{exact: retry-after}}
                     - {{exact: retry-after-ms}}
+                    - {{exact: x-should-retry}}
                     - {{prefix: x-llmvalve-}}
                     - {{prefix: x-ratelimit-}}
                   allowed_client_headers_on_success:
                     patterns:
                     - {{exact: x-llmvalve-class}}
                     - {{exact: x-llmvalve-queue-wait-ms}}
-                    - {{exact: x-llmvalve-fallback}}"""
+                    - {{exact: x-llmvalve-fallback}}
+                    - {{prefix: x-ratelimit-}}"""
 
 
 def render(params: EnvoyParams) -> str:

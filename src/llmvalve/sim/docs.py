@@ -31,9 +31,10 @@ over the seeds.
 
 Columns: goodput = output tokens/s of requests that met their class SLO (TTFT and TPOT; see
 `docs/policy.md` for the default SLOs); `att` = SLO attainment (met / offered; a rejected or
-dropped request is a miss); `ttft99` = p99 time to first token of completed requests, from the
-first attempt; rejected = refused at arrival (final, after the client's retries); dropped = left
-the queue at its timeout or deadline, or lost with a backend; preempt = engine preemptions.
+dropped request is a miss, one refused for its tenant's budget is not judged); `ttft99` = p99
+time to first token of completed requests, from the first attempt; rejected = refused at
+arrival (final, after the client's retries); dropped = left the queue at its timeout or
+deadline, or lost with a backend; preempt = engine preemptions.
 
 Oracles (what hindsight could do on the exact same requests):
 - **best static**: the best fixed concurrency limit `static:N` over the scenario's

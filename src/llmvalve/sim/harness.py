@@ -27,6 +27,8 @@ from llmvalve.sim.workload import Job
 
 MAINTAIN_EVERY_S = 1.0  # as the production driver: reclaim leases, reconcile slots
 DROPPED_REASONS = ("queue_timeout", "client_deadline")  # waited, then shed: "dropped"
+BUDGET_REASONS = ("budget_requests", "budget_tokens")  # the tenant's budget: "over_budget"
+FINAL = ("completed", "rejected", "dropped", "cancelled", "over_budget")
 
 DRAIN_LIMIT_S = 120.0  # after the traffic stops, how long unfinished requests may still finish
 
@@ -35,7 +37,8 @@ DRAIN_LIMIT_S = 120.0  # after the traffic stops, how long unfinished requests m
 class JobState:
     job: Job
     attempt: int = 0
-    status: str = "pending"  # pending queued running completed rejected dropped cancelled
+    # pending queued running completed rejected dropped cancelled over_budget
+    status: str = "pending"
     gateway: int = 0
     backend: int = -1
     req_id: str = ""
@@ -110,8 +113,10 @@ class Simulation:
         self.profile = sc.engine_profile()
         self.rng = random.Random(f"sim:{seed}:{controller}")
         self.backends = [Backend(i, Engine(self.profile, f"b{i}")) for i in range(sc.backends)]
+        # Each replica enforces 1/N of every tenant budget (`serve --budget-share`).
         self.gateways = [
-            Gateway(g, Front(Admission(policy, random.Random(f"gw:{seed}:{g}"), controller)),
+            Gateway(g, Front(Admission(policy, random.Random(f"gw:{seed}:{g}"), controller,
+                                       budget_share=1.0 / sc.gateways)),
                     [True] * sc.backends, [0] * sc.backends)
             for g in range(sc.gateways)]
         self.states = [JobState(j) for j in jobs]
@@ -155,7 +160,7 @@ class Simulation:
                          self.profile.max_num_seqs)
 
     def _settle(self, st: JobState, status: str, now: float) -> None:
-        if st.status in ("completed", "rejected", "dropped", "cancelled"):
+        if st.status in FINAL:
             return
         st.status = status
         st.finished_at = now
@@ -192,7 +197,9 @@ class Simulation:
         if retry_after is not None:
             self.retry_after.append(retry_after)
         self.rejections_since_tick += 1
-        final = "dropped" if answer.record.reason in DROPPED_REASONS else "rejected"
+        reason = answer.record.reason
+        final = ("dropped" if reason in DROPPED_REASONS
+                 else "over_budget" if reason in BUDGET_REASONS else "rejected")
         self._retry_or_settle(st, retry_after, final, now)
 
     def _retry_or_settle(self, st: JobState, retry_after_s: float | None, final: str,
