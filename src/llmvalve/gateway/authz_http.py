@@ -50,8 +50,12 @@ MODELS_TTL_S = 10.0
 
 def go_headers(go: Go) -> list[tuple[str, str]]:
     """The headers of an allow: routing and the request's identity (Envoy copies those onto
-    the upstream request, and the client's ones onto the response)."""
-    headers = [*go.headers, (CLUSTER_HEADER, go.cluster)]
+    the upstream request, and the client's ones onto the response: the template's
+    allowed_upstream_headers and allowed_client_headers_on_success pick them out of this one
+    set, e.g. x-ratelimit-* for the client only)."""
+    names = {name for name, _ in go.headers}
+    headers = [*go.headers, *(h for h in go.client_headers if h[0] not in names),
+               (CLUSTER_HEADER, go.cluster)]
     if go.address is not None:
         headers.append((UPSTREAM_HEADER, go.address))
     return headers
