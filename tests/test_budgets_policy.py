@@ -75,3 +75,11 @@ def test_duplicate_models_are_named():
                          "        m: {requestsPerMinute: 2}\n"))
     assert got == ["p.yaml:9: tenants[0].budgets.models.m: duplicate key "
                    "(the first value would be replaced)"]
+
+
+def test_policy_check_names_the_tenants_with_budgets():
+    from llmvalve.policy_cli import summary
+
+    text = tenants("    budgets: {requestsPerMinute: 5}\n")
+    assert ", 1 tenant (1 with budgets), anonymous" in summary("p.yaml", load_policy(text))
+    assert "with budgets" not in summary("p.yaml", load_policy(tenants("")))
