@@ -109,6 +109,13 @@ def test_a_request_larger_than_the_budget_is_told_not_to_retry():
     assert answer.record.retry_after_s is None
 
 
+def test_a_share_below_one_request_is_said_so_and_not_retried():
+    answer = front(share=0.25).check(check("small", "k-rpm"), 0.0)  # 0.75 of a request
+    h = headers(answer.reply.headers)
+    assert answer.reply.status == 429 and h["x-should-retry"] == "false"
+    assert "--budget-share" in json.loads(answer.reply.body)["error"]["message"]
+
+
 def test_tenants_without_budgets_get_no_ratelimit_headers_and_no_refusals():
     f = front()
     for i in range(50):
