@@ -40,6 +40,7 @@ TOKENS = "tokens"
 KINDS = (REQUESTS, TOKENS)
 
 Key = tuple[str, str | None, str]  # (tenant, model or None for the tenant's own, kind)
+Scope = tuple[tuple[Key, "_Bucket"], ...]  # the buckets that apply to a request
 
 
 @dataclass
@@ -94,7 +95,8 @@ class Budgets:
             raise ValueError(f"budget share must be in (0, 1], got {share!r}")
         self.share = share
         self.buckets: dict[Key, _Bucket] = {}
-        self._keys: dict[str, list[Key]] = {}  # tenant → its buckets' keys
+        self._own: dict[str, Scope] = {}  # tenant → its own buckets (every tenant with budgets)
+        self._models: dict[tuple[str, str], Scope] = {}  # (tenant, model) → that model's
         self._ledger: dict[str, tuple[float, tuple[Key, ...]]] = {}  # charged, not yet settled
         self.refused: collections.Counter[tuple[str, str]] = collections.Counter()
         self.reconfigure(policy, now)
@@ -117,12 +119,22 @@ class Budgets:
                         bucket.level = min(old.level, size)
                     buckets[(tenant.name, model, kind)] = bucket
         self.buckets = buckets
-        self._keys = {}
-        for key in buckets:
-            self._keys.setdefault(key[0], []).append(key)
+        own: dict[str, list[tuple[Key, _Bucket]]] = {}
+        models: dict[tuple[str, str], list[tuple[Key, _Bucket]]] = {}
+        for key, bucket in buckets.items():
+            own.setdefault(key[0], [])
+            if key[1] is None:
+                own[key[0]].append((key, bucket))
+            else:
+                models.setdefault((key[0], key[1]), []).append((key, bucket))
+        self._own = {tenant: tuple(pairs) for tenant, pairs in own.items()}
+        self._models = {scope: tuple(pairs) for scope, pairs in models.items()}
 
-    def _applicable(self, tenant: str, model: str | None) -> list[Key]:
-        return [k for k in self._keys.get(tenant, ()) if k[1] is None or k[1] == model]
+    def _applicable(self, tenant: str, model: str | None) -> Scope:
+        own = self._own.get(tenant)
+        if own is None:  # no budget: the common case, one dict lookup
+            return ()
+        return own if model is None else own + self._models.get((tenant, model), ())
 
     @staticmethod
     def _need(key: Key, tokens: float) -> float:
@@ -132,22 +144,21 @@ class Budgets:
                now: float) -> Refusal | None:
         """Take 1 request and `tokens` from every bucket of the tenant that applies, or, when
         one of them has not enough, nothing: the refusal says how long until all of them do."""
-        keys = self._applicable(tenant, model)
-        if not keys:
+        scope = self._applicable(tenant, model)
+        if not scope:
             return None
-        worst: tuple[float, Key] | None = None
-        for key in keys:
-            bucket = self.buckets[key]
+        worst_s, worst_kind = 0.0, ""
+        for key, bucket in scope:
             bucket.refill(now)
             wait = bucket.wait_s(self._need(key, tokens))
-            if wait > 0 and (worst is None or wait > worst[0]):
-                worst = (wait, key)
-        if worst is not None:
-            self.refused[(tenant, worst[1][2])] += 1
-            return Refusal(worst[1][2], worst[0], self._views(keys, tokens))
-        for key in keys:
-            self.buckets[key].level -= self._need(key, tokens)
-        self._ledger[request_id] = (tokens, tuple(keys))
+            if wait > worst_s:
+                worst_s, worst_kind = wait, key[2]
+        if worst_kind:
+            self.refused[(tenant, worst_kind)] += 1
+            return Refusal(worst_kind, worst_s, self._views(scope, tokens))
+        for key, bucket in scope:
+            bucket.level -= self._need(key, tokens)
+        self._ledger[request_id] = (tokens, tuple(key for key, _ in scope))
         return None
 
     def submit(self, req: RequestInfo, default_max_tokens: int, now: float) -> Reject | None:
@@ -182,26 +193,24 @@ class Budgets:
     def views(self, tenant: str, model: str | None, tokens: float,
               now: float) -> tuple[RateLimit, ...]:
         """What the client is told: per kind, the bucket that binds (see `_views`)."""
-        keys = self._applicable(tenant, model)
-        if not keys:
+        scope = self._applicable(tenant, model)
+        if not scope:
             return ()
-        for key in keys:
-            self.buckets[key].refill(now)
-        return self._views(keys, tokens)
+        for _, bucket in scope:
+            bucket.refill(now)
+        return self._views(scope, tokens)
 
-    def _views(self, keys: list[Key], tokens: float) -> tuple[RateLimit, ...]:
+    def _views(self, scope: Scope, tokens: float) -> tuple[RateLimit, ...]:
         """Per kind, the bucket that would make a request of this size wait longest; when
         none would, the one with the least left."""
-        out = []
-        for kind in KINDS:
-            mine = [k for k in keys if k[2] == kind]
-            if not mine:
-                continue
-            need = 1.0 if kind == REQUESTS else tokens
-            key = max(mine, key=lambda k: (self.buckets[k].wait_s(need),
-                                           -self.buckets[k].level))
-            out.append(self.buckets[key].view(kind, key[1]))
-        return tuple(out)
+        binding: dict[str, tuple[tuple[float, float], Key, _Bucket]] = {}
+        for key, bucket in scope:
+            rank = (bucket.wait_s(self._need(key, tokens)), -bucket.level)
+            best = binding.get(key[2])
+            if best is None or rank > best[0]:
+                binding[key[2]] = (rank, key, bucket)
+        return tuple(binding[kind][2].view(kind, binding[kind][1][1])
+                     for kind in KINDS if kind in binding)
 
     @property
     def charged(self) -> int:
