@@ -14,7 +14,8 @@ read the body when the policy inspects bodies (400), choose the pool by model (4
 estimate the cost (gateway/request_facts.py), `Admission.submit` (which charges the tenant's
 budgets first: over budget is a 429 of its own, `over_budget`, never an overload shed). A
 rejection with a feature fallback becomes a static answer or a re-route into the fallback
-model's pool. A tenant with budgets sees them on every answer (x-ratelimit-* headers).
+model's pool. A tenant with budgets sees them on its admitted answers and its budget
+refusals (x-ratelimit-* headers).
 
 Lifecycle of a check id (Envoy's `%UNIQUE_ID%` in `x-llmvalve-id`, also logged with the
 request, so the access log joins on it). `TRANSITIONS` is the whole table; an event a request's
