@@ -281,7 +281,7 @@ def test_pod_runs_envoy_and_llmvalve_wired_to_each_other(pod, envoy_cfg):
 
 
 def test_probes_hit_endpoints_that_exist(pod, envoy_cfg):
-    from llmvalve.gateway.admin import AdminState, build_app
+    from llmvalve.gateway.admin_http import AdminState, build_app
     from llmvalve.gateway.metrics import GatewayMetrics
 
     admin_paths = {r.resource.canonical for r in build_app(

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmvalve.client import Backoff, RetryBudget, RetryPolicy, retry_after_s
+from llmvalve.core.quantiles import percentile
 from llmvalve.sim.harness import JobState
 from llmvalve.sim.workload import Job
 
@@ -99,10 +100,7 @@ class LoadResult:
 
 
 def _pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    return round(s[min(len(s) - 1, int(q * len(s)))], 1)
+    return round(percentile(xs, q, 0.0), 1)
 
 
 class LoadGenerator:

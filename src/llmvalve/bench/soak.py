@@ -46,18 +46,12 @@ from typing import Any
 import aiohttp
 
 from llmvalve.client import Backoff, RetryBudget, RetryPolicy, retry_after_s
+from llmvalve.core.quantiles import percentile
 from llmvalve.stack import Stack, StackConfig, http_get
 
 P0_KEY = "sk-llmvalve-demo-p0"  # interactive-app: may use every class
 P2_KEY = "sk-llmvalve-demo-p2"  # batch-jobs: P2 only
 MAX_CLIENT_TASKS = 4000  # a safety bound on the load generator; reaching it is reported
-
-
-def quantile(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
 
 
 def rss_mb(pid: int) -> float | None:
@@ -246,8 +240,8 @@ class Soak:
                "limit": pool.get("limit"), "reclaimed": gw.get("reclaimed"),
                "client_tasks": len(self.tasks), "offered": c.offered, "served": c.served,
                "shed_attempts": c.shed_attempts, "cancelled": c.cancelled,
-               "decision_p50_ms": _ms(quantile(window, 0.5)),
-               "decision_p99_ms": _ms(quantile(window, 0.99)), "decisions": len(window)}
+               "decision_p50_ms": _ms(percentile(window, 0.5, None)),
+               "decision_p99_ms": _ms(percentile(window, 0.99, None)), "decisions": len(window)}
         self.samples.append(row)
         return row
 
@@ -285,7 +279,7 @@ class Soak:
             await asyncio.sleep(0.2)
 
 
-def _ms(x: float | None) -> float | None:
+def _ms(x: float | None) -> float | None:  # seconds → milliseconds
     return None if x is None else round(x * 1000.0, 2)
 
 
@@ -322,8 +316,8 @@ def per_minute(latencies: list[tuple[float, float]], start_s: float) -> list[dic
     for t, lat in latencies:
         if t >= start_s:
             by.setdefault(int((t - start_s) // 60), []).append(lat)
-    return [{"minute": m + 1, "decisions": len(v), "p50_ms": _ms(quantile(v, 0.5)),
-             "p99_ms": _ms(quantile(v, 0.99))} for m, v in sorted(by.items())]
+    return [{"minute": m + 1, "decisions": len(v), "p50_ms": _ms(percentile(v, 0.5, None)),
+             "p99_ms": _ms(percentile(v, 0.99, None))} for m, v in sorted(by.items())]
 
 
 async def soak(stack: Stack, minutes: float, load: float, cancel: float, rate: float | None,
@@ -388,8 +382,8 @@ async def soak(stack: Stack, minutes: float, load: float, cancel: float, rate: f
         "rss_slope_mb_per_min": {"first_half": _slope(during, 0.0, offered_s / 2),
                                  "second_half": _slope(during, offered_s / 2, offered_s + 1)},
         "control_plane_cpu_s": end_row["cpu_s"],
-        "decision_latency_ms": {"p50": _ms(quantile(all_lat, 0.5)),
-                                "p99": _ms(quantile(all_lat, 0.99)),
+        "decision_latency_ms": {"p50": _ms(percentile(all_lat, 0.5, None)),
+                                "p99": _ms(percentile(all_lat, 0.99, None)),
                                 "max": _ms(max(all_lat) if all_lat else None),
                                 "per_minute": per_minute(runner.latencies, 0.0)},
         "samples": during,

@@ -34,9 +34,9 @@ from llmvalve.core.policy import BackendSpec, Policy
 from llmvalve.core.policy_load import load_policy_file
 from llmvalve.gateway import dashboard
 from llmvalve.gateway.access_log import AccessLogServicer
-from llmvalve.gateway.admin import AdminState, build_app
 from llmvalve.gateway.admin_auth import AdminToken, TokenInterceptor, http_guard, is_loopback
 from llmvalve.gateway.admin_grpc import AdminServicer
+from llmvalve.gateway.admin_http import AdminState, build_app
 from llmvalve.gateway.authz_grpc import AuthzGrpc
 from llmvalve.gateway.authz_http import AuthzHttp
 from llmvalve.gateway.driver import Driver

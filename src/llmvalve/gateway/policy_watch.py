@@ -32,6 +32,8 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from llmvalve.gateway.tasks import Background
+
 log = logging.getLogger("llmvalve.policy_watch")
 
 DEFAULT_INTERVAL_S = 1.0
@@ -113,7 +115,7 @@ class PolicyWatcher:
         self._secrets: Path | None = None
         self._stat = self._stat_now()
         self._digest = self._digest_now()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Background()
         self.changes = 0
 
     def _stat_now(self) -> tuple[Any, ...]:
@@ -160,14 +162,10 @@ class PolicyWatcher:
         return True
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="llmvalve-policy-watch")
+        self._tasks.start(self._run(), "llmvalve-policy-watch")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._tasks.stop()
 
     async def _run(self) -> None:
         while True:

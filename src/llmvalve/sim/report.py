@@ -6,14 +6,8 @@ from __future__ import annotations
 import math
 
 from llmvalve.core.policy import Policy, QueueSpec
+from llmvalve.core.quantiles import percentile
 from llmvalve.sim.harness import JobState, RunResult
-
-
-def _pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def _latency(s: JobState) -> tuple[float, float]:
@@ -86,9 +80,10 @@ def summarize(run: RunResult, policy: Policy) -> dict:
         classes[str(q.priority)] = {
             "offered": len(jobs), **counts, "slo_met": met,
             "slo_attainment": attainment(met, len(jobs), counts["over_budget"]),
-            "ttft_p50_s": round(_pct(ttft, 0.5), 3), "ttft_p99_s": round(_pct(ttft, 0.99), 3),
-            "tpot_p99_s": round(_pct(tpot, 0.99), 4),
-            "queue_wait_p99_s": round(_pct(waits, 0.99), 3),
+            "ttft_p50_s": round(percentile(ttft, 0.5, 0.0), 3),
+            "ttft_p99_s": round(percentile(ttft, 0.99, 0.0), 3),
+            "tpot_p99_s": round(percentile(tpot, 0.99, 0.0), 4),
+            "queue_wait_p99_s": round(percentile(waits, 0.99, 0.0), 3),
             "tenants": _tenants(jobs, q),
         }
     ra = run.retry_after
