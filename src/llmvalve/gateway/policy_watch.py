@@ -117,6 +117,7 @@ class PolicyWatcher:
         self._digest = self._digest_now()
         self._tasks = Background()
         self.changes = 0
+        self.polls = 0  # checks done (a test can wait for the watcher to have looked again)
 
     def _stat_now(self) -> tuple[Any, ...]:
         return (_stat_key(self.path), None if self._secrets is None else _stat_key(self._secrets))
@@ -141,6 +142,7 @@ class PolicyWatcher:
 
     async def check(self) -> bool:
         """One poll: True when the content changed and `on_change` was awaited."""
+        self.polls += 1
         stat = self._stat_now()
         if stat == self._stat:
             return False
