@@ -12,6 +12,7 @@ override, an admin refusal; once per controller.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import re
 import shutil
@@ -154,10 +155,15 @@ def _exercise(plane) -> None:
 
 
 async def _exposition(controller: str) -> str:
-    from llmvalve.core.policy_load import load_policy_file
+    from llmvalve.core.policy import Budget, BudgetSpec, TenantSpec
+    from llmvalve.core.policy_load import hash_api_key, load_policy_file
     from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
 
     policy = load_policy_file(K8S / "policy-configmap.yaml")
+    # A budgeted tenant, so that the budget gauges are exported too.
+    budgeted = TenantSpec("budgeted", (hash_api_key("k"),), budgets=BudgetSpec(
+        Budget(60.0, 6000.0)))
+    policy = dataclasses.replace(policy, tenants=(*policy.tenants, budgeted))
     plane = ControlPlane(policy, ControlPlaneConfig(
         controller=controller, metrics_urls=("http://backend-0.backend:8000/metrics",)))
     _exercise(plane)
