@@ -28,8 +28,9 @@ class PromptTooLong(ValueError):
 
 
 class _Seq:
-    __slots__ = ("arrival", "blocks", "computed", "first_scheduled", "first_token_at",
-                 "generated", "last_token_at", "max_tokens", "prompt", "req_id", "target")
+    __slots__ = ("arrival", "blocks", "computed", "e", "first_scheduled", "first_token_at",
+                 "generated", "gfin", "last_token_at", "max_tokens", "o", "prompt", "req_id",
+                 "target")  # e, o, gfin: EventEngine's decode-group offsets
 
     def __init__(self, req_id: str, prompt: int, target: int, arrival: float,
                  max_tokens: int) -> None:

@@ -18,6 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results JSON only")
     p.add_argument("--plot", metavar="PNG", help="write time series (and sweep) plots")
     p.add_argument("--list", action="store_true", help="list the built-in scenarios")
+    p.add_argument("--stepping", choices=("event", "per-step"), default="event",
+                   help="engine stepping: event-driven (default) or the per-step reference")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,10 +37,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     ctrls = args.controllers.split(",") if args.controllers else None
     t0 = time.perf_counter()
-    result, runs = simulate(sc, ctrls, args.seed, args.oracle, args.gateways)
+    result, runs = simulate(sc, ctrls, args.seed, args.oracle, args.gateways,
+                            stepping=args.stepping)
     if sc.sweep_loads:
         result["sweep"] = sweep(sc, list(result["controllers"]), list(sc.sweep_loads),
-                                args.seed)
+                                args.seed, args.stepping)
     elapsed = time.perf_counter() - t0
     if args.plot:
         from llmvalve.sim.plot import plot_runs, plot_sweep

@@ -19,16 +19,17 @@ def default_policy() -> Policy:
 
 
 def run_one(sc: Scenario, controller: str, seed: int | None = None,
-            load_scale: float = 1.0) -> RunResult:
+            load_scale: float = 1.0, stepping: str = "event") -> RunResult:
     seed = sc.seed if seed is None else seed
     policy = sc.policy or default_policy()
     jobs = generate(sc, load_scale, seed)
-    return Simulation(sc, policy, controller, jobs, seed).run()
+    return Simulation(sc, policy, controller, jobs, seed, stepping).run()
 
 
 def simulate(sc: Scenario, controllers: list[str] | None = None, seed: int | None = None,
              oracle: bool = False, gateways: int | None = None,
-             load_scale: float = 1.0) -> tuple[dict, dict[str, RunResult]]:
+             load_scale: float = 1.0,
+             stepping: str = "event") -> tuple[dict, dict[str, RunResult]]:
     if gateways is not None:
         sc = replace(sc, gateways=gateways)
     seed = sc.seed if seed is None else seed
@@ -38,15 +39,15 @@ def simulate(sc: Scenario, controllers: list[str] | None = None, seed: int | Non
                  "controllers": {}}
     events = sorted({e.at_s for e in sc.events})
     for c in controllers or list(sc.controllers):
-        runs[c] = run_one(sc, c, seed, load_scale)
+        runs[c] = run_one(sc, c, seed, load_scale, stepping)
         out["controllers"][c] = summarize(runs[c], policy)
         out["controllers"][c]["capacity"] = capacity_report(runs[c], events)
     if oracle:
         best = None
         for n in sc.oracle_sweep:
             name = f"static:{n}"
-            r = out["controllers"].get(name) or summarize(run_one(sc, name, seed, load_scale),
-                                                           policy)
+            r = out["controllers"].get(name) or summarize(
+                run_one(sc, name, seed, load_scale, stepping), policy)
             if best is None or r["goodput_tok_s"] > best[1]:
                 best = (name, r["goodput_tok_s"])
         assert best is not None
@@ -55,14 +56,14 @@ def simulate(sc: Scenario, controllers: list[str] | None = None, seed: int | Non
 
 
 def sweep(sc: Scenario, controllers: list[str], loads: list[float],
-          seed: int | None = None) -> list[dict]:
+          seed: int | None = None, stepping: str = "event") -> list[dict]:
     """Goodput and attainment per controller at each multiple of the scenario's rates."""
     policy = sc.policy or default_policy()
     out = []
     for load in loads:
         row: dict = {"load": load, "controllers": {}}
         for c in controllers:
-            r = summarize(run_one(sc, c, seed, load), policy)
+            r = summarize(run_one(sc, c, seed, load, stepping), policy)
             row["controllers"][c] = {
                 "goodput_tok_s": r["goodput_tok_s"],
                 "slo_attainment": {p: v["slo_attainment"] for p, v in r["classes"].items()},
