@@ -159,6 +159,7 @@ class Engine:
             scheduled.append((seq, n))
             budget -= n
             i += 1
+        new = 0  # requests scheduled for the first time: each pays per_request_s
         if not preempted:
             while (self.waiting and budget > 0
                    and len(self.running) < p.max_num_seqs):
@@ -171,6 +172,7 @@ class Engine:
                 if seq.first_scheduled is None:
                     seq.first_scheduled = now
                     self.metrics.queue_time.observe(now - seq.arrival)
+                    new += 1
                 scheduled.append((seq, n))
                 budget -= n
         if not scheduled:
@@ -183,7 +185,7 @@ class Engine:
             if n > 1 or seq.computed < seq.prompt + seq.generated - 1:
                 prefill_tokens += n
             context += seq.computed + n
-        duration = (p.base_s + p.per_seq_s * len(scheduled)
+        duration = (p.base_s + p.per_seq_s * len(scheduled) + p.per_request_s * new
                     + p.per_prefill_token_s * prefill_tokens
                     + p.per_ctx_token_s * context) * self.slowdown
         end = now + duration

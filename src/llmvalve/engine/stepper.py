@@ -290,6 +290,7 @@ class EventEngine(Engine):
             s.blocks += need
         budget = p.max_num_batched_tokens - demand
         admitted: list[tuple[_Seq, int]] = []
+        new = 0
         while self.waiting and budget > 0 and len(self.running) < p.max_num_seqs:
             w = self.waiting[0]
             x = min(w.prompt + w.generated - w.computed, budget)
@@ -303,15 +304,17 @@ class EventEngine(Engine):
             if w.first_scheduled is None:
                 w.first_scheduled = now
                 self.metrics.queue_time.observe(now - w.arrival)
+                new += 1
             admitted.append((w, x))
             budget -= x
         plan += admitted
         if not plan and n_dec == 0:
             return None  # nothing fits: the reference's idle step
         self._special += [w for w, _ in admitted]
-        return self._run_step(now, plan, n_dec)
+        return self._run_step(now, plan, n_dec, new)
 
-    def _run_step(self, now: float, plan: list[tuple[_Seq, int]], n_dec: int) -> Advance:
+    def _run_step(self, now: float, plan: list[tuple[_Seq, int]], n_dec: int,
+                  new: int) -> Advance:
         p, bs = self.profile, self.profile.block_size
         prefill = context = 0
         for s, x in plan:
@@ -319,8 +322,9 @@ class EventEngine(Engine):
                 prefill += x
             context += s.computed + x
         context += self._dec_e + n_dec * (self._g + 1)
-        duration = (p.base_s + p.per_seq_s * (n_dec + len(plan)) + p.per_prefill_token_s * prefill
-                    + p.per_ctx_token_s * context) * self.slowdown
+        duration = (p.base_s + p.per_seq_s * (n_dec + len(plan)) + p.per_request_s * new
+                    + p.per_prefill_token_s * prefill + p.per_ctx_token_s * context) \
+            * self.slowdown
         end = now + duration
         self._dec_blocks += self._dec_n[(-self._g) % bs]
         self._g += 1
