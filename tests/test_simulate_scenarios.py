@@ -15,7 +15,7 @@ from llmvalve.sim.runner import run_one, simulate, sweep
 from llmvalve.sim.scenario import builtin_names, load_scenario
 
 BUILTINS = ["steady", "burst", "prompt-shift", "capacity-drop", "overload-sweep", "retry-storm",
-            "cancel-heavy", "multi-gateway", "noise", "azure-conv"]
+            "cancel-heavy", "multi-gateway", "noise", "azure-conv", "fleet"]
 
 
 def att(result: dict, ctrl: str, prio: str = "0") -> float:
