@@ -103,12 +103,14 @@ class EventEngine(Engine):
                 self._special.append(seq)
 
     def _blocks_after(self, k: int) -> int:
-        """Blocks the group holds after k more decode steps."""
-        bs, g = self.profile.block_size, self._g
-        extra = 0
-        for r, n in enumerate(self._dec_n):
-            if n:
-                extra += n * (-(-(g + k + r) // bs) + (g + r + bs - 1) // bs * -1)
+        """Blocks the group holds after k more decode steps: every bs steps each member takes
+        one block; in the last partial cycle, a member takes one at step m + 1 if its last
+        block has m free slots (m = (−computed) mod bs = (−g − e) mod bs)."""
+        bs, g, n = self.profile.block_size, self._g, self._dec_n
+        cycles, rem = divmod(k, bs)
+        extra = cycles * len(self._dec)
+        for m in range(rem):
+            extra += n[(-g - m) % bs]
         return self._dec_blocks + extra
 
     # ---- inputs (each ends a run in flight after its current step, as in a per-step engine)

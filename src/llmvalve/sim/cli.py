@@ -14,6 +14,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: the scenario's)")
     p.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
     p.add_argument("--gateways", type=int, help="independent gateway replicas")
+    p.add_argument("--backends", type=int, help="number of backends (default: the scenario's)")
+    p.add_argument("--load-scale", type=float, default=1.0,
+                   help="multiply every class's request rate (default 1)")
     p.add_argument("--oracle", action="store_true", help="also sweep static:N, report the best")
     p.add_argument("--json", action="store_true", help="print the results JSON only")
     p.add_argument("--plot", metavar="PNG", help="write time series (and sweep) plots")
@@ -35,10 +38,14 @@ def run(args: argparse.Namespace) -> int:
     except (ScenarioError, OSError) as exc:
         print(f"llmvalve simulate: {exc}", file=sys.stderr)
         return 2
+    if args.backends is not None:
+        from dataclasses import replace
+
+        sc = replace(sc, backends=args.backends)
     ctrls = args.controllers.split(",") if args.controllers else None
     t0 = time.perf_counter()
     result, runs = simulate(sc, ctrls, args.seed, args.oracle, args.gateways,
-                            stepping=args.stepping)
+                            load_scale=args.load_scale, stepping=args.stepping)
     if sc.sweep_loads:
         result["sweep"] = sweep(sc, list(result["controllers"]), list(sc.sweep_loads),
                                 args.seed, args.stepping)

@@ -3,8 +3,10 @@ published numbers are the tool's own output: `python -m llmvalve.sim.docs [OUT.m
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from llmvalve.sim.report import table
@@ -84,7 +86,45 @@ def render() -> str:
                              f"{r['controllers'][c]['goodput_tok_s']:.0f}" for c in ctrls)
                              + " |" for r in rows) + "\n")
         parts.append(f"_(simulated with the oracle sweep in {elapsed:.1f} s)_\n")
+    parts.append(speed())
     return "\n".join(parts)
+
+
+SPEED = """## Simulator speed
+
+Wall time of `llmvalve simulate` on the machine that wrote this page ({cpus} CPUs, load average
+{load:.2f} when the section started), event-driven engine stepping (the default; `--stepping
+per-step` runs the per-token reference, which gives the same results: see docs/engine.md).
+The last row is `fleet` scaled eight times: `--backends 512 --gateways 32 --load-scale 8`.
+
+| run | requests | wall time | adaptive goodput (tok/s) | P0 attainment |
+|---|---|---|---|---|
+"""
+
+
+def _timed(sc, ctrls: list[str], oracle: bool, load: float = 1.0) -> tuple[dict, dict, float]:
+    t0 = time.perf_counter()
+    res, runs = simulate(sc, ctrls, oracle=oracle, load_scale=load)
+    return res, runs, time.perf_counter() - t0
+
+
+def speed() -> str:
+    """The fleet scenario's wall times, alone and with the oracle sweep, and at 8x scale."""
+    sc = load_scenario("fleet")
+    big = replace(sc, backends=sc.backends * 8, gateways=sc.gateways * 4)
+    cases = [(f"`fleet` ({sc.backends} backends, {sc.gateways} gateways), adaptive", sc, False,
+              1.0),
+             ("`fleet`, adaptive `--oracle` (static sweep "
+              + ", ".join(str(n) for n in sc.oracle_sweep) + ")", sc, True, 1.0),
+             (f"{big.backends} backends x {big.gateways} gateways, adaptive", big, False, 8.0)]
+    rows = []
+    load = os.getloadavg()[0]
+    for what, s, oracle, scale in cases:
+        res, runs, wall = _timed(s, ["adaptive"], oracle, scale)
+        a = res["controllers"]["adaptive"]
+        rows.append(f"| {what} | {len(runs['adaptive'].jobs):,} | {wall:.1f} s | "
+                    f"{a['goodput_tok_s']:,.0f} | {a['classes']['0']['slo_attainment']:.3f} |")
+    return SPEED.format(cpus=os.cpu_count(), load=load) + "\n".join(rows) + "\n"
 
 
 def main() -> None:
