@@ -58,7 +58,7 @@ class EventEngine(Engine):
         self._tie = 0
         self._special: list[_Seq] = []  # running, not in the group (prefilling), in order
         self._last_end = 0.0
-        # a run in flight: start, g at start, a, b, k, its end, and what it delivers
+        # a run in flight: (start, g at its start, a, b, k): step j ends at start + j·a + b·j(j+1)/2
         self._run: tuple[float, int, float, float, int] | None = None
         self._pending: Advance | None = None
 
