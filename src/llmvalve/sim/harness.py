@@ -3,7 +3,10 @@ simulated engines (the real `Engine`), with feedback arriving as it would in pro
 metrics by periodic scrape, per-request samples by access log a little after each request ends.
 
 The clock is the event heap, keyed (time, sequence): time moves only when an event is popped,
-so the same scenario and seed give the same numbers, to the last digit.
+so the same scenario and seed give the same numbers, to the last digit. Engines advance by
+events (`EventEngine`: one heap event per run of decode steps, synced before anything reads
+them) or, with `stepping="per-step"`, one step per event as the HTTP backend does: the same
+results either way (tests/test_simulate_stepping.py).
 """
 
 from __future__ import annotations
