@@ -31,7 +31,6 @@ from llmvalve.core.types import (
     Reason,
     Reject,
     RequestInfo,
-    Sample,
     Ticket,
 )
 
@@ -249,7 +248,10 @@ def test_token_cost_from_prompt_and_expected_output():
     a = adm("adaptive")
     req = RequestInfo("x", "t", 1, 0.0, prompt_tokens=100)
     assert admit(a, req, 0.0).cost_tokens == 356.0  # default_max_tokens 256
-    a.observe(Sample("x", "default", Outcome.SUCCESS, output_tokens=40), 1.0, priority=1)
+    # The backends say the answers that finished in the window were 40 tokens long on average
+    # (vLLM's request_generation_tokens histogram): the pool expects 1.25 × that.
+    a.on_snapshot("default", BackendSnapshot("b0", 1.0, output_tokens_mean=40.0,
+                                             finished_in_window=1000.0), 1.0)
     assert admit(a, RequestInfo("y", "t", 1, 0.0, prompt_tokens=100), 1.0).cost_tokens == 150.0
     assert admit(a, RequestInfo("z", "t", 1, 0.0, prompt_tokens=100, max_tokens=20),
                  1.0).cost_tokens == 120.0

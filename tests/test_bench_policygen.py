@@ -69,14 +69,13 @@ def test_modes_resolve():
             resolve_modes(sc, [bad])
 
 
-def test_envoy_alone_has_no_ext_proc_and_validates(envoy_bin, tmp_path):
+def test_envoy_alone_has_no_admission_and_validates(envoy_bin, tmp_path):
     text = render_alone(EnvoyParams(
         listen_address="127.0.0.1", listen_port=18080, admin_port=18081,
-        control_plane=("127.0.0.1", 19000),
         clusters={"llm_backends": (("127.0.0.1", 18001), ("127.0.0.1", 18002))}), 0.125)
     doc = yaml.safe_load(text)
     body = yaml.safe_dump(doc)
-    assert "ext_proc" not in body and "access_log" not in body
+    assert "ext_authz" not in body and "access_log" not in body and "llmvalve_" not in body
     cluster = next(c for c in doc["static_resources"]["clusters"]
                    if c["name"] == "llm_backends")
     assert cluster["lb_policy"] == "LEAST_REQUEST"

@@ -14,21 +14,11 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from deploy_support import K8S, ROOT, clusters, load, load_all, serve_args
 from llmvalve.cli import build_parser
 from llmvalve.core.policy import SEED_QUEUES
 from llmvalve.core.policy_load import load_policy, load_policy_file
 from llmvalve.gateway.envoy_config import EnvoyParams, render
-
-ROOT = Path(__file__).resolve().parent.parent
-K8S = ROOT / "deploy" / "kubernetes"
-
-
-def load(path: Path) -> dict:
-    return yaml.safe_load(path.read_text())
-
-
-def load_all(path: Path) -> list[dict]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
 @pytest.fixture(scope="module")
@@ -41,27 +31,9 @@ def envoy_cfg() -> dict:
     return load(ROOT / "envoy" / "envoy.yaml")
 
 
-def clusters(cfg: dict) -> dict[str, list[tuple[str, int]]]:
-    out = {}
-    for c in cfg["static_resources"]["clusters"]:
-        eps = []
-        for group in (c.get("load_assignment") or {}).get("endpoints", []):
-            for ep in group["lb_endpoints"]:
-                sa = ep["endpoint"]["address"]["socket_address"]
-                eps.append((sa["address"], sa["port_value"]))
-        out[c["name"]] = eps
-    return out
-
-
 def listener_port(cfg: dict) -> int:
     [listener] = cfg["static_resources"]["listeners"]
     return listener["address"]["socket_address"]["port_value"]
-
-
-def serve_args(argv: list[str]):
-    args = build_parser().parse_args(argv)
-    assert args.command == "serve"
-    return args
 
 
 def port_of(addr: str) -> int:

@@ -32,23 +32,43 @@ def test_shipped_config_is_the_rendered_template():
     assert (ROOT / "envoy" / "envoy.yaml").read_text() == render(EnvoyParams())
 
 
-@pytest.mark.parametrize("failure_mode_allow", [False, True])
-def test_local_render_validates(envoy_bin, tmp_path, failure_mode_allow):
+@pytest.mark.parametrize(("failure_mode_allow", "admission"),
+                         [(False, "http"), (True, "http"), (False, "grpc")])
+def test_local_render_validates(envoy_bin, tmp_path, failure_mode_allow, admission):
     params = EnvoyParams(
-        listen_address="127.0.0.1", listen_port=18080, admin_port=18081,
-        control_plane=("127.0.0.1", 19000),
+        listen_address="127.0.0.1", listen_port=18080, admin_port=18081, admission=admission,
+        control_plane_http=("127.0.0.1", 19001), control_plane_grpc=("127.0.0.1", 19000),
         clusters={"llm_backends": (("127.0.0.1", 18001), ("127.0.0.1", 18002)),
                   "fallback_model": (("127.0.0.1", 18003),)},
-        failure_mode_allow=failure_mode_allow, note="test",
+        failure_mode_allow=failure_mode_allow, note="test", extra_headers=("x-tier",),
     )
     text = render(params)
     assert f"failure_mode_allow: {str(failure_mode_allow).lower()}" in text
+    assert ("http_service:" in text) == (admission == "http")
+    assert ("cluster_name: llmvalve_grpc}\n                timeout" in text) == (
+        admission == "grpc")
+    assert "- {exact: x-tier}" in text
     assert "type: STATIC" in text and "STRICT_DNS" not in text
     path = tmp_path / "envoy.yaml"
     path.write_text(text)
     validate(envoy_bin, path)
 
 
-def test_render_needs_the_backend_cluster():
-    with pytest.raises(ValueError, match="llm_backends"):
-        render(EnvoyParams(clusters={"fallback_model": (("x", 1),)}))
+def test_render_needs_a_backend_cluster_and_a_known_mode():
+    with pytest.raises(ValueError, match="default pool"):
+        render(EnvoyParams(clusters={}))
+    with pytest.raises(ValueError, match="admission"):
+        render(EnvoyParams(admission="ext_proc"))
+
+
+def test_the_control_plane_is_reached_on_loopback_only():
+    """Compose and Kubernetes run the control plane beside Envoy (one network namespace): the
+    shipped config reaches its data-plane listeners on 127.0.0.1 (docs/deployment.md)."""
+    import yaml
+
+    doc = yaml.safe_load(render(EnvoyParams()))
+    for cluster in doc["static_resources"]["clusters"]:
+        if cluster["name"].startswith("llmvalve"):
+            for group in cluster["load_assignment"]["endpoints"]:
+                for ep in group["lb_endpoints"]:
+                    assert ep["endpoint"]["address"]["socket_address"]["address"] == "127.0.0.1"

@@ -1,4 +1,5 @@
-"""Gateway pieces without Envoy: replies, request reading, ALS samples, driver, scraper, admin."""
+"""Gateway pieces without Envoy: replies, request facts, access-log entries, driver, scraper,
+admin."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ from llmvalve.core.policy import (
     PoolSpec,
     RequestSpec,
 )
-from llmvalve.core.types import Admit, Outcome, Queued, Reason, Reject, Ticket
-from llmvalve.gateway import reading, replies
+from llmvalve.core.types import Reason, Reject
+from llmvalve.gateway import replies
+from llmvalve.gateway import request_facts as reading
+from llmvalve.gateway.access_log import entry_of, flags_of
 from llmvalve.gateway.admin import AdminState, build_app
-from llmvalve.gateway.als import flags_of, sample_of
 from llmvalve.gateway.driver import Driver
+from llmvalve.gateway.front import Record
 from llmvalve.gateway.metrics import GatewayMetrics
 from llmvalve.gateway.scraper import Scraper
 
@@ -93,12 +96,16 @@ def test_header_hints():
 
 # -- access log --------------------------------------------------------------------------------
 def entry(status: int, cluster: str = "llm_backends", details: str = "via_upstream",
-          **flags: bool) -> accesslog_pb2.HTTPAccessLogEntry:
+          check_id: str = "c1", **flags: bool) -> accesslog_pb2.HTTPAccessLogEntry:
     e = accesslog_pb2.HTTPAccessLogEntry()
     e.request.request_id = "r1"
+    if check_id:
+        e.request.request_headers["x-llmvalve-id"] = check_id
     e.response.response_code.value = status
     e.response.response_code_details = details
+    e.response.response_headers["content-type"] = "text/event-stream"
     e.common_properties.upstream_cluster = cluster
+    e.common_properties.route_name = "admitted"
     e.common_properties.custom_tags["ttft_ms"] = "120"
     e.common_properties.custom_tags["upstream_ms"] = "-"
     for name, value in flags.items():
@@ -106,18 +113,21 @@ def entry(status: int, cluster: str = "llm_backends", details: str = "via_upstre
     return e
 
 
-def test_access_log_entry_to_sample():
-    sample = sample_of(entry(200), {"llm_backends": "default"})
-    assert sample is not None
-    assert (sample.request_id, sample.pool, sample.outcome) == ("r1", "default", Outcome.SUCCESS)
-    assert sample.ttft_s == 0.12 and sample.duration_s is None
-    dc = sample_of(entry(200, downstream_connection_termination=True), {"llm_backends": "d"})
-    assert dc is not None and dc.outcome is Outcome.IGNORE
-    uf = sample_of(entry(503, upstream_connection_failure=True), {"llm_backends": "d"})
-    assert uf is not None and uf.outcome is Outcome.DROPPED
-    # Answered by the gateway itself, or another cluster: not a backend sample.
-    assert sample_of(entry(429, details="llmvalve_queue_full"), {"llm_backends": "d"}) is None
-    assert sample_of(entry(200, cluster="fallback_model"), {"llm_backends": "d"}) is None
+def test_access_log_entry_to_log_entry():
+    got = entry_of(entry(200))
+    assert got is not None
+    assert (got.check_id, got.status, got.flags) == ("c1", 200, frozenset())
+    assert got.ttft_s == 0.12 and got.upstream_s is None and got.streamed
+    dc = entry_of(entry(200, downstream_connection_termination=True))
+    assert dc is not None and dc.flags == {"DC"}
+    # Answered by the gateway itself (a denied check, a static fallback, a probe), or without
+    # the id Envoy stamps: not a request that held a slot.
+    assert entry_of(entry(429, cluster="", details="ext_authz_denied")) is None
+    assert entry_of(entry(200, cluster="llmvalve_fallback")) is None
+    assert entry_of(entry(200, check_id="")) is None
+    probe = entry(200)
+    probe.common_properties.route_name = "no_admission"
+    assert entry_of(probe) is None
 
 
 def test_flags_of():
@@ -127,59 +137,30 @@ def test_flags_of():
 
 
 # -- driver ------------------------------------------------------------------------------------
-class QueueingAdmission:
-    def __init__(self) -> None:
-        self.pending: list = []
-        self.released: list = []
-        self.deadline: float | None = None
+async def test_driver_holds_a_check_until_its_slot_frees_and_a_cancelled_one_leaves():
+    from llmvalve.core.admission import Admission
+    from llmvalve.gateway.front import Answer, Check, Front, Go, LogEntry
 
-    def submit(self, req, now):
-        return Queued(req.request_id, 1)
-
-    def poll(self, now):
-        out, self.pending = self.pending, []
-        return out
-
-    def next_deadline(self):
-        return self.deadline
-
-    def cancel(self, request_id, now):
-        return True
-
-    def release(self, ticket, outcome, now):
-        self.released.append((ticket.request_id, outcome))
-
-    def reclaim_expired_leases(self, now):
-        return []
-
-
-def ticket(rid: str) -> Ticket:
-    return Ticket(rid, "default", 0, "t", 1.0, 0.0, 0)
-
-
-async def test_driver_wakes_at_the_deadline_and_releases_orphans():
-    from llmvalve.core.types import RequestInfo
-
-    admission = QueueingAdmission()
-    driver = Driver(admission, POLICY)  # type: ignore[arg-type]
+    front = Front(Admission(POLICY, __import__("random").Random(1), "static:1"))
+    driver = Driver(front)
     driver.start()
+    headers = {"content-length": "100", "x-llmvalve-priority": "0"}  # tail-drop class
     try:
-        assert isinstance(driver.submit(RequestInfo("a", "t", 0, 1.0)), Queued)
-        with pytest.raises(ValueError, match="already in use"):
-            driver.submit(RequestInfo("a", "t", 0, 1.0))
-        waiting = driver.waiter("a")
-        assert waiting is not None
-        # A decision for a request nobody waits for (it left): its ticket is closed at once.
-        admission.pending = [Admit("a", ticket("a"), 0.0), Admit("zz", ticket("zz"), 0.0)]
-        admission.deadline = driver.clock() + 0.05  # poll() runs at the deadline
-        driver.kick()
-        decided = await asyncio.wait_for(waiting, 1)
-        assert isinstance(decided, Admit)
-        assert admission.released == [("zz", Outcome.IGNORE)]
-        assert driver.counts["orphan_admits"] == 1
-        driver.release(decided.ticket, Outcome.SUCCESS)
-        driver.release(decided.ticket, Outcome.SUCCESS)  # a second close is ignored here
-        assert admission.released[-1] == ("a", Outcome.SUCCESS) and len(admission.released) == 2
+        first = await driver.decide(Check("a", headers))
+        assert isinstance(first, Go)
+        waiting = asyncio.create_task(driver.decide(Check("b", headers)))
+        leaving = asyncio.create_task(driver.decide(Check("c", headers)))
+        await asyncio.sleep(0.05)
+        assert driver.waiting == 2 and front.waiting == 2
+        leaving.cancel()  # the client left while queued: dequeued
+        await asyncio.gather(leaving, return_exceptions=True)
+        assert driver.waiting == 1 and front.waiting == 1
+        duplicate = await driver.decide(Check("b", headers))
+        assert isinstance(duplicate, Answer) and duplicate.reply.status == 400
+        driver.logged(LogEntry("a", status=200))  # a ended: b gets the slot
+        second = await asyncio.wait_for(waiting, 1)
+        assert isinstance(second, Go) and second.ticket is not None
+        assert front.open_tickets() == 1 and front.counts["released"] == 1
     finally:
         await driver.stop()
 
@@ -236,8 +217,8 @@ async def test_admin_endpoints(aiohttp_free_port):
     metrics = GatewayMetrics()
     status = {"pools": {"default": {"limit": 8, "inflight": 2.0, "name": "x"}}}
     metrics.watch_status(lambda: status)
-    metrics.decision("admitted", "realtime-interactive", "")
-    runner = web.AppRunner(build_app(state, metrics, lambda: status))
+    metrics.record(Record("admitted", "realtime-interactive"))
+    runner = web.AppRunner(build_app(state, metrics, lambda: {"ready": state.ready, **status}))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", aiohttp_free_port).start()
     base = f"http://127.0.0.1:{aiohttp_free_port}"
@@ -269,23 +250,16 @@ def test_reject_type_used_by_the_tests_is_current():
     assert Reject("r", 429, Reason.QUEUE_FULL, 1.0).fallback is None
 
 
-def test_direct_cluster_sample_takes_the_pool_from_the_logged_header():
-    e = entry(200, cluster="llm_direct")
-    e.request.request_headers["x-llmvalve-pool"] = "default"
-    sample = sample_of(e, {"llm_backends": "default"})
-    assert sample is not None and sample.pool == "default"
-
-
 def test_status_command_renders_pools_and_classes():
     from llmvalve.admin_cli import render
 
     text = render({"policy_version": "abc", "controller": "static", "ready": True,
-                   "draining": False, "gateway": {"streams_open": 2, "last_sample": None},
+                   "draining": False, "gateway": {"checks_held": 2},
                    "pools": {"default": {"limit": 8, "inflight": 2.0, "inflight_requests": 2,
                                          "saturation": 0.1, "classes": {
                                              "0": {"name": "realtime-interactive",
                                                    "queue_depth": 3, "oldest_wait_s": 0.5,
                                                    "inflight": 2.0}}}}})
-    assert "policy abc" in text and "streams_open 2" in text
+    assert "policy abc" in text and "checks_held 2" in text
     assert "pool default: limit 8" in text
     assert "P0 realtime-interactive" in text and "queued     3" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 
@@ -16,7 +17,8 @@ from aiohttp import web
 from llmvalve.admin.v1 import admin_pb2 as pb
 from llmvalve.admin.v1 import admin_pb2_grpc as pb_grpc
 from llmvalve.core.policy_load import load_policy
-from llmvalve.server import ControlPlane
+from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
+from llmvalve.gateway.front import Record
 
 POLICY = load_policy("""
 queues:
@@ -48,7 +50,7 @@ async def backend_metrics():
 
 @pytest.fixture
 async def plane(backend_metrics):
-    plane = ControlPlane(POLICY, metrics_urls=(backend_metrics,))
+    plane = ControlPlane(POLICY, ControlPlaneConfig(metrics_urls=(backend_metrics,)))
     await plane.start()
     plane.history.interval_s = 0.2
     try:
@@ -67,7 +69,7 @@ async def wait_for(predicate, timeout_s: float = 5.0):
 
 
 async def test_status_and_dashboard_show_backends_classes_and_history(plane):
-    base = f"http://127.0.0.1:{plane.admin_port}"
+    base = f"http://127.0.0.1:{plane.ports['admin']}"
     async with aiohttp.ClientSession() as session:
         async def scraped():
             async with session.get(base + "/status") as r:
@@ -109,7 +111,7 @@ async def test_status_and_dashboard_show_backends_classes_and_history(plane):
 
 
 async def test_admin_grpc_status_stream_and_limit_override(plane):
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{plane.grpc_port}") as channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{plane.ports['admin_grpc']}") as channel:
         stub = pb_grpc.AdminStub(channel)
         status = await stub.GetStatus(pb.GetStatusRequest())
         assert status.ready and status.policy_version == POLICY.version
@@ -150,13 +152,24 @@ async def test_admin_grpc_status_stream_and_limit_override(plane):
         assert (await stub.GetStatus(pb.GetStatusRequest())).pools[0].limit == 8
 
 
+def non_loopback_address() -> str | None:
+    """This host's address on its default route (no packet is sent), if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.1.2.3", 9))
+        except OSError:
+            return None
+        host = s.getsockname()[0]
+    return None if host.startswith("127.") else host
+
+
 def llmvalve(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "llmvalve.cli", *args], capture_output=True,
                           text=True, timeout=30)
 
 
 async def test_status_top_and_override_commands(plane):
-    addr = f"127.0.0.1:{plane.grpc_port}"
+    addr = f"127.0.0.1:{plane.ports['admin_grpc']}"
     run = asyncio.to_thread
     done = await run(llmvalve, "override", "--grpc", addr, "--limit", "3", "--for", "2m")
     assert done.returncode == 0, done.stderr
@@ -172,7 +185,7 @@ async def test_status_top_and_override_commands(plane):
     assert "\x1b[2J" not in top.stdout  # not a terminal: no screen clearing
     done = await run(llmvalve, "override", "--grpc", addr, "--clear")
     assert done.returncode == 0 and "no override" in done.stdout
-    http = await run(llmvalve, "status", "--admin", f"http://127.0.0.1:{plane.admin_port}",
+    http = await run(llmvalve, "status", "--admin", f"http://127.0.0.1:{plane.ports['admin']}",
                      "--json")
     assert json.loads(http.stdout)["pools"]["default"]["limit"] == 8
     bad = await run(llmvalve, "status", "--grpc", "127.0.0.1:1", "--timeout", "0.5")
@@ -183,8 +196,9 @@ async def test_every_exported_metric_is_documented(plane):
     from pathlib import Path
 
     docs = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
-    plane.metrics.decision("rejected", "batch", "queue_full", tenant="t", retry_after_s=2.0)
-    base = f"http://127.0.0.1:{plane.admin_port}"
+    plane.metrics.record(Record("rejected", "batch", "queue_full", "t", retry_after_s=2.0))
+    plane.metrics.admin_refused("grpc")
+    base = f"http://127.0.0.1:{plane.ports['admin']}"
     async with aiohttp.ClientSession() as session:
         async def families():
             async with session.get(base + "/metrics") as r:
@@ -200,3 +214,94 @@ async def test_every_exported_metric_is_documented(plane):
             assert "llmvalve_limiter_<field>" in docs
         else:
             assert f"`{name}`" in docs, f"{name} is not in docs/metrics.md"
+
+
+@pytest.fixture
+async def guarded(backend_metrics, tmp_path):
+    """A control plane with an admin token, its admin HTTP port on every address."""
+    token_file = tmp_path / "admin-token"
+    token_file.write_text("s3cret-token\n")
+    plane = ControlPlane(POLICY, ControlPlaneConfig(
+        admin="0.0.0.0:0", admin_grpc="0.0.0.0:0", admin_token_file=token_file,
+        metrics_urls=(backend_metrics,)))
+    await plane.start()
+    try:
+        yield plane
+    finally:
+        await plane.stop()
+
+
+async def test_admin_grpc_needs_the_token_and_a_refusal_changes_nothing(guarded, caplog):
+    addr = f"127.0.0.1:{guarded.ports['admin_grpc']}"
+    async with grpc.aio.insecure_channel(addr) as channel:
+        stub = pb_grpc.AdminStub(channel)
+        for metadata in [(), (("authorization", "Bearer not-the-token-xyz"),),
+                         (("authorization", "s3cret-token"),)]:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.SetLimitOverride(pb.SetLimitOverrideRequest(limit=1, duration_s=60),
+                                            metadata=metadata)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            stream = stub.WatchStatus(pb.WatchStatusRequest(interval_s=0.1), metadata=metadata)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stream.read()
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert guarded.status()["pools"]["default"]["override"] is None
+        good = (("authorization", "Bearer s3cret-token"),)
+        reply = await stub.SetLimitOverride(pb.SetLimitOverrideRequest(limit=1, duration_s=60),
+                                            metadata=good)
+        assert reply.active and guarded.status()["pools"]["default"]["override"] == 1
+    assert "s3cret" not in caplog.text and "not-the-token-xyz" not in caplog.text
+    text = guarded.metrics.registry.get_sample_value("llmvalve_admin_refusals_total",
+                                                     {"api": "grpc"})
+    assert text == 6
+
+
+async def test_admin_http_guards_status_and_dashboard_but_not_metrics_or_probes(guarded):
+    base = f"http://127.0.0.1:{guarded.ports['admin']}"
+    async with aiohttp.ClientSession() as session:
+        for path in ("/metrics", "/healthz", "/readyz"):
+            async with session.get(base + path) as r:
+                assert r.status == 200, path
+        for path in ("/status", "/dashboard", "/dashboard/data"):
+            async with session.get(base + path) as r:
+                assert r.status == 401, path
+                assert (await r.json())["error"]["code"] == "unauthorized"
+            async with session.get(base + path + "?token=wrong") as r:
+                assert r.status == 401, path
+            async with session.get(base + path + "?token=s3cret-token") as r:
+                assert r.status == 200, path
+        async with session.get(base + "/status",
+                               headers={"authorization": "Bearer s3cret-token"}) as r:
+            assert (await r.json())["pools"]["default"]["limit"] == 8
+
+
+async def test_commands_take_the_token_from_the_environment(guarded, monkeypatch):
+    addr = f"127.0.0.1:{guarded.ports['admin_grpc']}"
+    run = asyncio.to_thread
+    refused = await run(llmvalve, "status", "--grpc", addr)
+    assert refused.returncode == 1 and "Bearer" in refused.stderr
+    monkeypatch.setenv("LLMVALVE_ADMIN_TOKEN", "s3cret-token")
+    done = await run(llmvalve, "override", "--grpc", addr, "--limit", "3", "--for", "1m")
+    assert done.returncode == 0, done.stderr
+    status = await run(llmvalve, "status", "--grpc", addr)
+    assert "OVERRIDE 3" in status.stdout
+    top = await run(llmvalve, "top", "--grpc", addr, "--iterations", "1")
+    assert top.returncode == 0 and "LIMIT OVERRIDE 3" in top.stdout
+
+
+async def test_without_a_token_the_admin_grpc_api_is_loopback_only(backend_metrics, caplog):
+    plane = ControlPlane(POLICY, ControlPlaneConfig(admin_grpc="0.0.0.0:0",
+                                                    metrics_urls=(backend_metrics,)))
+    await plane.start()
+    try:
+        assert "listens on 127.0.0.1" in caplog.text
+        host = non_loopback_address()
+        if host is None:
+            pytest.skip("this host has no non-loopback address")
+        with socket.socket() as s:  # the host's own address is not bound
+            s.settimeout(1)
+            assert s.connect_ex((host, plane.ports["admin_grpc"])) != 0
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", plane.ports["admin_grpc"])) == 0
+    finally:
+        await plane.stop()

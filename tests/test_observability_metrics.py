@@ -1,5 +1,5 @@
 """Metrics, the SLO view, backend signals as seen, bounded tenant labels and the structured
-decision log — through the real ext_proc servicer and a real Admission (no Envoy)."""
+decision log — through the real driver, front and Admission (no Envoy)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,15 @@ import logging
 import random
 
 import pytest
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy_load import hash_api_key, load_policy
-from llmvalve.core.types import BackendSnapshot, Outcome, Sample
+from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
 from llmvalve.gateway import logs
 from llmvalve.gateway.driver import Driver
-from llmvalve.gateway.extproc import ExtProcServicer
+from llmvalve.gateway.front import Answer, Check, Front, Go, Joined, LogEntry
 from llmvalve.gateway.metrics import GatewayMetrics
 from llmvalve.gateway.telemetry import SloTracker, TenantLabels
 
@@ -60,18 +58,24 @@ def test_tenant_labels_are_bounded():
     assert any_("") == ""
 
 
-def test_slo_tracker_judges_ttft_at_the_gateway_and_counts_sheds_as_misses():
-    slo = SloTracker(window_s=10.0)
-    slo.admitted("fast", "p0", wait_s=0.5, ttft_slo_s=2.0)
-    slo.admitted("slow", "p0", wait_s=1.5, ttft_slo_s=2.0)
-    slo.admitted("gone", "p0", wait_s=0.0, ttft_slo_s=2.0)
-    slo.admitted("failed", "p0", wait_s=0.0, ttft_slo_s=2.0)
-    assert slo.sample(Sample("fast", "d", Outcome.SUCCESS, ttft_s=1.0), 1.0) == ("p0", 1.5)
-    assert slo.sample(Sample("slow", "d", Outcome.SUCCESS, ttft_s=1.0), 1.0) == ("p0", 2.5)
-    assert slo.sample(Sample("gone", "d", Outcome.IGNORE), 1.0) == ("p0", None)  # not judged
-    slo.sample(Sample("failed", "d", Outcome.DROPPED), 2.0)
-    assert slo.sample(Sample("unknown", "d", Outcome.SUCCESS, ttft_s=0.1), 2.0) is None
-    slo.shed("p2", 3.0)
+def joined(klass: str, wait_s: float, outcome: Outcome, ttft_s: float | None) -> Joined:
+    ticket = Ticket("r", "d", 0, "t", 1.0, 0.0, 0, wait_s=wait_s)
+    sample = None if outcome is Outcome.IGNORE else Sample("r", "d", outcome, ttft_s=ttft_s)
+    return Joined(ticket, outcome, sample, klass, released=True, ttft_s=ttft_s)
+
+
+def test_slo_judges_ttft_at_the_gateway_and_counts_sheds_as_misses():
+    metrics = GatewayMetrics(clock=lambda: 1.0)
+    metrics.slo = SloTracker(window_s=10.0)
+    metrics.ttft_slo = lambda klass: 2.0
+    metrics.joined(joined("p0", 0.5, Outcome.SUCCESS, 1.0))  # 1.5 s: met
+    metrics.joined(joined("p0", 1.5, Outcome.SUCCESS, 1.0))  # 2.5 s: missed
+    metrics.joined(joined("p0", 0.0, Outcome.IGNORE, None))  # cancelled: not judged
+    metrics.joined(joined("p0", 0.0, Outcome.DROPPED, None))  # the backend failed: missed
+    metrics.joined(joined("p0", 0.0, Outcome.SUCCESS, None))  # no first byte seen: not judged
+    assert value(metrics, "llmvalve_ttft_seconds_count", **{"class": "p0"}) == 2
+    slo = metrics.slo
+    slo.judge("p2", False, 3.0)
     view = slo.attainment(3.0)
     assert view["p0"] == {"met": 1, "judged": 3, "attainment": pytest.approx(1 / 3)}
     assert view["p2"]["attainment"] == 0.0
@@ -130,68 +134,32 @@ def test_json_formatter_writes_one_object_per_line_with_the_fields():
     assert record["event"] == "override" and record["limit"] == 3.0 and "ts" in record
 
 
-# -- through the servicer ----------------------------------------------------------------------
-def headers(request_id: str, key: str, priority: str | None = None) -> ep.ProcessingRequest:
-    values = {":method": "POST", ":path": "/v1/chat/completions", "x-request-id": request_id,
-              "content-length": "400", "authorization": f"Bearer {key}"}
-    if priority is not None:
-        values["x-llmvalve-priority"] = priority
-    return ep.ProcessingRequest(request_headers=ep.HttpHeaders(
-        headers=base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode())
-                                            for k, v in values.items()])))
-
-
-class Stream:
-    def __init__(self, servicer: ExtProcServicer) -> None:
-        self.inbox: asyncio.Queue = asyncio.Queue()
-        self.outbox: asyncio.Queue = asyncio.Queue()
-        self.task = asyncio.create_task(self._run(servicer))
-
-    async def _messages(self):
-        while (message := await self.inbox.get()) is not None:
-            yield message
-
-    async def _run(self, servicer):
-        async for response in servicer.Process(self._messages(), None):
-            await self.outbox.put(response)
-
-    async def send(self, message) -> ep.ProcessingResponse:
-        await self.inbox.put(message)
-        return await asyncio.wait_for(self.outbox.get(), 2)
+# -- through the driver ------------------------------------------------------------------------
+def check(check_id: str, key: str) -> Check:
+    return Check(check_id, {"content-length": "400", "authorization": f"Bearer {key}"})
 
 
 async def test_decisions_by_class_tenant_and_outcome_and_one_log_line_each():
     metrics = GatewayMetrics(tenants=TenantLabels.parse("app"))
     metrics.ttft_slo = lambda klass: {"interactive": 2.0}.get(klass)
-    admission = Admission(POLICY, random.Random(1), controller="static:1")
-    driver = Driver(admission, POLICY)
+    driver = Driver(Front(Admission(POLICY, random.Random(1), controller="static:1")), metrics)
     driver.start()
-    servicer = ExtProcServicer(driver, metrics)
     out = io.StringIO()
     handler = logging.StreamHandler(out)
     handler.setFormatter(logs.JsonFormatter())
     logs.DECISIONS.addHandler(handler)
     logs.DECISIONS.setLevel(logging.DEBUG)
     try:
-        first = Stream(servicer)  # admitted: holds the only slot
-        assert (await first.send(headers("r-admit", SECRET))).HasField("request_headers")
-        second = Stream(servicer)  # queued behind it …
-        assert (await second.send(headers("r-queued", SECRET))).HasField(
-            "override_message_timeout")
-        third = Stream(servicer)  # … the queue (size 1) is full: rejected at once
-        answer = await third.send(headers("r-full", SECRET))
-        assert answer.immediate_response.status.code == 429
-        fourth = Stream(servicer)  # batch under pressure: fast-reject, a tenant not listed
-        answer = await fourth.send(headers("r-batch", "k-noisy"))
-        assert answer.immediate_response.status.code == 429
-        second.task.cancel()  # the client leaves while queued
+        assert isinstance(await driver.decide(check("r-admit", SECRET)), Go)  # the only slot
+        second = asyncio.create_task(driver.decide(check("r-queued", SECRET)))  # queued …
         await asyncio.sleep(0.05)
-        first.task.cancel()  # … and the admitted one leaves mid-stream
-        await asyncio.sleep(0.05)
-        for s in (third, fourth):
-            await s.inbox.put(None)
-        await asyncio.gather(first.task, second.task, third.task, fourth.task,
-                             return_exceptions=True)
+        full = await driver.decide(check("r-full", SECRET))  # … the queue (size 1) is full
+        assert isinstance(full, Answer) and full.reply.status == 429
+        batch = await driver.decide(check("r-batch", "k-noisy"))  # fast-reject, not listed
+        assert isinstance(batch, Answer) and batch.reply.status == 429
+        second.cancel()  # the client leaves while queued
+        await asyncio.gather(second, return_exceptions=True)
+        driver.logged(LogEntry("r-admit", 200, frozenset({"DC"})))  # … and mid-stream
     finally:
         logs.DECISIONS.removeHandler(handler)
         logs.DECISIONS.setLevel(logging.NOTSET)

@@ -194,6 +194,7 @@ requests:
   priorityHeader: X-Priority
   featureHeader: x-feature
   deadlineHeader: x-deadline
+  modelHeader: X-Model
   bodyInspection: true
   maxBodyBytes: 1024
   defaultMaxTokens: 128
@@ -226,8 +227,8 @@ failureModeAllow: true
         FeatureSpec("plain", None),
     )
     assert (p.retry_after.min_s, p.retry_after.max_s, p.retry_after.jitter) == (2, 30, 0.1)
-    assert p.requests == RequestSpec("x-priority", "x-feature", "x-deadline", True, 1024, 128,
-                                     3.5)
+    assert p.requests == RequestSpec("x-priority", "x-feature", "x-deadline", "x-model", True,
+                                     1024, 128, 3.5)
     assert p.failure_mode_allow is True
 
 

@@ -1,6 +1,6 @@
 """Faults below the HTTP layer, in process: a backend whose /metrics returns garbage or never
 answers, an access-log stream that drops, and the drain on SIGTERM. Each documented behaviour
-(docs/reliability.md) is checked with the real core, driver and servicers; through Envoy and
+(docs/reliability.md) is checked with the real core, driver and listeners; through Envoy and
 real processes the same faults are in tests/e2e/test_e2e_faults.py."""
 
 from __future__ import annotations
@@ -10,22 +10,23 @@ import json
 import random
 import time
 
+import aiohttp
 import pytest
 from aiohttp import web
-from envoy.config.core.v3 import base_pb2
 from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf import wrappers_pb2
 
+from authz_support import ask
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy_load import hash_api_key, load_policy
 from llmvalve.core.signals import SignalReader
-from llmvalve.core.types import Admit, Outcome, RequestInfo
-from llmvalve.gateway.als import AccessLogServicer
+from llmvalve.core.types import Admit, BackendSnapshot, Outcome, RequestInfo
+from llmvalve.gateway.access_log import AccessLogServicer
+from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
 from llmvalve.gateway.driver import Driver
+from llmvalve.gateway.front import Front, Go, LogEntry
 from llmvalve.gateway.scraper import Scraper
-from llmvalve.server import ControlPlane
 from llmvalve.stack import free_port
 
 GOOD = """vllm:num_requests_running{engine="0"} 2
@@ -119,7 +120,7 @@ async def test_a_bad_metrics_backend_is_stale_not_trusted(fault):
     async with MetricsServer() as server:
         policy = load_policy(ADAPTIVE.replace("URL", server.url))
         admission = Admission(policy, random.Random(1))
-        driver = Driver(admission, policy)
+        driver = Driver(Front(admission))
         scraper = Scraper(driver)
         await scraper.start(policy)
         try:
@@ -137,14 +138,17 @@ async def test_a_bad_metrics_backend_is_stale_not_trusted(fault):
             assert status["limiter"]["capacity_tokens"] == 16_000
             assert status["limit"] <= limit_before
             assert status["saturation"] >= 0.75  # (σ_good + 1.5) / 2: the bad one is stale
-            admitted = [driver.submit(RequestInfo(f"r{i}", "t", 0, 100.0)) for i in range(4)]
+            now = driver.clock()
+            admitted = [admission.submit(RequestInfo(f"r{i}", "t", 0, 100.0), now)
+                        for i in range(4)]
             assert all(isinstance(a, Admit) and a.ticket.backend == "good" for a in admitted)
             for a in admitted:
-                driver.release(a.ticket, Outcome.SUCCESS)
+                admission.release(a.ticket, Outcome.SUCCESS, now)
             # Recovery: a good page makes it a candidate again.
             server.bad = GOOD
             await asyncio.sleep(0.5)
-            picks = {driver.submit(RequestInfo(f"s{i}", "t", 0, 100.0)).ticket.backend
+            now = driver.clock()
+            picks = {admission.submit(RequestInfo(f"s{i}", "t", 0, 100.0), now).ticket.backend
                      for i in range(4)}
             assert picks == {"good", "bad"}
         finally:
@@ -152,27 +156,29 @@ async def test_a_bad_metrics_backend_is_stale_not_trusted(fault):
 
 
 # -- access log -------------------------------------------------------------------------------
-def als_message(request_id: str) -> als_pb2.StreamAccessLogsMessage:
+def als_message(check_id: str) -> als_pb2.StreamAccessLogsMessage:
     entry = accesslog_pb2.HTTPAccessLogEntry()
     entry.common_properties.upstream_cluster = "llm_backends"
     entry.common_properties.custom_tags["ttft_ms"] = "120"
     entry.common_properties.custom_tags["upstream_ms"] = "900"
-    entry.request.request_id = request_id
+    entry.request.request_headers["x-llmvalve-id"] = check_id
     entry.response.response_code.CopyFrom(wrappers_pb2.UInt32Value(value=200))
     message = als_pb2.StreamAccessLogsMessage()
     message.http_logs.log_entry.append(entry)
     return message
 
 
-async def test_access_log_stream_that_drops_loses_samples_not_slots():
-    """ALS is feedback only: a stream cut mid-way (Envoy restarted, network) ends quietly, the
-    next stream is served, and no ticket depends on it (release is the ext_proc stream's end)."""
+async def test_access_log_stream_that_drops_loses_entries_and_reconciling_frees_their_slots():
+    """The access log releases slots. A stream cut mid-way (Envoy restarted, network) ends
+    quietly and the next one is served; an entry lost with it leaves its slot open only until
+    the backends' counts show nothing holds it (gateway/reconcile.py), not for the lease."""
     policy = load_policy(ADAPTIVE.replace("URL", "http://127.0.0.1:1"))
-    admission = Admission(policy, random.Random(1))
-    driver = Driver(admission, policy)
+    clock = [100.0]
+    front = Front(Admission(policy, random.Random(1)))
+    driver = Driver(front, clock=lambda: clock[0])
     servicer = AccessLogServicer(driver)
-    admitted = driver.submit(RequestInfo("a", "t", 0, 100.0))
-    assert isinstance(admitted, Admit)
+    for check_id in ("a", "b", "lost"):
+        assert isinstance(front.check(check(check_id), clock[0]), Go)
 
     sent: asyncio.Queue = asyncio.Queue()
 
@@ -185,19 +191,32 @@ async def test_access_log_stream_that_drops_loses_samples_not_slots():
 
     stream = asyncio.create_task(servicer.StreamAccessLogs(messages(), None))
     await sent.put(als_message("a"))
-    await wait_for(lambda: servicer.last_sample is not None)
-    await sent.put(ConnectionResetError("the stream dropped"))
+    await wait_for(lambda: servicer.last is not None)
+    assert servicer.streams == 1 and front.open_tickets() == 2
+    await sent.put(ConnectionResetError("the stream dropped"))  # "lost" goes with it
     with pytest.raises(ConnectionResetError):
         await stream  # grpc turns this into the end of the call; nothing else is touched
+    assert servicer.streams == 0
     second = asyncio.create_task(servicer.StreamAccessLogs(messages(), None))
     await sent.put(als_message("b"))
-    await wait_for(lambda: servicer.last_sample.request_id == "b")
+    await wait_for(lambda: servicer.last.check_id == "b")
     second.cancel()
     await asyncio.gather(second, return_exceptions=True)
-    assert set(driver.open_tickets) == {"a"}
-    driver.release(admitted.ticket, Outcome.SUCCESS)
-    assert not driver.open_tickets
-    assert admission.status(driver.clock())["pools"]["default"]["inflight_requests"] == 0
+    assert front.open_tickets() == 1  # "lost" still holds its slot …
+    for t in (103.0, 104.0, 105.0, 110.0):  # … until both backends say they hold nothing
+        clock[0] = t
+        for backend in ("good", "bad"):
+            driver.on_snapshot("default", BackendSnapshot(backend, t, running=0.0))
+    assert [t.request_id for t in front.reconcile(clock[0])] == ["lost"]
+    assert front.open_tickets() == 0 and front.counts["reconciled"] == 1
+    status = front.admission.status(clock[0])["pools"]["default"]
+    assert status["inflight_requests"] == 0
+
+
+def check(check_id: str, **headers: str):
+    from llmvalve.gateway.front import Check
+
+    return Check(check_id, {"content-length": "10", **headers})
 
 
 # -- drain ------------------------------------------------------------------------------------
@@ -211,83 +230,49 @@ anonymous: null
 """
 
 
-class Conversation:
-    """Envoy's side of one ext_proc stream against an in-process servicer."""
-
-    def __init__(self, servicer, request_id: str) -> None:
-        self.inbox: asyncio.Queue = asyncio.Queue()
-        self.outbox: asyncio.Queue = asyncio.Queue()
-        self.task = asyncio.create_task(self._run(servicer))
-        headers = base_pb2.HeaderMap(headers=[
-            base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in {
-                ":path": "/v1/chat/completions", "x-request-id": request_id,
-                "authorization": "Bearer key", "content-length": "10"}.items()])
-        self.inbox.put_nowait(ep.ProcessingRequest(
-            request_headers=ep.HttpHeaders(headers=headers, end_of_stream=True)))
-
-    async def _messages(self):
-        while (message := await self.inbox.get()) is not None:
-            yield message
-
-    async def _run(self, servicer) -> None:
-        async for response in servicer.Process(self._messages(), None):
-            await self.outbox.put(response)
-
-    async def answer(self, timeout_s: float = 2.0) -> ep.ProcessingResponse:
-        while True:
-            response = await asyncio.wait_for(self.outbox.get(), timeout_s)
-            if response.WhichOneof("response") is not None:  # skip override_message_timeout
-                return response
-
-    async def end(self) -> None:
-        await self.inbox.put(None)
-        await asyncio.wait_for(self.task, 2)
-
-
 async def test_drain_sheds_new_requests_and_lets_held_ones_finish():
-    plane = ControlPlane(load_policy(DRAIN))
+    plane = ControlPlane(load_policy(DRAIN), ControlPlaneConfig())
     await plane.start()
+    url = f"http://127.0.0.1:{plane.ports['http']}"
+    key = {"authorization": "Bearer key", "content-length": "10"}
     try:
-        running = Conversation(plane.extproc, "running")
-        assert (await running.answer()).HasField("request_headers")  # admitted
-        queued = Conversation(plane.extproc, "queued")
-        await wait_for(lambda: plane.driver.waiting == 1)
+        async with aiohttp.ClientSession() as session:
+            assert (await ask(session, url, "running", **key)).allowed
+            queued = asyncio.create_task(ask(session, url, "queued", **key))
+            await wait_for(lambda: plane.driver.waiting == 1)
 
-        drain = asyncio.create_task(plane.drain(10.0))
-        await asyncio.sleep(0.1)
-        assert plane.state.draining
-        # A new request is shed at once: 503, Retry-After, reason draining.
-        late = Conversation(plane.extproc, "late")
-        shed = (await late.answer()).immediate_response
-        assert shed.status.code == 503
-        headers = {h.header.key: h.header.raw_value.decode() for h in shed.headers.set_headers}
-        assert headers["x-llmvalve-reason"] == "draining"
-        assert int(headers["retry-after"]) >= 1
-        assert json.loads(shed.body)["error"]["code"] == "draining"
-        await asyncio.wait_for(late.task, 2)
-        # The held request is not shed: it gets the slot when the running one ends.
-        assert not drain.done()
-        await running.end()
-        assert (await queued.answer()).HasField("request_headers")
-        assert not drain.done()
-        await queued.end()
-        await asyncio.wait_for(drain, 2)  # nothing open: the drain ends before its deadline
-        assert plane.extproc.streams_open == 0 and not plane.driver.open_tickets
+            drain = asyncio.create_task(plane.drain(10.0))
+            await asyncio.sleep(0.1)
+            assert plane.state.draining
+            # A new request is shed at once: 503 (418 on the wire: Envoy maps it), Retry-After,
+            # reason draining.
+            late = await ask(session, url, "late", **key)
+            assert late.status == 418
+            assert late.headers["x-llmvalve-reason"] == "draining"
+            assert int(late.headers["retry-after"]) >= 1
+            assert json.loads(late.body)["error"]["code"] == "draining"
+            # The held request is not shed: it gets the slot when the running one ends.
+            assert not drain.done()
+            plane.driver.logged(LogEntry("running", 200))
+            assert (await asyncio.wait_for(queued, 2)).allowed
+            assert not drain.done()
+            plane.driver.logged(LogEntry("queued", 200))
+            await asyncio.wait_for(drain, 2)  # nothing open: the drain ends before its deadline
+            assert plane.driver.waiting == 0 and plane.front.open_tickets() == 0
     finally:
         await plane.stop()
 
 
 async def test_drain_gives_up_at_its_deadline():
-    plane = ControlPlane(load_policy(DRAIN))
+    plane = ControlPlane(load_policy(DRAIN), ControlPlaneConfig())
     await plane.start()
     try:
-        stuck = Conversation(plane.extproc, "stuck")
-        assert (await stuck.answer()).HasField("request_headers")
-        t0 = time.monotonic()
-        await plane.drain(0.3)
-        assert 0.3 <= time.monotonic() - t0 < 1.0
-        assert plane.extproc.streams_open == 1
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{plane.ports['http']}"
+            assert (await ask(session, url, "stuck", authorization="Bearer key")).allowed
+            t0 = time.monotonic()
+            await plane.drain(0.3)
+            assert 0.3 <= time.monotonic() - t0 < 2.0
+            assert plane.front.open_tickets() == 1
     finally:
         await plane.stop()
-        stuck.task.cancel()
-        await asyncio.gather(stuck.task, return_exceptions=True)

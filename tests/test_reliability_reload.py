@@ -16,9 +16,9 @@ import aiohttp
 import pytest
 
 from llmvalve.core.policy_load import hash_api_key, load_policy_file
-from llmvalve.core.types import Admit, Outcome, Queued, RequestInfo
+from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
+from llmvalve.gateway.front import Check, Go, LogEntry
 from llmvalve.gateway.policy_watch import PolicyWatcher
-from llmvalve.server import ControlPlane
 
 POLICY = f"""
 queues:
@@ -137,8 +137,8 @@ async def test_watcher_survives_a_failing_callback(tmp_path):
 @pytest.fixture
 async def plane(tmp_path):
     volume = ConfigMapVolume(tmp_path, POLICY)
-    cp = ControlPlane(load_policy_file(volume.path), "127.0.0.1:0", "127.0.0.1:0",
-                      policy_path=volume.path, watch_interval_s=0.05)
+    cp = ControlPlane(load_policy_file(volume.path),
+                      ControlPlaneConfig(policy_path=volume.path, watch_interval_s=0.05))
     await cp.start()
     try:
         yield cp, volume
@@ -156,7 +156,7 @@ async def wait_for(predicate, timeout_s: float = 5.0) -> None:
 
 async def get(cp: ControlPlane, path: str) -> str:
     async with aiohttp.ClientSession() as session, session.get(
-            f"http://127.0.0.1:{cp.admin_port}{path}") as response:
+            f"http://127.0.0.1:{cp.ports['admin']}{path}") as response:
         assert response.status == 200
         return await response.text()
 
@@ -173,16 +173,24 @@ async def reloads_metric(cp: ControlPlane, result: str) -> float:
     raise AssertionError(f"no llmvalve_policy_reloads_total{{result={result!r}}} in /metrics")
 
 
+def check(check_id: str, priority: int) -> Check:
+    return Check(check_id, {"authorization": "Bearer key-a", "content-length": "10",
+                            "x-llmvalve-priority": str(priority)})
+
+
+def open_ids(cp: ControlPlane) -> set[str]:
+    return {t for pool in cp.front.admission.pools.values() for t in pool.tickets}
+
+
 async def test_good_change_applies_keeping_queued_and_in_flight_work(plane):
     cp, volume = plane
     status = (await status_of(cp))["policy"]
     assert status["watching"] and status["last_reload"] is None
     driver = cp.driver
-    admitted = [driver.submit(RequestInfo(f"a{i}", "app", 0, 1.0)) for i in range(2)]
-    queued = [driver.submit(RequestInfo(f"q{i}", "app", 1, 1.0)) for i in range(3)]
-    assert all(isinstance(d, Admit) for d in admitted)
-    assert all(isinstance(d, Queued) for d in queued)
-    waiters = [driver.waiter(f"q{i}") for i in range(3)]
+    admitted = [await driver.decide(check(f"a{i}", 0)) for i in range(2)]
+    assert all(isinstance(d, Go) for d in admitted)
+    waiters = [asyncio.create_task(driver.decide(check(f"q{i}", 1))) for i in range(3)]
+    await wait_for(lambda: driver.waiting == 3)
     before = cp.policy.version
 
     volume.update(POLICY.replace("limit: 2", "limit: 3").replace("maxQueueSize: 10",
@@ -196,25 +204,25 @@ async def test_good_change_applies_keeping_queued_and_in_flight_work(plane):
     # The raised limit let the oldest queued request in; the others still wait (the shrunk
     # queue keeps them), and nothing in flight was touched.
     await wait_for(lambda: waiters[0].done())
-    assert isinstance(waiters[0].result(), Admit)
+    assert isinstance(waiters[0].result(), Go)
     assert not waiters[1].done() and not waiters[2].done()
     pool = status["pools"]["default"]
     assert pool["limit"] == 3 and pool["classes"]["1"]["queue_depth"] == 2
-    assert set(driver.open_tickets) == {"a0", "a1", "q0"}
+    assert open_ids(cp) == {"a0", "a1", "q0"}
     # The old tickets close exactly once and the queue drains.
-    for d in admitted:
-        driver.release(d.ticket, Outcome.SUCCESS)
+    for i in range(2):
+        driver.logged(LogEntry(f"a{i}", 200))
     await wait_for(lambda: all(w.done() for w in waiters))
-    for w in waiters:
-        driver.release(w.result().ticket, Outcome.SUCCESS)
-    assert not driver.open_tickets
+    for i in range(3):
+        driver.logged(LogEntry(f"q{i}", 200))
+    assert not open_ids(cp)
     assert (await status_of(cp))["pools"]["default"]["inflight_requests"] == 0
 
 
 async def test_bad_change_is_refused_visibly_and_the_running_policy_stays(plane, caplog):
     cp, volume = plane
     running = cp.policy
-    held = cp.driver.submit(RequestInfo("held", "app", 0, 1.0))
+    assert isinstance(await cp.driver.decide(check("held", 0)), Go)
     caplog.set_level(logging.ERROR, logger="llmvalve.server")
 
     volume.update(POLICY.replace("dropPolicy: tail}\n  - {priority: 1",
@@ -232,11 +240,12 @@ async def test_bad_change_is_refused_visibly_and_the_running_policy_stays(plane,
     await asyncio.sleep(0.3)
     assert await reloads_metric(cp, "error") == 1
     # The admitted request is untouched, and a fixed file applies.
-    assert set(cp.driver.open_tickets) == {"held"}
+    assert open_ids(cp) == {"held"}
     volume.update(POLICY.replace("limit: 2", "limit: 5"))
     await wait_for(lambda: cp.reloads.last.ok)
     assert (await status_of(cp))["pools"]["default"]["limit"] == 5
-    cp.driver.release(held.ticket, Outcome.SUCCESS)
+    cp.driver.logged(LogEntry("held", 200))
+    assert not open_ids(cp)
 
 
 async def test_deleted_policy_file_is_an_error_not_a_crash(plane):
@@ -268,7 +277,7 @@ async def test_every_broken_policy_of_the_corpus_is_refused_at_reload(tmp_path):
     them), the running policy stays, and every refusal is counted."""
     path = tmp_path / "policy.yaml"
     path.write_text(POLICY)
-    cp = ControlPlane(load_policy_file(path), "127.0.0.1:0", "127.0.0.1:0", policy_path=path)
+    cp = ControlPlane(load_policy_file(path), ControlPlaneConfig(policy_path=path))
     await cp.start()
     try:
         running = cp.policy

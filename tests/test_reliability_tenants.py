@@ -1,22 +1,17 @@
 """Tenants under stress: one tenant flooding a class cannot lock the others out of it (neither
 out of its dispatch turns nor out of its queue places), the anonymous tenant and key revocation
-through the ext_proc servicer. Keys as hashes, the secrets file and the clamping table are in
+through the authorization service. Keys as hashes, the secrets file and the clamping table are in
 tests/test_policy_load.py and tests/test_classify.py; 401s through Envoy in
 tests/e2e/test_e2e_security.py."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-
+from authz_support import Checker
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy_load import hash_api_key, load_policy
 from llmvalve.core.types import Admit, Outcome, Queued, Reason, Reject, RequestInfo
-from llmvalve.gateway.driver import Driver
-from llmvalve.gateway.extproc import ExtProcServicer
 
 FLOOD = """
 queues:
@@ -92,61 +87,30 @@ anonymous: {anonymous}
 """
 
 
-async def one_request(servicer: ExtProcServicer, **hs: str) -> ep.ProcessingResponse:
-    inbox: asyncio.Queue = asyncio.Queue()
-
-    async def messages():
-        while (m := await inbox.get()) is not None:
-            yield m
-
-    values = {":path": "/v1/chat/completions", "content-length": "10", **hs}
-    await inbox.put(ep.ProcessingRequest(request_headers=ep.HttpHeaders(
-        headers=base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode())
-                                            for k, v in values.items()]),
-        end_of_stream=True)))
-    stream = servicer.Process(messages(), None)
-    answer = await asyncio.wait_for(stream.__anext__(), 2)
-    await inbox.put(None)
-    async for _ in stream:
-        pass
-    return answer
-
-
-def answer_headers(answer: ep.ProcessingResponse) -> dict[str, str]:
-    if answer.HasField("immediate_response"):
-        mutation = answer.immediate_response.headers
-        status = str(answer.immediate_response.status.code)
-    else:
-        mutation = answer.request_headers.response.header_mutation
-        status = "continue"
-    out = {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
-    out[":decision"] = status
-    return out
-
-
 async def test_anonymous_tenant_takes_unknown_and_missing_keys_within_its_maximum():
     policy = load_policy(policy_text(["key-app"], "{maxPriority: P1, defaultPriority: batch}"))
-    driver = Driver(Admission(policy, random.Random(1)), policy)
-    servicer = ExtProcServicer(driver)
-    for auth in ({}, {"authorization": "Bearer nope"}, {"authorization": "Basic xyz"}):
-        got = answer_headers(await one_request(servicer, **auth))
-        assert got[":decision"] == "continue" and got["x-llmvalve-class"] == "batch", auth
-    got = answer_headers(await one_request(servicer, **{"x-llmvalve-priority": "P0"}))
-    assert got["x-llmvalve-class"] == "agents"  # asked for P0, capped at its maximum P1
-    got = answer_headers(await one_request(servicer, authorization="Bearer key-app"))
-    assert got["x-llmvalve-class"] == "interactive" and got["x-llmvalve-tenant"] == "app"
-    assert not driver.open_tickets  # every stream ended: every ticket released
+    async with Checker(policy) as c:
+        for auth in ({}, {"authorization": "Bearer nope"}, {"authorization": "Basic xyz"}):
+            got = await c.check(**auth)
+            assert got.allowed and got.headers["x-llmvalve-class"] == "batch", auth
+            c.logged(got.check_id)
+        got = await c.check(**{"x-llmvalve-priority": "P0"})
+        assert got.headers["x-llmvalve-class"] == "agents"  # asked for P0, capped at P1
+        c.logged(got.check_id)
+        got = await c.check(authorization="Bearer key-app")
+        assert got.headers["x-llmvalve-class"] == "interactive"
+        assert got.headers["x-llmvalve-tenant"] == "app"
+        c.logged(got.check_id)
+        assert c.front.open_tickets() == 0  # every request ended: every ticket released
 
 
 async def test_a_key_removed_by_a_reload_is_refused_at_once():
-    old = load_policy(policy_text(["key-old", "key-new"]))
-    driver = Driver(Admission(old, random.Random(1)), old)
-    servicer = ExtProcServicer(driver)
-    assert answer_headers(await one_request(
-        servicer, authorization="Bearer key-old"))[":decision"] == "continue"
-    driver.replace_policy(load_policy(policy_text(["key-new"])))  # the key was rotated out
-    got = answer_headers(await one_request(servicer, authorization="Bearer key-old"))
-    assert got[":decision"] == "401" and got["x-llmvalve-reason"] == "unauthorized"
-    assert answer_headers(await one_request(
-        servicer, authorization="Bearer key-new"))[":decision"] == "continue"
-    assert not driver.open_tickets and driver.counts["released"] == 2
+    async with Checker(load_policy(policy_text(["key-old", "key-new"]))) as c:
+        assert (await c.check(authorization="Bearer key-old")).allowed
+        c.driver.replace_policy(load_policy(policy_text(["key-new"])))  # rotated out
+        got = await c.check(authorization="Bearer key-old")
+        assert got.status == 401 and got.headers["x-llmvalve-reason"] == "unauthorized"
+        assert (await c.check(authorization="Bearer key-new")).allowed
+        c.logged("c1")
+        c.logged("c3")
+        assert c.front.open_tickets() == 0 and c.front.counts["released"] == 2

@@ -13,13 +13,21 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-DEFAULT_GRPC_ADDR = "127.0.0.1:9000"
+DEFAULT_GRPC_ADDR = "127.0.0.1:9101"
 DEFAULT_ADMIN_URL = "http://127.0.0.1:9100"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """--grpc and --token-file, shared by `status`, `top` and `override`."""
     parser.add_argument("--grpc", default=DEFAULT_GRPC_ADDR, metavar="ADDR",
-                        help=f"the control plane's gRPC address (default {DEFAULT_GRPC_ADDR})")
+                        help="the control plane's admin gRPC address (default "
+                        f"{DEFAULT_GRPC_ADDR})")
+    parser.add_argument("--token-file", default=None, metavar="FILE",
+                        help="the admin token (default: $LLMVALVE_ADMIN_TOKEN)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_connection_arguments(parser)
     parser.add_argument("--admin", default=None, metavar="URL",
                         help=f"read /status over HTTP from this admin URL instead (e.g. "
                         f"{DEFAULT_ADMIN_URL})")
@@ -72,32 +80,39 @@ def render(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def grpc_status(addr: str, timeout_s: float) -> dict[str, Any]:
+def grpc_status(addr: str, timeout_s: float, token: str | None = None) -> dict[str, Any]:
     """GetStatus over gRPC → the /status document (with ready and draining)."""
     import grpc
 
     from llmvalve.admin.v1 import admin_pb2 as pb
     from llmvalve.admin.v1 import admin_pb2_grpc as pb_grpc
+    from llmvalve.gateway.admin_auth import call_metadata
 
     with grpc.insecure_channel(addr) as channel:
-        reply = pb_grpc.AdminStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout_s)
+        reply = pb_grpc.AdminStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout_s,
+                                                     metadata=call_metadata(token))
     status = json.loads(reply.status_json) if reply.status_json else {}
     status.update(ready=reply.ready, draining=reply.draining)
     return status
 
 
-def http_status(url: str, timeout_s: float) -> dict[str, Any]:
-    with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=timeout_s) as response:
+def http_status(url: str, timeout_s: float, token: str | None = None) -> dict[str, Any]:
+    request = urllib.request.Request(url.rstrip("/") + "/status",
+                                     headers={"authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
         return json.loads(response.read())
 
 
 def run(args: argparse.Namespace) -> int:
     import grpc
 
+    from llmvalve.gateway.admin_auth import client_token
+
     where = args.admin or args.grpc
     try:
-        status = (http_status(args.admin, args.timeout) if args.admin
-                  else grpc_status(args.grpc, args.timeout))
+        token = client_token(args.token_file)
+        status = (http_status(args.admin, args.timeout, token) if args.admin
+                  else grpc_status(args.grpc, args.timeout, token))
     except (urllib.error.URLError, OSError, ValueError, grpc.RpcError) as exc:
         detail = exc.details() if isinstance(exc, grpc.RpcError) else exc
         print(f"llmvalve status: cannot read the status from {where}: {detail}",

@@ -155,7 +155,10 @@ class StackConfig:
     listen_address: str = "127.0.0.1"
     port: int = 8080
     admin_port: int = 9100  # the control plane's admin HTTP
-    grpc_port: int = 0  # 0: pick a free one
+    grpc_port: int = 0  # the control plane's data-plane gRPC (access log); 0: pick a free one
+    http_port: int = 0  # the control plane's data-plane HTTP (ext_authz checks)
+    admin_grpc_port: int = 0  # the control plane's admin gRPC API
+    admission: str = "http"  # how Envoy asks: ext_authz over "http" or "grpc"
     envoy_admin_port: int = 0
     controller: str | None = None
     envoy_concurrency: int = 2
@@ -178,8 +181,9 @@ class Stack:
         c = self.config
         self.workdir = c.workdir or Path(tempfile.mkdtemp(prefix="llmvalve-up-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
-        if c.grpc_port == 0:
-            c.grpc_port = free_port(c.host)
+        for name in ("grpc_port", "http_port", "admin_grpc_port"):
+            if getattr(c, name) == 0:
+                setattr(c, name, free_port(c.host))
         if c.envoy_admin_port == 0:
             c.envoy_admin_port = free_port(c.host)
         if c.admin_port == 0:
@@ -243,7 +247,9 @@ class Stack:
     def start_control_plane(self) -> None:
         c = self.config
         argv = self._py("serve", "--grpc", f"{c.host}:{c.grpc_port}",
-                        "--admin", f"{c.host}:{c.admin_port}", "--drain-timeout", "5",
+                        "--http", f"{c.host}:{c.http_port}",
+                        "--admin", f"{c.host}:{c.admin_port}",
+                        "--admin-grpc", f"{c.host}:{c.admin_grpc_port}", "--drain-timeout", "5",
                         *c.serve_args)
         if c.policy is not None:
             argv += ["--policy", str(c.policy)]
@@ -283,8 +289,13 @@ class Stack:
         clusters.setdefault("fallback_model", fallback_endpoints)
         return render(EnvoyParams(
             listen_address=c.listen_address, listen_port=c.port, admin_address=c.host,
-            admin_port=c.envoy_admin_port, control_plane=(c.host, c.grpc_port),
+            admin_port=c.envoy_admin_port, admission=c.admission,
+            control_plane_http=(c.host, c.http_port), control_plane_grpc=(c.host, c.grpc_port),
             clusters=clusters, failure_mode_allow=failure_mode_allow,
+            max_body_bytes=policy.requests.max_body_bytes,
+            check_timeout_s=max(q.timeout_s for q in policy.queues) + 30.0,
+            extra_headers=(policy.requests.priority_header, policy.requests.feature_header,
+                           policy.requests.deadline_header, policy.requests.model_header),
             note="Rendered by `llmvalve up`.",
         ))
 
@@ -339,9 +350,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Envoy listener address (default 127.0.0.1)")
     parser.add_argument("--admin-port", type=int, default=9100,
                         help="control plane admin HTTP (default 9100)")
-    parser.add_argument("--grpc-port", type=int, default=9000,
-                        help="control plane gRPC: ext_proc, access log, admin API (default "
-                        "9000; a free port if it is taken)")
+    parser.add_argument("--admin-grpc-port", type=int, default=9101,
+                        help="control plane admin gRPC API: status, top, override (default "
+                        "9101; a free port if it is taken)")
+    parser.add_argument("--admission", choices=("http", "grpc"), default="http",
+                        help="how Envoy asks the control plane: ext_authz over HTTP (default) "
+                        "or gRPC")
     parser.add_argument("--controller", default=None,
                         help="adaptive (default: the policy's), seed, static:N, none")
 
@@ -353,8 +367,9 @@ def run(args: argparse.Namespace) -> int:
     stack = Stack(StackConfig(policy=args.policy, backends=args.backends, profile=args.profile,
                               time_scale=args.time_scale, port=args.port,
                               listen_address=args.listen, admin_port=args.admin_port,
-                              grpc_port=args.grpc_port if _port_free(args.grpc_port) else 0,
-                              controller=args.controller))
+                              admin_grpc_port=(args.admin_grpc_port
+                                               if _port_free(args.admin_grpc_port) else 0),
+                              admission=args.admission, controller=args.controller))
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -403,7 +418,7 @@ llmvalve is up.
   gateway (OpenAI API)   {gw}/v1
   dashboard              {stack.admin_url}/dashboard
   control plane admin    {stack.admin_url}/status   {stack.admin_url}/metrics
-  control plane gRPC     {c.host}:{c.grpc_port} (ext_proc, access log, admin API)
+  control plane admin API {c.host}:{c.admin_grpc_port} (llmvalve status / top / override)
   Envoy admin            {stack.envoy_admin_url}
   backends ({c.profile})  {backends}
   logs                   {stack.workdir}
@@ -424,6 +439,6 @@ try:
   EOF
 
   llmvalve load --target {gw} --scenario burst     # then watch the dashboard
-  llmvalve top --grpc {c.host}:{c.grpc_port}
+  llmvalve top --grpc {c.host}:{c.admin_grpc_port}
 Ctrl-C stops everything.
 """

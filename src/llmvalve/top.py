@@ -15,15 +15,14 @@ import re
 import sys
 from typing import Any
 
-from llmvalve.admin_cli import DEFAULT_GRPC_ADDR
+from llmvalve.admin_cli import add_connection_arguments
 
 CLEAR = "\x1b[H\x1b[2J"
 BAR = 28
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--grpc", default=DEFAULT_GRPC_ADDR, metavar="ADDR",
-                        help=f"the control plane's gRPC address (default {DEFAULT_GRPC_ADDR})")
+    add_connection_arguments(parser)
     parser.add_argument("--interval", type=float, default=1.0, metavar="S",
                         help="refresh every S seconds (default 1)")
     parser.add_argument("--iterations", type=int, default=0, metavar="N",
@@ -52,8 +51,7 @@ def render(status: Any) -> str:
     g = status.gateway
     lines = [f"llmvalve top — {when}  policy {status.policy_version[:12] or '-'}  controller "
              f"{status.controller}  {state}",
-             f"requests in Envoy {g.streams_open}  queued {g.queued_streams}  admitted and "
-             f"running {g.open_tickets}", ""]
+             f"queued {g.checks_held}  admitted and running {g.open_tickets}", ""]
     for pool in status.pools:
         unit = "KV tokens" if pool.unit == "tokens" else "requests"
         limit = pool.limit if pool.HasField("limit") else None
@@ -94,13 +92,15 @@ def run(args: argparse.Namespace) -> int:
 
     from llmvalve.admin.v1 import admin_pb2 as pb
     from llmvalve.admin.v1 import admin_pb2_grpc as pb_grpc
+    from llmvalve.gateway.admin_auth import call_metadata, client_token
 
     tty = sys.stdout.isatty()
     shown = 0
     try:
+        metadata = call_metadata(client_token(args.token_file))
         with grpc.insecure_channel(args.grpc) as channel:
             stream = pb_grpc.AdminStub(channel).WatchStatus(
-                pb.WatchStatusRequest(interval_s=args.interval))
+                pb.WatchStatusRequest(interval_s=args.interval), metadata=metadata)
             for status in stream:
                 sys.stdout.write((CLEAR if tty else "") + render(status) + "\n")
                 sys.stdout.flush()
@@ -110,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
                     break
     except KeyboardInterrupt:
         return 0
+    except OSError as exc:
+        print(f"llmvalve top: {exc}", file=sys.stderr)
+        return 1
     except grpc.RpcError as exc:
         if exc.code() == grpc.StatusCode.CANCELLED and shown:
             return 0
@@ -131,8 +134,7 @@ def parse_duration(text: str) -> float:
 
 
 def add_override_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--grpc", default=DEFAULT_GRPC_ADDR, metavar="ADDR",
-                        help=f"the control plane's gRPC address (default {DEFAULT_GRPC_ADDR})")
+    add_connection_arguments(parser)
     parser.add_argument("--pool", default="", help="the pool (default: the first)")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--limit", type=float,
@@ -148,16 +150,22 @@ def run_override(args: argparse.Namespace) -> int:
 
     from llmvalve.admin.v1 import admin_pb2 as pb
     from llmvalve.admin.v1 import admin_pb2_grpc as pb_grpc
+    from llmvalve.gateway.admin_auth import call_metadata, client_token
 
     try:
+        metadata = call_metadata(client_token(args.token_file))
         with grpc.insecure_channel(args.grpc) as channel:
             stub = pb_grpc.AdminStub(channel)
             if args.clear:
                 reply = stub.ClearLimitOverride(pb.ClearLimitOverrideRequest(pool=args.pool),
-                                                timeout=5)
+                                                timeout=5, metadata=metadata)
             else:
                 reply = stub.SetLimitOverride(pb.SetLimitOverrideRequest(
-                    pool=args.pool, limit=args.limit, duration_s=args.duration), timeout=5)
+                    pool=args.pool, limit=args.limit, duration_s=args.duration), timeout=5,
+                    metadata=metadata)
+    except OSError as exc:
+        print(f"llmvalve override: {exc}", file=sys.stderr)
+        return 1
     except grpc.RpcError as exc:
         print(f"llmvalve override: {exc.details()}", file=sys.stderr)
         return 1

@@ -73,8 +73,7 @@ class E2E:
         gateway = s["gateway"]
         return (pool["inflight_requests"] == 0 and pool["inflight"] == 0
                 and all(c["queue_depth"] == 0 for c in pool["classes"].values())
-                and gateway["streams_open"] == 0 and gateway["open_tickets"] == 0
-                and gateway["queued_streams"] == 0)
+                and gateway["checks_held"] == 0 and gateway["open_tickets"] == 0)
 
     def wait_idle(self, timeout_s: float = 15.0) -> None:
         end = time.monotonic() + timeout_s

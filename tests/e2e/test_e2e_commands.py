@@ -10,13 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import grpc
 import openai
 import pytest
 from e2e_support import HERE, P0_KEY
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from envoy.data.accesslog.v3 import accesslog_pb2
+from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
 from llmvalve.stack import free_port, http_get
 
@@ -53,41 +53,38 @@ def wait_for(predicate, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-async def test_serve_is_ready_then_drains_open_streams_on_sigterm(tmp_path):
-    grpc_port, admin_port = free_port(), free_port()
+def serve_argv(policy: Path) -> tuple[list[str], dict[str, int]]:
+    """`llmvalve serve` on free ports (never the defaults: tests run side by side)."""
+    ports = {name: free_port() for name in ("http", "grpc", "admin", "admin_grpc")}
+    return [sys.executable, "-m", "llmvalve.cli", "serve", "--policy", str(policy),
+            "--http", f"127.0.0.1:{ports['http']}", "--grpc", f"127.0.0.1:{ports['grpc']}",
+            "--admin", f"127.0.0.1:{ports['admin']}",
+            "--admin-grpc", f"127.0.0.1:{ports['admin_grpc']}"], ports
+
+
+async def test_serve_is_ready_then_drains_open_requests_on_sigterm(tmp_path):
+    argv, ports = serve_argv(HERE / "policy.yaml")
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llmvalve.cli", "serve", "--policy", str(HERE / "policy.yaml"),
-         "--grpc", f"127.0.0.1:{grpc_port}", "--admin", f"127.0.0.1:{admin_port}",
-         "--drain-timeout", "20"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    admin = f"http://127.0.0.1:{admin_port}"
+    proc = subprocess.Popen([*argv, "--drain-timeout", "20"], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    admin = f"http://127.0.0.1:{ports['admin']}"
     try:
         wait_for(lambda: _status(admin + "/readyz") == 200, 30, "/readyz")
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
-            stub = ep_grpc.ExternalProcessorStub(channel)
-            requests: asyncio.Queue = asyncio.Queue()
-
-            async def feed():
-                while (message := await requests.get()) is not None:
-                    yield message
-
-            call = stub.Process(feed())
-            headers = base_pb2.HeaderMap(headers=[
-                base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in {
-                    ":path": "/v1/chat/completions", "x-request-id": "drain-1",
-                    "authorization": f"Bearer {P0_KEY}"}.items()])
-            await requests.put(ep.ProcessingRequest(
-                request_headers=ep.HttpHeaders(headers=headers)))
-            response = await asyncio.wait_for(call.read(), 5)
-            assert response.HasField("request_headers")  # admitted: one stream is open
-
-            proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.5)
-            assert proc.poll() is None  # still draining the open stream …
-            assert _status(admin + "/readyz") == 503  # … and no longer ready
-            await requests.put(None)  # the request ends
-            while await asyncio.wait_for(call.read(), 5) is not grpc.aio.EOF:
-                pass
+        async with aiohttp.ClientSession() as session, session.post(
+                f"http://127.0.0.1:{ports['http']}/check/v1/chat/completions",
+                headers={"x-llmvalve-id": "drain-1", "authorization": f"Bearer {P0_KEY}"}) as r:
+            assert r.status == 200  # admitted: one request is in flight
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.5)
+        assert proc.poll() is None  # still draining the request in flight …
+        assert _status(admin + "/readyz") == 503  # … and no longer ready
+        entry = accesslog_pb2.HTTPAccessLogEntry()  # the request ends: Envoy's log says so
+        entry.request.request_headers["x-llmvalve-id"] = "drain-1"
+        entry.response.response_code.value = 200
+        message = als_pb2.StreamAccessLogsMessage()
+        message.http_logs.log_entry.append(entry)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{ports['grpc']}") as channel:
+            await als_pb2_grpc.AccessLogServiceStub(channel).StreamAccessLogs(iter([message]))
         assert await asyncio.to_thread(proc.wait, 10) == 0
     finally:
         if proc.poll() is None:
@@ -144,13 +141,10 @@ def test_serve_reloads_its_policy_on_sighup(tmp_path):
 
     policy = tmp_path / "policy.yaml"
     policy.write_text((HERE / "policy.yaml").read_text())
-    grpc_port, admin_port = free_port(), free_port()
+    argv, ports = serve_argv(policy)
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llmvalve.cli", "serve", "--policy", str(policy),
-         "--grpc", f"127.0.0.1:{grpc_port}", "--admin", f"127.0.0.1:{admin_port}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    status_url = f"http://127.0.0.1:{admin_port}/status"
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    status_url = f"http://127.0.0.1:{ports['admin']}/status"
 
     def version() -> str:
         return json.loads(http_get(status_url)[1])["policy_version"]

@@ -133,14 +133,14 @@ def test_huge_and_non_utf8_headers(e2e):
     start = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
              b"authorization: Bearer " + P0_KEY.encode() + b"\r\n")
     # 100 KiB of headers: above Envoy's limit (max_request_headers_kb, 60 KiB) its HTTP/1
-    # codec resets the connection at once (downstream_cx_protocol_error); no filter runs, so
-    # the control plane never sees the request.
+    # codec answers 431 at once (downstream_cx_protocol_error); no filter runs, so the control
+    # plane never sees the request.
     errors = e2e.envoy_stat("http.llm_ingress.downstream_cx_protocol_error")
     t0 = time.monotonic()
     status, _ = raw_request(port, start + b"x-junk: " + b"a" * 100_000 + b"\r\n", payload)
-    assert status == 0 and time.monotonic() - t0 < 2
+    assert status == 431 and time.monotonic() - t0 < 2
     assert e2e.envoy_stat("http.llm_ingress.downstream_cx_protocol_error") == errors + 1
-    assert e2e.status()["gateway"]["streams_open"] == 0
+    assert e2e.status()["gateway"]["checks_held"] == 0
     # 50 KiB fits Envoy's limit and goes through the control plane like any request (the
     # simulated backend, an aiohttp server, then refuses a field over 8 KiB with its own 400).
     status, answer = raw_request(port, start + b"x-junk: " + b"a" * 50_000 + b"\r\n", payload)

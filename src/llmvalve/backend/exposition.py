@@ -114,6 +114,8 @@ def _page_vllm(model: str, m: EngineMetrics, g: Gauges) -> _Page:
                 "Histogram of e2e request latency in seconds.")
     p.histogram("vllm:request_queue_time_seconds", m.queue_time,
                 "Histogram of time spent in WAITING phase for request.")
+    p.histogram("vllm:request_generation_tokens", m.output_tokens,
+                "Number of generation tokens processed.")
     p.head("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
     p.lines.append(f'vllm:cache_config_info{{block_size="{g.block_size}",cache_dtype="auto",'
                    f'num_gpu_blocks="{g.num_gpu_blocks}",{p.labels}}} 1.0')

@@ -103,9 +103,11 @@ def policy_dict(policy: Policy) -> dict:
             "breaker": {"failureRatio": p.breaker.failure_ratio,
                         "minRequests": p.breaker.min_requests, "window": p.breaker.window_s,
                         "open": p.breaker.open_s},
-            "leaseTimeout": p.lease_timeout_s} for p in policy.pools],
+            "leaseTimeout": p.lease_timeout_s,
+            **({"models": list(p.models)} if p.models else {})} for p in policy.pools],
         "tenants": [{"name": t.name, "apiKeyHashes": list(t.api_key_hashes),
-                     "maxPriority": t.max_priority, "defaultPriority": t.default_priority}
+                     "maxPriority": t.max_priority, "defaultPriority": t.default_priority,
+                     **({"models": list(t.models)} if t.models else {})}
                     for t in policy.tenants],
         "anonymous": None if policy.anonymous is None else {
             "maxPriority": policy.anonymous.max_priority,
@@ -118,7 +120,9 @@ def policy_dict(policy: Policy) -> dict:
             "priorityHeader": policy.requests.priority_header,
             "featureHeader": policy.requests.feature_header,
             "deadlineHeader": policy.requests.deadline_header,
-            "bodyInspection": policy.requests.body_inspection,
+            "modelHeader": policy.requests.model_header,
+            **({} if policy.requests.body_inspection is None
+               else {"bodyInspection": policy.requests.body_inspection}),
             "maxBodyBytes": policy.requests.max_body_bytes,
             "defaultMaxTokens": policy.requests.default_max_tokens,
             "bytesPerToken": policy.requests.bytes_per_token},
@@ -132,7 +136,8 @@ def policy_dict(policy: Policy) -> dict:
 def _fallback(fb) -> dict:  # type: ignore[no-untyped-def]
     if fb.kind == "static":
         return {"type": "static", "content": fb.content}
-    return {"type": "reroute", "cluster": fb.cluster, "model": fb.model}
+    return {"type": "reroute", **({"cluster": fb.cluster} if fb.cluster else {}),
+            **({"model": fb.model} if fb.model else {})}
 
 
 def bench_policy(policy: Policy, jobs: Iterable, time_scale: float,

@@ -65,6 +65,16 @@ class _PrefillModel:
         self.sxx = self.sxx * decay + x * x
         self.sxy = self.sxy * decay + x * y
 
+    def coefficients(self) -> tuple[float, float] | None:
+        """(a, b) of ttft ≈ a + b·prompt_tokens, once fitted."""
+        if self.n < 5:
+            return None
+        var = self.n * self.sxx - self.sx * self.sx
+        if var <= 1e-9:
+            return self.sy / self.n, 0.0
+        b = max(0.0, (self.n * self.sxy - self.sx * self.sy) / var)
+        return (self.sy - b * self.sx) / self.n, b
+
     def predict(self, x: float) -> float | None:
         if self.n < 5:
             return None
@@ -107,6 +117,7 @@ class AdaptiveLimit:
         # interval in which no backend's freshness changes.
         self._cap_cache: float | None = None
         self._sat_cache: tuple[float, float, float] | None = None  # (valid from, to, σ)
+        self.samples_used = 0  # access-log samples that entered a window's TTFT reading
 
     def reconfigure(self, policy: Policy) -> None:
         """Take a reloaded policy's settings; the learned state (utilisation, backends, cost
@@ -201,6 +212,7 @@ class AdaptiveLimit:
         if ticket_epoch < self.epoch or prefill is None:
             return
         self._ttft_queue.append(max(0.0, sample.ttft_s - prefill))
+        self.samples_used += 1
 
     def on_snapshot(self, snap: BackendSnapshot, now: float) -> None:
         self._cap_cache = self._sat_cache = None
@@ -290,7 +302,12 @@ class AdaptiveLimit:
         self._decreased_at = now
 
     def status(self) -> dict:
+        fit = self._prefill.coefficients()
         return {"controller": self.name, "unit": self.unit, "limit": self.limit(),
+                "samples_used": self.samples_used,
+                "prefill_samples": self._prefill.n,
+                "prefill_base_s": None if fit is None else fit[0],
+                "prefill_s_per_token": None if fit is None else fit[1],
                 "utilisation": self.u, "capacity_tokens": self._capacity_live(),
                 "pressure": self._last_pressure, "last_action": self._last_action,
                 "cost_per_kv_token": self._rho,

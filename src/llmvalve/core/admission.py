@@ -45,7 +45,7 @@ from typing import Protocol
 
 from llmvalve.core.adaptive import AdaptiveLimit
 from llmvalve.core.breaker import Breaker
-from llmvalve.core.limiter import Limit, SeedLimit, StaticLimit, Unlimited
+from llmvalve.core.limiter import Limit, ScheduledLimit, SeedLimit, StaticLimit, Unlimited
 from llmvalve.core.picker import Picker
 from llmvalve.core.policy import BreakerSpec, DropPolicy, Policy, PoolSpec
 from llmvalve.core.scheduler import Scheduler, Waiting
@@ -78,6 +78,8 @@ def make_limit(controller: str, policy: Policy, now: float) -> Limit:
         return StaticLimit(policy.limiter.static.limit)
     if controller.startswith("static:"):
         return StaticLimit(int(controller.split(":", 1)[1]))
+    if controller.startswith("schedule:"):  # the simulator's hindsight oracle
+        return ScheduledLimit.parse(controller.split(":", 1)[1])
     raise ValueError(f"unknown controller {controller!r} (none, static:N, seed, adaptive)")
 
 
@@ -118,6 +120,9 @@ class _Pool:
     picker: Picker = field(default_factory=Picker)
     breaker: Breaker = field(default_factory=lambda: Breaker(BreakerSpec()))
     pushed_out: list[Reject] = field(default_factory=list)  # for the next poll()
+    # The pool's mean answer length (tokens), learned from the backends' metrics.
+    expected_output: float | None = None
+    samples: int = 0  # access-log samples received
 
     def current_limit(self) -> float:
         return self.override if self.override is not None else self.limit.limit()
@@ -137,7 +142,6 @@ class Admission:
         self.pools: dict[str, _Pool] = {}
         for spec in policy.pools:
             self.pools[spec.name] = self._new_pool(spec, now)
-        self._expected_output: dict[int, float] = {}
         self._ranks = {p: i for i, p in enumerate(policy.priorities)}
         self.draining = False
 
@@ -157,12 +161,15 @@ class Admission:
         return pool
 
     def cost_of(self, req: RequestInfo, pool: _Pool) -> float:
+        """A request's cost in the limit's unit: 1 request, or KV tokens = its prompt plus the
+        answer it is expected to write (1.25 × the pool's mean answer length, at most its
+        `max_tokens`; before anything is learned, `max_tokens` or the policy's default)."""
         if pool.limit.unit == "requests":
             return 1.0
         if req.cost_tokens > 0:
             return req.cost_tokens
         max_out = req.max_tokens or self.policy.requests.default_max_tokens
-        learned = self._expected_output.get(req.priority)
+        learned = pool.expected_output
         out = max_out if learned is None else min(max_out, 1.25 * learned)
         return float(req.prompt_tokens) + out
 
@@ -225,12 +232,19 @@ class Admission:
                       self.retry_after_s(pool, req.priority, now, floor), wait_s,
                       feature.fallback if feature else None)
 
+    def shed(self, req: RequestInfo, reason: Reason, now: float, floor_s: float = 0.0) -> Reject:
+        """A rejection decided outside the queues (the gateway's own overload), with the
+        Retry-After of the request's class: at least `floor_s`."""
+        pool = self._pool(req.pool)
+        return Reject(req.request_id, 429, reason,
+                      self.retry_after_s(pool, req.priority, now, floor_s), 0.0)
+
     def _admit(self, pool: _Pool, req: RequestInfo, cost: float, now: float,
                wait_s: float) -> Admit:
         backend = pool.picker.pick(now)
         pool.picker.add(backend, cost)
         ticket = Ticket(req.request_id, pool.spec.name, req.priority, req.tenant, cost, now,
-                        pool.limit.epoch, backend)
+                        pool.limit.epoch, backend, req.prompt_tokens, wait_s)
         pool.inflight += cost
         pool.inflight_by_class[req.priority] = pool.inflight_by_class.get(req.priority, 0) + cost
         pool.tickets[req.request_id] = ticket
@@ -342,7 +356,7 @@ class Admission:
         return min(times) if times else None
 
     def release(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
-        """The admitted request ended (ext_proc stream closed). Exactly once per ticket."""
+        """The admitted request ended (its access-log entry came). Exactly once per ticket."""
         pool = self.pools[ticket.pool]
         if pool.tickets.pop(ticket.request_id, None) is None:
             raise ValueError(f"ticket {ticket.request_id} released twice or never admitted")
@@ -358,15 +372,10 @@ class Admission:
         pool.limit.on_release(ticket, outcome, now)
         pool.breaker.record(outcome, now)
 
-    def observe(self, sample: Sample, now: float, priority: int | None = None,
-                ticket_epoch: int | None = None) -> None:
-        """Per-request feedback (access log), possibly after release."""
+    def observe(self, sample: Sample, now: float, ticket_epoch: int | None = None) -> None:
+        """Per-request feedback (an access-log entry joined to its ticket), after release."""
         pool = self._pool(sample.pool)
-        if (sample.outcome is Outcome.SUCCESS and priority is not None
-                and sample.output_tokens is not None):
-            prev = self._expected_output.get(priority)
-            x = float(sample.output_tokens)
-            self._expected_output[priority] = x if prev is None else 0.95 * prev + 0.05 * x
+        pool.samples += 1
         pool.limit.on_sample(sample, pool.limit.epoch if ticket_epoch is None else ticket_epoch,
                              now)
 
@@ -375,17 +384,24 @@ class Admission:
         p = self._pool(pool)
         p.picker.observe(snap.backend, snap.ok, snap.at, snap.kv_usage, snap.waiting)
         p.limit.on_snapshot(snap, now)
+        if snap.ok and snap.output_tokens_mean is not None and snap.finished_in_window > 0:
+            # Each finished request weighs as one sample of an average with decay 0.95.
+            x, prev = snap.output_tokens_mean, p.expected_output
+            keep = 0.95 ** snap.finished_in_window
+            p.expected_output = x if prev is None else keep * prev + (1.0 - keep) * x
 
-    def reclaim_expired_leases(self, now: float) -> list[Ticket]:
-        """Release (as DROPPED) tickets older than the pool's lease timeout; returns them."""
-        out = []
+    def ticket(self, request_id: str) -> Ticket | None:
+        """The open ticket of an admitted request, if it is still open."""
         for pool in self.pools.values():
-            old = [t for t in pool.tickets.values()
-                   if now - t.admitted_at > pool.spec.lease_timeout_s]
-            for t in old:
-                self.release(t, Outcome.DROPPED, now)
-            out.extend(old)
-        return out
+            ticket = pool.tickets.get(request_id)
+            if ticket is not None:
+                return ticket
+        return None
+
+    def expired_leases(self, now: float) -> list[Ticket]:
+        """Open tickets older than their pool's lease timeout (the caller releases them)."""
+        return [t for pool in self.pools.values() for t in pool.tickets.values()
+                if now - t.admitted_at > pool.spec.lease_timeout_s]
 
     def replace_policy(self, policy: Policy, now: float) -> None:
         """Apply a new policy without losing queued or in-flight requests.
@@ -451,6 +467,8 @@ class Admission:
                 "override_expires_in_s": (None if pool.override_until is None
                                           else max(0.0, pool.override_until - now)),
                 "breaker": pool.breaker.state(now).value,
+                "samples": pool.samples,
+                "expected_output_tokens": pool.expected_output,
                 "limiter": pool.limit.status(),
                 "classes": {
                     str(q.priority): {

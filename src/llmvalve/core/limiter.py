@@ -152,3 +152,48 @@ class SeedLimit(_Passive):
 
     def status(self) -> dict:
         return {**super().status(), "base_rtt_s": self.base_rtt, "sample_rtt_s": self.sample_rtt}
+
+
+class ScheduledLimit(_Passive):
+    """A fixed limit that changes at set times: from each (time, N) on the limit is N requests
+    (None: unlimited) until the next. The simulator's hindsight oracle runs one; nothing in
+    production does (written `schedule:0=40/20=96/40=none`)."""
+
+    unit = "requests"
+
+    def __init__(self, schedule: tuple[tuple[float, int | None], ...]) -> None:
+        if not schedule:
+            raise ValueError("a limit schedule needs at least one (time, limit) step")
+        times = [t for t, _ in schedule]
+        if times != sorted(times) or len(set(times)) != len(times):
+            raise ValueError(f"schedule times must increase, got {times}")
+        if any(n is not None and n < 1 for _, n in schedule):
+            raise ValueError("scheduled limits must be >= 1 (or none)")
+        self.schedule = schedule
+        self.name = "schedule:" + "/".join(f"{t:g}={'none' if n is None else n}"
+                                           for t, n in schedule)
+        self._i = 0
+
+    @classmethod
+    def parse(cls, text: str) -> ScheduledLimit:
+        """`0=40/20=96/40=none` → from t = 0 s 40, from 20 s 96, from 40 s unlimited."""
+        steps: list[tuple[float, int | None]] = []
+        for part in text.split("/"):
+            t, sep, n = part.partition("=")
+            if not sep:
+                raise ValueError(f"bad schedule step {part!r}: expected TIME=LIMIT")
+            steps.append((float(t), None if n.strip() == "none" else int(n)))
+        return cls(tuple(steps))
+
+    def limit(self) -> float:
+        n = self.schedule[self._i][1]
+        return math.inf if n is None else float(n)
+
+    def update(self, now: float, inflight: float) -> float:
+        while self._i + 1 < len(self.schedule) and self.schedule[self._i + 1][0] <= now:
+            self._i += 1
+        return self.limit()
+
+    def next_update(self) -> float | None:
+        nxt = self._i + 1
+        return self.schedule[nxt][0] if nxt < len(self.schedule) else None

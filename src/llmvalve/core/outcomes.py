@@ -5,7 +5,7 @@ sample), IGNORE (no meaningful sample) or DROPPED (an overload or failure signal
 limiter and the circuit breaker). This module is the only place that decides which. It reads
 an `Ending`: the HTTP status the gateway saw (None when no response headers came), Envoy's
 response flags (short names as in `%RESPONSE_FLAGS%`, from the access log), and whether the
-ext_proc stream was cancelled (Envoy cancels it when the client goes away).
+request was cancelled before it reached a backend (the client went away).
 
 `RULES` is read top to bottom; the first row that matches decides. The order carries the
 policy: a backend failure (timeout, connect failure, 5xx, 429) counts against the pool even
@@ -36,7 +36,7 @@ DOWNSTREAM_RESET = "DR"
 class Ending:
     status: int | None = None  # HTTP status of the response, None if none was seen
     flags: frozenset[str] = field(default_factory=frozenset)
-    cancelled: bool = False  # the ext_proc stream was cancelled (client went away)
+    cancelled: bool = False  # the client went away before the request reached a backend
 
 
 @dataclass(frozen=True)

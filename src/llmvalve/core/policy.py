@@ -111,6 +111,9 @@ class BackendSpec:
 class PoolSpec:
     name: str = "default"
     cluster: str = "llm_backends"
+    # The models this pool serves (the OpenAI `model` of a request). Empty: any model that no
+    # other pool names.
+    models: tuple[str, ...] = ()
     engine: str = "vllm"  # vllm | trtllm | sglang: metric names to scrape
     backends: tuple[BackendSpec, ...] = ()
     scrape_interval_s: float = 0.5
@@ -125,6 +128,7 @@ class TenantSpec:
     api_key_hashes: tuple[str, ...] = ()  # "sha256:<hex>" of each key; never the key itself
     max_priority: int = 0  # the highest class (lowest number) this tenant may use
     default_priority: int = 1
+    models: tuple[str, ...] = ()  # the models it may use (empty: all)
 
 
 @dataclass(frozen=True)
@@ -155,7 +159,8 @@ class RequestSpec:
     priority_header: str = "x-llmvalve-priority"
     feature_header: str = "x-llmvalve-feature"
     deadline_header: str = "x-llmvalve-deadline-ms"
-    body_inspection: bool = False
+    model_header: str = "x-llmvalve-model"  # the model, for clients that do not send bodies
+    body_inspection: bool | None = None  # None: on when more than one pool is configured
     max_body_bytes: int = 262_144
     default_max_tokens: int = 256
     bytes_per_token: float = 4.0
@@ -189,6 +194,48 @@ class Policy:
     @property
     def lowest_priority(self) -> int:
         return max(q.priority for q in self.queues)
+
+    @property
+    def inspects_bodies(self) -> bool:
+        """Whether the gateway reads request bodies (the model picks the pool when there are
+        several)."""
+        if self.requests.body_inspection is not None:
+            return self.requests.body_inspection
+        return len(self.pools) > 1
+
+    def pool(self, name: str) -> PoolSpec | None:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        return None
+
+    def pool_serving(self, model: str) -> PoolSpec | None:
+        """The pool that lists `model`."""
+        for p in self.pools:
+            if model in p.models:
+                return p
+        return None
+
+    def pool_for_model(self, model: str | None) -> PoolSpec | None:
+        """Where a request for `model` goes: the pool that lists it, else the one pool that
+        lists no models (the catch-all); a request that names no model goes to the first
+        pool. None: no pool serves it (404)."""
+        if model is None:
+            return self.pools[0]
+        named = self.pool_serving(model)
+        if named is not None:
+            return named
+        catch_all = [p for p in self.pools if not p.models]
+        return catch_all[0] if len(catch_all) == 1 else None
+
+    def models(self) -> tuple[str, ...]:
+        return tuple(m for p in self.pools for m in p.models)
+
+    def tenant_may_use(self, tenant: str, model: str | None) -> bool:
+        for t in self.tenants:
+            if t.name == tenant:
+                return not t.models or model is None or model in t.models
+        return True
 
     def feature(self, name: str | None) -> FeatureSpec | None:
         for f in self.features:

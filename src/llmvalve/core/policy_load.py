@@ -482,7 +482,7 @@ def _unwrap(text: str, source: str, issues: list[PolicyIssue]) -> tuple[Node, st
 _TOP_KEYS = ("queues", "scheduler", "limiter", "pools", "tenants", "anonymous", "features",
              "retryAfter", "requests", "failureModeAllow", "secretsFile")
 _QUEUE_KEYS = ("priority", "name", "maxQueueSize", "timeout", "dropPolicy", "reservedShare", "slo")
-_TENANT_KEYS = ("name", "apiKeyHashes", "maxPriority", "defaultPriority")
+_TENANT_KEYS = ("name", "apiKeyHashes", "maxPriority", "defaultPriority", "models")
 
 
 @dataclass
@@ -678,6 +678,7 @@ class _TenantDraft:
     hashes: list[_HashEntry]
     max_priority: int
     default_priority: int
+    models: tuple[str, ...] = ()
 
 
 def _tenants(top: _Fields, queues: tuple[QueueSpec, ...], queues_ok: bool) -> list[_TenantDraft]:
@@ -703,7 +704,7 @@ def _tenants(top: _Fields, queues: tuple[QueueSpec, ...], queues_ok: bool) -> li
                   else _key_hashes(r, hashes_node, f.field("apiKeyHashes")))
         max_p, default_p = _tenant_priorities(f, queues, queues_ok)
         drafts.append(_TenantDraft(item, path, name or "", hashes_node is not None, hashes,
-                                   max_p, default_p))
+                                   max_p, default_p, _names(f, "models", "model")))
     return drafts
 
 
@@ -773,7 +774,8 @@ def _finish_tenants(drafts: list[_TenantDraft], anonymous: TenantSpec | None,
             r.error(t.node, _join(t.path, "apiKeyHashes"),
                     "missing: without key hashes (and with no secretsFile) no request can "
                     f"reach this tenant; {_HASH_HINT}")
-        specs.append(TenantSpec(t.name, tuple(hashes), t.max_priority, t.default_priority))
+        specs.append(TenantSpec(t.name, tuple(hashes), t.max_priority, t.default_priority,
+                                t.models))
     return tuple(specs)
 
 
@@ -839,14 +841,21 @@ def _pools(top: _Fields) -> tuple[PoolSpec, ...]:
     d = PoolSpec()
     pools = []
     seen: set[str] = set()
+    served: dict[str, str] = {}
     for i, item in enumerate(items):
         f = r.fields(item, _join("pools", i), ("name", "cluster", "engine", "backends",
                                                "scrapeInterval", "scrapeTimeout", "breaker",
-                                               "leaseTimeout"), required=True)
+                                               "leaseTimeout", "models"), required=True)
         name = f.string("name", d.name)
         if name in seen:
             r.error(f.get("name") or item, f.field("name"), f"duplicate pool name {name!r}")
         seen.add(name)
+        models = _names(f, "models", "model")
+        for model in models:
+            if model in served:
+                r.error(f.get("models"), f.field("models"),
+                        f"model {model!r} is already served by pool {served[model]!r}")
+            served.setdefault(model, name)
         engine_node = f.get("engine")
         engine = (None if engine_node is None
                   else r.choice(engine_node, f.field("engine"), ENGINES, "engine"))
@@ -878,12 +887,31 @@ def _pools(top: _Fields) -> tuple[PoolSpec, ...]:
         )
         pools.append(PoolSpec(
             name=name, cluster=f.string("cluster", d.cluster), engine=engine or d.engine,
-            backends=tuple(backends),
+            backends=tuple(backends), models=models,
             scrape_interval_s=f.duration("scrapeInterval", d.scrape_interval_s),
             scrape_timeout_s=f.duration("scrapeTimeout", d.scrape_timeout_s),
             breaker=breaker, lease_timeout_s=f.duration("leaseTimeout", d.lease_timeout_s),
         ))
+    if len(pools) > 1 and sum(1 for p in pools if not p.models) > 1:
+        r.error(node, "pools", "with several pools, every pool but one must list its `models` "
+                "(a request is sent to the pool that serves its model)")
     return tuple(pools)
+
+
+def _names(f: _Fields, key: str, what: str) -> tuple[str, ...]:
+    """An optional list of distinct non-empty strings (model names)."""
+    node = f.get(key)
+    if node is None:
+        return ()
+    out: list[str] = []
+    for j, item in enumerate(f.r.seq(node, f.field(key)) or []):
+        value = f.r.string(item, _join(f.field(key), j))
+        if value is None:
+            continue
+        if value in out:
+            f.r.error(item, _join(f.field(key), j), f"duplicate {what} {value!r}")
+        out.append(value)
+    return tuple(out)
 
 
 def _features(top: _Fields) -> tuple[FeatureSpec, ...]:
@@ -918,9 +946,10 @@ def _features(top: _Fields) -> tuple[FeatureSpec, ...]:
                         r.error(fb.get(extra), fb.field(extra),
                                 "only used by `type: reroute`")
             elif kind == "reroute":
-                if not cluster.strip():
+                if not cluster.strip() and not model.strip():
                     r.error(fb.get("cluster") or fb.node, fb.field("cluster"),
-                            "a reroute fallback needs `cluster` (the fallback model's cluster)")
+                            "a reroute fallback needs `cluster` (the fallback model's cluster) "
+                            "or `model` (a model one of the pools serves)")
                 if fb.get("content") is not None:
                     r.error(fb.get("content"), fb.field("content"), "only used by `type: static`")
             fallback = FallbackSpec(kind or "static", content, cluster, model)
@@ -943,13 +972,15 @@ def _retry_after(top: _Fields) -> RetryAfterSpec:
 
 
 def _requests(top: _Fields) -> RequestSpec:
-    f = top.sub("requests", ("priorityHeader", "featureHeader", "deadlineHeader", "bodyInspection",
-                             "maxBodyBytes", "defaultMaxTokens", "bytesPerToken"))
+    f = top.sub("requests", ("priorityHeader", "featureHeader", "deadlineHeader", "modelHeader",
+                             "bodyInspection", "maxBodyBytes", "defaultMaxTokens",
+                             "bytesPerToken"))
     d = RequestSpec()
     headers = {}
     for key, default in (("priorityHeader", d.priority_header),
                          ("featureHeader", d.feature_header),
-                         ("deadlineHeader", d.deadline_header)):
+                         ("deadlineHeader", d.deadline_header),
+                         ("modelHeader", d.model_header)):
         value = f.string(key, default).strip().lower()
         if not _HEADER_RE.fullmatch(value):
             f.r.error(f.get(key), f.field(key), f"{value!r} is not a valid HTTP header name")
@@ -959,7 +990,9 @@ def _requests(top: _Fields) -> RequestSpec:
         priority_header=headers["priorityHeader"],
         feature_header=headers["featureHeader"],
         deadline_header=headers["deadlineHeader"],
-        body_inspection=f.boolean("bodyInspection", d.body_inspection),
+        model_header=headers["modelHeader"],
+        body_inspection=(f.boolean("bodyInspection", False) if f.has("bodyInspection")
+                         else None),
         max_body_bytes=f.integer("maxBodyBytes", d.max_body_bytes, ge=1),
         default_max_tokens=f.integer("defaultMaxTokens", d.default_max_tokens, ge=1),
         bytes_per_token=f.number("bytesPerToken", d.bytes_per_token, gt=0),
@@ -1014,6 +1047,7 @@ def load_policy(text: str, source: str = "policy.yaml", *,
     keys_elsewhere = secrets_node is not None or secrets is not None
     tenants = _finish_tenants(tenant_drafts, anonymous, keys_elsewhere, r)
     features = _features(top)
+    _check_reroutes(top, features, pools)
     retry_after = _retry_after(top)
     requests = _requests(top)
     failure_mode_allow = top.boolean("failureModeAllow", False)
@@ -1026,6 +1060,21 @@ def load_policy(text: str, source: str = "policy.yaml", *,
         failure_mode_allow=failure_mode_allow,
         version=hashlib.sha256(hashed.encode("utf-8")).hexdigest()[:12],
     )
+
+
+def _check_reroutes(top: _Fields, features: tuple[FeatureSpec, ...],
+                    pools: tuple[PoolSpec, ...]) -> None:
+    """A reroute without a cluster must name a model some pool serves."""
+    served = {m for p in pools for m in p.models}
+    node = top.get("features")
+    items = (top.r.seq(node, "features") or []) if node is not None else []
+    for i, (feature, item) in enumerate(zip(features, items, strict=False)):
+        fb = feature.fallback
+        if (fb is not None and fb.kind == "reroute" and not fb.cluster and fb.model
+                and fb.model not in served):
+            top.r.error(item, _join(_join("features", i), "fallback.model"),
+                        f"no pool serves the model {fb.model!r} (list it in a pool's "
+                        "`models`, or give the fallback a `cluster`)")
 
 
 def secrets_file_ref(text: str, source: str = "policy.yaml") -> tuple[str, int] | None:
@@ -1066,3 +1115,10 @@ def load_policy_file(path: str | Path) -> Policy:
             raise PolicyError(_sorted([*err.errors, issue], source)) from None
         raise PolicyError([issue]) from None
     return load_policy(text, source, secrets=(secrets_text, str(secrets_path)))
+
+
+# The node reader, for other YAML formats that want the policy's care (line numbers, unknown
+# keys named, every issue collected): `llmvalve.sim.scenario_load` reads scenarios with it.
+NodeReader = _Reader
+NodeFields = _Fields
+compose_document = _compose

@@ -49,6 +49,9 @@ ITL = "vllm:inter_token_latency_seconds"
 QUEUE_TIME = "vllm:request_queue_time_seconds"
 TTFT = "vllm:time_to_first_token_seconds"
 HISTOGRAMS = (ITL, QUEUE_TIME, TTFT)
+# Answer lengths of finished requests: only its sum and count are read (a windowed mean).
+OUTPUT_TOKENS = "vllm:request_generation_tokens"
+SUMMED = (*HISTOGRAMS, OUTPUT_TOKENS)
 QUANTILE = 0.9
 
 # Cumulative histogram: (upper bound, cumulative count), sorted by bound, +Inf last.
@@ -132,7 +135,7 @@ def _parse(text: str) -> _Parsed:
                 le = sample.labels.get("le")
                 if le is not None:
                     bucket_series.setdefault(name[: -len("_bucket")], []).append((float(le), value))
-            elif name.endswith(("_sum", "_count")) and name.rsplit("_", 1)[0] in HISTOGRAMS:
+            elif name.endswith(("_sum", "_count")) and name.rsplit("_", 1)[0] in SUMMED:
                 base, kind = name.rsplit("_", 1)
                 total = totals.setdefault(base, [0.0, 0.0])
                 total[0 if kind == "sum" else 1] += value
@@ -145,7 +148,7 @@ def _parse(text: str) -> _Parsed:
 def _plausible(snap: BackendSnapshot, kv_usage: float | None) -> bool:
     numbers = (snap.running, snap.waiting, snap.preemptions_total, snap.kv_capacity_tokens,
                snap.requests_finished_total, kv_usage, snap.itl_p90_s, snap.itl_mean_s,
-               snap.queue_time_p90_s, snap.ttft_p90_s)
+               snap.queue_time_p90_s, snap.ttft_p90_s, snap.output_tokens_mean)
     return (all(x is None or (math.isfinite(x) and x >= 0) for x in numbers)
             and snap.kv_capacity_tokens <= MAX_KV_CAPACITY_TOKENS)
 
@@ -190,7 +193,9 @@ class SignalReader:
                 windowed[name] = quantile(delta(current, previous), QUANTILE)
             else:
                 windowed[name] = None
-        itl_mean = self._windowed_mean(ITL, parsed.totals.get(ITL))
+        itl_mean, _ = self._windowed_mean(ITL, parsed.totals.get(ITL))
+        output_mean, finished = self._windowed_mean(OUTPUT_TOKENS,
+                                                    parsed.totals.get(OUTPUT_TOKENS))
         kv = parsed.kv_usage if parsed.kv_usage is not None else 0.0
         snap = BackendSnapshot(
             backend=self.backend,
@@ -206,20 +211,31 @@ class SignalReader:
             queue_time_p90_s=windowed[QUEUE_TIME],
             ttft_p90_s=windowed[TTFT],
             requests_finished_total=_first(parsed.gauges, FINISHED) or 0.0,
+            output_tokens_mean=output_mean,
+            finished_in_window=finished,
         )
         if not _plausible(snap, parsed.kv_usage):
             return self.failed(now)
         return snap
 
-    def _windowed_mean(self, name: str, current: tuple[float, float] | None) -> float | None:
-        """delta(sum) / delta(count) since the previous scrape (a restart: the current totals)."""
+    def _windowed_mean(self, name: str, current: tuple[float, float] | None
+                       ) -> tuple[float | None, float]:
+        """(delta(sum) / delta(count), delta(count)) since the previous scrape (a restart: the
+        current totals); (None, 0) without a window or without observations in it."""
         if current is None:
-            return None
+            return None, 0.0
         previous = self._previous_totals.get(name)
         self._previous_totals[name] = current
         if previous is None:
-            return None
-        d_sum, d_count = current[0] - previous[0], current[1] - previous[1]
-        if d_count < 0 or d_sum < 0:
-            d_sum, d_count = current
-        return d_sum / d_count if d_count > 0 else None
+            return None, 0.0
+        return windowed_mean(previous, current)
+
+
+def windowed_mean(previous: tuple[float, float], current: tuple[float, float]
+                  ) -> tuple[float | None, float]:
+    """The mean of the observations between two cumulative (sum, count) readings, and their
+    number; a decrease (the backend restarted) counts the current totals as the window."""
+    d_sum, d_count = current[0] - previous[0], current[1] - previous[1]
+    if d_count < 0 or d_sum < 0:
+        d_sum, d_count = current
+    return (d_sum / d_count if d_count > 0 else None), max(0.0, d_count)

@@ -31,6 +31,7 @@ class Reason(enum.Enum):
     BREAKER_OPEN = "breaker_open"
     POOL_UNAVAILABLE = "pool_unavailable"
     DRAINING = "draining"
+    GATEWAY_OVERLOADED = "gateway_overloaded"  # the control plane itself cannot keep up
     UNAUTHORIZED = "unauthorized"
     BAD_REQUEST = "bad_request"
 
@@ -62,6 +63,8 @@ class Ticket:
     admitted_at: float
     epoch: int  # the limiter epoch at admission: samples from older epochs are not used
     backend: str = ""  # the backend picked for it ("" → Envoy's load balancer decides)
+    prompt_tokens: int = 0  # the gateway's estimate, joined to the access-log sample
+    wait_s: float = 0.0  # how long it waited in the queue before admission
 
 
 @dataclass(frozen=True)
@@ -92,14 +95,20 @@ Decision = Admit | Queued | Reject
 
 @dataclass(frozen=True)
 class Sample:
-    """Per-request feedback, from the access log (or the simulator's equivalent)."""
+    """Per-request feedback: an access-log entry joined to its ticket (gateway/front.py).
+
+    Only what the gateway can see: the backend's time to first token (None unless the response
+    streamed: for a plain JSON answer the first body byte is the whole answer), the upstream
+    duration, the outcome, and the prompt size the gateway estimated at admission. Output
+    lengths are not visible per request (bodies never pass through the control plane); the
+    pool's mean answer length comes from the backends' metrics instead
+    (`BackendSnapshot.output_tokens_mean`)."""
 
     request_id: str
     pool: str
     outcome: Outcome
-    ttft_s: float | None = None  # backend time to first body byte
+    ttft_s: float | None = None  # backend time to first body byte (streamed answers only)
     duration_s: float | None = None  # upstream duration
-    output_tokens: int | None = None
     prompt_tokens: int | None = None
 
 
@@ -121,3 +130,7 @@ class BackendSnapshot:
     queue_time_p90_s: float | None = None
     ttft_p90_s: float | None = None
     requests_finished_total: float = 0.0
+    # Answer lengths of the requests that finished in the window (vLLM's
+    # `request_generation_tokens` histogram: delta(sum) / delta(count)), and how many finished.
+    output_tokens_mean: float | None = None
+    finished_in_window: float = 0.0

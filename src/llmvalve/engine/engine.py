@@ -241,3 +241,4 @@ class Engine:
         reason = "length" if seq.max_tokens and seq.generated >= seq.max_tokens else "stop"
         self.metrics.finished[reason] += 1
         self.metrics.e2e.observe(end - seq.arrival)
+        self.metrics.output_tokens.observe(seq.generated)

@@ -1,9 +1,13 @@
-"""The admin HTTP port: /metrics (Prometheus), /healthz, /readyz, /status (JSON)."""
+"""The admin HTTP port: /metrics (Prometheus), /healthz, /readyz, /status (JSON).
+
+/metrics and the probes are open to whoever reaches the port (Prometheus, the kubelet);
+/status and the dashboard carry tenant names and live state, so the control plane guards them
+with the admin token (gateway/admin_auth.py) unless the port is bound to loopback."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
@@ -20,8 +24,8 @@ class AdminState:
         self.draining = False
 
 
-def build_app(state: AdminState, metrics: GatewayMetrics,
-              status: Callable[[], dict[str, Any]]) -> web.Application:
+def build_app(state: AdminState, metrics: GatewayMetrics, status: Callable[[], dict[str, Any]],
+              middlewares: Iterable[Any] = ()) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
@@ -31,7 +35,7 @@ def build_app(state: AdminState, metrics: GatewayMetrics,
         return web.Response(status=503, text="draining\n" if state.draining else "starting\n")
 
     async def status_handler(_: web.Request) -> web.Response:
-        body = {"ready": state.ready, "draining": state.draining, **status()}
+        body = status()
         return web.Response(text=json.dumps(body, default=str, indent=1),
                             content_type="application/json")
 
@@ -39,7 +43,7 @@ def build_app(state: AdminState, metrics: GatewayMetrics,
         return web.Response(body=generate_latest(metrics.registry),
                             headers={"content-type": CONTENT_TYPE_LATEST})
 
-    app = web.Application()
+    app = web.Application(middlewares=list(middlewares))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status_handler)

@@ -1,4 +1,4 @@
-"""The admin gRPC service (protos/llmvalve/admin/v1/admin.proto) on the ext_proc port.
+"""The admin gRPC service (protos/llmvalve/admin/v1/admin.proto) on its own listener.
 
 `GetStatus` / `WatchStatus` turn the /status document into `Status` messages (the full JSON
 rides along in `status_json`); `SetLimitOverride` / `ClearLimitOverride` call
@@ -49,8 +49,7 @@ def status_message(status: dict[str, Any], unix_time_s: float) -> pb.Status:
         controller=str(status.get("controller") or ""),
         ready=bool(status.get("ready")), draining=bool(status.get("draining")),
         unix_time_s=unix_time_s,
-        gateway=pb.Gateway(streams_open=int(_num(gateway.get("streams_open"))),
-                           queued_streams=int(_num(gateway.get("queued_streams"))),
+        gateway=pb.Gateway(checks_held=int(_num(gateway.get("checks_held"))),
                            open_tickets=int(_num(gateway.get("open_tickets")))),
         status_json=json.dumps(status, default=str, separators=(",", ":")),
     )
@@ -107,7 +106,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             await asyncio.sleep(interval)
 
     def _pool_name(self, name: str) -> str:
-        pools = self.driver.admission.pools
+        pools = self.driver.front.admission.pools
         return name or next(iter(pools))
 
     async def SetLimitOverride(self, request, context):
@@ -117,7 +116,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                                 f"duration_s must be in (0, {MAX_OVERRIDE_S:g}]")
         now = self.driver.clock()
         try:
-            self.driver.admission.set_override(pool, request.limit, now + request.duration_s,
+            self.driver.front.admission.set_override(pool, request.limit, now + request.duration_s,
                                                now)
         except KeyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
@@ -131,7 +130,7 @@ class AdminServicer(pb_grpc.AdminServicer):
     async def ClearLimitOverride(self, request, context):
         pool = self._pool_name(request.pool)
         try:
-            self.driver.admission.set_override(pool, None, None, self.driver.clock())
+            self.driver.front.admission.set_override(pool, None, None, self.driver.clock())
         except KeyError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
         self.driver.kick()

@@ -1,147 +1,119 @@
-"""The asyncio side of `Admission`: the clock, the wake-ups, and the held requests.
+"""The asyncio side of `Front`: the clock, the wake-ups, and the checks held in a queue.
 
-The core decides; this module does. It owns the one `Admission` of the process and:
+The front decides; this module does. It owns the one `Front` of the process and:
 - stamps every call with `time.monotonic()`;
-- keeps one `asyncio.Future` per queued request (keyed by request id) and resolves it with the
-  `Admit` or `Reject` that `poll` returns;
-- runs `poll` at `next_deadline()` and soon after anything that can free capacity (a release,
-  a sample, a scrape, a policy change) — one poll per loop turn however many of those came;
-- reclaims expired leases every few seconds;
-- closes each ticket exactly once (a `Ticket` that nobody waits for any more is released as
-  IGNORE here, so a request that left at the wrong moment cannot leak a slot).
+- `decide(check)` returns the verdict at once, or holds the caller on a future until the
+  front's `poll` decides it; a caller cancelled while held (the client left) is dequeued, and
+  one cancelled just as its Go was decided gives its slot back (`Front.client_left`);
+- runs `poll` at the front's next deadline and soon after anything that can free capacity (an
+  access-log entry, a scrape, a policy change): one poll per loop turn however many came;
+- once a second, reclaims expired leases and reconciles slots against the backends' counts;
+- reports every decision and every joined access-log entry to the metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from llmvalve.core.admission import Admission
 from llmvalve.core.policy import Policy
-from llmvalve.core.types import (
-    Admit,
-    BackendSnapshot,
-    Decision,
-    Outcome,
-    Queued,
-    Reject,
-    RequestInfo,
-    Sample,
-    Ticket,
-)
+from llmvalve.core.types import BackendSnapshot
+from llmvalve.gateway.front import Answer, Check, Front, Go, Joined, LogEntry, Record, Wait
+from llmvalve.gateway.metrics import GatewayMetrics
+from llmvalve.gateway.tasks import Background
 
 log = logging.getLogger("llmvalve.driver")
 
-RECLAIM_EVERY_S = 5.0
+MAINTAIN_EVERY_S = 1.0
 MIN_SLEEP_S = 0.001  # never spin: a deadline that poll() did not move is retried after this
 
 
 class Driver:
-    def __init__(self, admission: Admission, policy: Policy,
+    def __init__(self, front: Front, metrics: GatewayMetrics | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.admission = admission
-        self.policy = policy
+        self.front = front
+        self.metrics = metrics or GatewayMetrics()
         self.clock = clock
-        self._waiters: dict[str, asyncio.Future[Admit | Reject]] = {}
+        self._waiters: dict[str, asyncio.Future[Go | Answer]] = {}
         self._kick = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._reclaim_task: asyncio.Task[None] | None = None
-        self.open_tickets: dict[str, Ticket] = {}
-        self.counts: dict[str, int] = {"released": 0, "reclaimed": 0, "orphan_admits": 0}
-        self.on_release: Callable[[Ticket, Outcome], None] | None = None
+        self._tasks = Background()
+
+    @property
+    def policy(self) -> Policy:
+        return self.front.policy
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="llmvalve-poll")
-        self._reclaim_task = asyncio.create_task(self._reclaim_loop(), name="llmvalve-reclaim")
+        self._tasks.start(self._run(), "llmvalve-poll")
+        self._tasks.start(self._maintain(), "llmvalve-maintain")
 
     async def stop(self) -> None:
-        for task in (self._task, self._reclaim_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await self._tasks.stop()
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
 
     # -- the request path ----------------------------------------------------------------------
-    def submit(self, req: RequestInfo) -> Decision:
-        if req.request_id in self._waiters or req.request_id in self.open_tickets:
-            raise ValueError(f"request id {req.request_id!r} is already in use")
-        decision = self.admission.submit(req, self.clock())
-        if isinstance(decision, Queued):
-            self._waiters[req.request_id] = asyncio.get_running_loop().create_future()
+    async def decide(self, check: Check) -> Go | Answer:
+        """The verdict for one check; waits while the request is queued. Cancelling the
+        caller (the client left) takes it out of the queue, or gives back the slot that was
+        decided for it at that moment."""
+        verdict = self.front.check(check, self.clock())
+        if isinstance(verdict, Wait):
+            future = asyncio.get_running_loop().create_future()
+            self._waiters[check.check_id] = future
             self.kick()  # the queue may have a new earliest deadline
-        elif isinstance(decision, Admit):
-            self.open_tickets[decision.ticket.request_id] = decision.ticket
-        return decision
+            try:
+                verdict = await future
+            except asyncio.CancelledError:
+                self._waiters.pop(check.check_id, None)
+                self._record(self.front.client_left(check.check_id, self.clock()),
+                             check.check_id)
+                raise
+        self._record(verdict.record, check.check_id)
+        return verdict
 
-    def abandon(self, request_id: str, future: asyncio.Future[Any] | None = None) -> None:
-        """The stream of a queued request went away: dequeue it, or close a ticket it missed."""
-        future = self._waiters.pop(request_id, None) or future
-        if future is not None and future.done() and not future.cancelled():
-            decision = future.result()
-            if isinstance(decision, Admit):
-                self.release(decision.ticket, Outcome.IGNORE)
-            return
-        self.admission.cancel(request_id, self.clock())
-        self.kick()
-
-    def waiter(self, request_id: str) -> asyncio.Future[Admit | Reject] | None:
-        """The future a Queued request's decision arrives on (await it; on cancellation,
-        call `abandon`)."""
-        return self._waiters.get(request_id)
-
-    def release(self, ticket: Ticket, outcome: Outcome) -> None:
-        if self.open_tickets.get(ticket.request_id) is not ticket:
-            # Already reclaimed as an expired lease (the id may even belong to a newer request
-            # by now: closing that one instead would free a slot that is still in use).
-            return
-        del self.open_tickets[ticket.request_id]
-        self.admission.release(ticket, outcome, self.clock())
-        self.counts["released"] += 1
-        if self.on_release is not None:
-            self.on_release(ticket, outcome)
-        self.kick()
+    def logged(self, entry: LogEntry) -> Joined | None:
+        """An access-log entry: the request ended (its slot is released) and a sample."""
+        joined = self.front.access_log(entry, self.clock())
+        if joined is not None:
+            self.metrics.joined(joined)
+            if joined.released:
+                self.kick()
+        return joined
 
     # -- feedback ------------------------------------------------------------------------------
-    def observe(self, sample: Sample) -> None:
-        self.admission.observe(sample, self.clock())
-        self.kick()
-
     def on_snapshot(self, pool: str, snap: BackendSnapshot) -> None:
-        self.admission.on_snapshot(pool, snap, self.clock())
+        self.front.on_snapshot(pool, snap, self.clock())
         self.kick()
 
     def replace_policy(self, policy: Policy) -> None:
-        self.admission.replace_policy(policy, self.clock())
-        self.policy = policy
+        self.front.replace_policy(policy, self.clock())
         self.kick()
 
     def status(self) -> dict[str, Any]:
-        return self.admission.status(self.clock())
+        return self.front.admission.status(self.clock())
 
     # -- wake-ups ------------------------------------------------------------------------------
     def kick(self) -> None:
         self._kick.set()
 
     def poll_now(self) -> None:
-        for decision in self.admission.poll(self.clock()):
-            future = self._waiters.pop(decision.request_id, None)
-            if isinstance(decision, Admit):
-                self.open_tickets[decision.ticket.request_id] = decision.ticket
+        now = self.clock()
+        for verdict in self.front.poll(now):
+            future = self._waiters.pop(verdict.check_id, None)
             if future is not None and not future.done():
-                future.set_result(decision)
-            elif isinstance(decision, Admit):
-                # Nobody waits for it any more: close the ticket now.
-                self.counts["orphan_admits"] += 1
-                self.release(decision.ticket, Outcome.IGNORE)
+                future.set_result(verdict)
+            else:  # nobody waits for it any more: give its slot back
+                self._record(self.front.client_left(verdict.check_id, now), verdict.check_id)
+
+    def _record(self, record: Record | None, check_id: str) -> None:
+        if record is not None:
+            self.metrics.record(record, check_id)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -150,8 +122,8 @@ class Driver:
             try:
                 self.poll_now()
             except Exception:  # a core bug must not stop every held request forever
-                log.exception("Admission.poll failed")
-            deadline = self.admission.next_deadline()
+                log.exception("Front.poll failed")
+            deadline = self.front.next_deadline()
             timer = None
             if deadline is not None:
                 delay = max(MIN_SLEEP_S, deadline - self.clock())
@@ -160,17 +132,20 @@ class Driver:
             if timer is not None:
                 timer.cancel()
 
-    async def _reclaim_loop(self) -> None:
+    async def _maintain(self) -> None:
         while True:
-            await asyncio.sleep(RECLAIM_EVERY_S)
+            await asyncio.sleep(MAINTAIN_EVERY_S)
+            now = self.clock()
             try:
-                reclaimed = self.admission.reclaim_expired_leases(self.clock())
+                reclaimed = self.front.reclaim(now)
+                reconciled = self.front.reconcile(now)
             except Exception:
-                log.exception("Admission.reclaim_expired_leases failed")
+                log.exception("reclaiming slots failed")
                 continue
             for ticket in reclaimed:
-                self.open_tickets.pop(ticket.request_id, None)
-                self.counts["reclaimed"] += 1
                 log.warning("lease expired, slot reclaimed: %s", ticket.request_id)
-            if reclaimed:
+            if reconciled:
+                log.warning("%d slots released: the backends no longer hold them and their "
+                            "access-log entries never came", len(reconciled))
+            if reclaimed or reconciled:
                 self.kick()

@@ -23,14 +23,28 @@ COMPOSE_NOTE = (
 )
 
 
+# Headers llmvalve sets on a request: a client's copies are dropped before the check.
+SET_BY_LLMVALVE = ("x-llmvalve-id", "x-llmvalve-start", "x-llmvalve-content-length",
+                   "x-llmvalve-cluster",
+                   "x-llmvalve-upstream", "x-llmvalve-pool", "x-llmvalve-tenant",
+                   "x-llmvalve-class", "x-llmvalve-queue-wait-ms", "x-llmvalve-fallback",
+                   "x-llmvalve-fallback-feature", "x-llmvalve-reason",
+                   "x-llmvalve-rewrite-model")
+ADMISSION_MODES = ("http", "grpc")
+
+
 @dataclass(frozen=True)
 class EnvoyParams:
     listen_address: str = "0.0.0.0"
     listen_port: int = 8080
     admin_address: str = "127.0.0.1"
     admin_port: int = 9901
-    control_plane: Endpoint = ("llmvalve", 9000)
-    # Envoy cluster name → endpoints. `llm_backends` is the default pool's cluster.
+    # How Envoy asks for admission: ext_authz over HTTP (the default: fastest) or gRPC.
+    admission: str = "http"
+    # The control plane beside Envoy (same pod / network namespace: loopback only).
+    control_plane_http: Endpoint = ("127.0.0.1", 9001)
+    control_plane_grpc: Endpoint = ("127.0.0.1", 9000)
+    # Envoy cluster name → endpoints. The first is the default pool's cluster.
     clusters: dict[str, tuple[Endpoint, ...]] = field(
         default_factory=lambda: {
             "llm_backends": (("backend", 8000),),
@@ -38,11 +52,15 @@ class EnvoyParams:
         }
     )
     failure_mode_allow: bool = False
-    message_timeout_s: float = 2.0
-    max_message_timeout_s: float = 3600.0
-    als_flush_s: float = 0.05
+    # How long a check may be held: longer than the longest queue timeout of the policy.
+    check_timeout_s: float = 120.0
+    als_flush_s: float = 0.02
+    als_buffer_bytes: int = 16_384
     idle_timeout_s: float = 300.0
     buffer_limit_bytes: int = 1_048_576
+    max_body_bytes: int = 262_144  # the policy's requests.maxBodyBytes
+    # Request header names the policy reads that do not start with x-llmvalve-.
+    extra_headers: tuple[str, ...] = ()
     note: str = COMPOSE_NOTE
 
 
@@ -88,12 +106,40 @@ def _seconds(value: float) -> str:
     return f"{value:g}"
 
 
+def _admission_service(params: EnvoyParams) -> str:
+    timeout = _seconds(params.check_timeout_s)
+    if params.admission == "grpc":
+        return f"""\
+              grpc_service:
+                envoy_grpc: {{cluster_name: llmvalve_grpc}}
+                timeout: {timeout}s"""
+    return f"""\
+              http_service:
+                server_uri: {{uri: "http://llmvalve", cluster: llmvalve_http, timeout: {timeout}s}}
+                path_prefix: /check
+                authorization_response:
+                  allowed_upstream_headers:
+                    patterns: [{{prefix: x-llmvalve-}}]
+                  allowed_client_headers:
+                    patterns:
+                    - {{exact: content-type}}
+                    - {{exact: retry-after}}
+                    - {{exact: retry-after-ms}}
+                    - {{prefix: x-llmvalve-}}
+                    - {{prefix: x-ratelimit-}}
+                  allowed_client_headers_on_success:
+                    patterns: [{{exact: x-llmvalve-class}}, {{exact: x-llmvalve-queue-wait-ms}}]"""
+
+
 def render(params: EnvoyParams) -> str:
-    if not params.clusters.get("llm_backends"):
-        raise ValueError("EnvoyParams.clusters needs endpoints for 'llm_backends'")
+    if not params.clusters:
+        raise ValueError("EnvoyParams.clusters needs at least the default pool's cluster")
+    if params.admission not in ADMISSION_MODES:
+        raise ValueError(f"admission must be one of {ADMISSION_MODES}, got {params.admission!r}")
     template = string.Template(
         resources.files("llmvalve.gateway").joinpath("templates/envoy.yaml.tmpl").read_text()
     )
+    extra = [h for h in params.extra_headers if not h.startswith("x-llmvalve-")]
     return template.substitute(
         generated_note=params.note,
         admin_address=params.admin_address,
@@ -101,13 +147,20 @@ def render(params: EnvoyParams) -> str:
         listen_address=params.listen_address,
         listen_port=params.listen_port,
         buffer_limit_bytes=params.buffer_limit_bytes,
+        max_body_bytes=params.max_body_bytes,
+        pack_as_bytes=", pack_as_bytes: true" if params.admission == "grpc" else "",
         idle_timeout_s=_seconds(params.idle_timeout_s),
         als_flush_s=_seconds(params.als_flush_s),
+        als_buffer_bytes=params.als_buffer_bytes,
         failure_mode_allow="true" if params.failure_mode_allow else "false",
-        message_timeout_s=_seconds(params.message_timeout_s),
-        max_message_timeout_s=_seconds(params.max_message_timeout_s),
-        control_plane_type=_discovery((params.control_plane,)),
-        control_plane_endpoints=_endpoints_yaml((params.control_plane,), 8),
+        first_cluster=next(iter(params.clusters)),
+        stripped_headers="\n".join(f"                - remove: {h}" for h in SET_BY_LLMVALVE),
+        policy_header_patterns="\n".join(f"                - {{exact: {h}}}" for h in extra),
+        admission_service=_admission_service(params),
+        http_type=_discovery((params.control_plane_http,)),
+        http_endpoints=_endpoints_yaml((params.control_plane_http,), 8),
+        grpc_type=_discovery((params.control_plane_grpc,)),
+        grpc_endpoints=_endpoints_yaml((params.control_plane_grpc,), 8),
         backend_clusters="".join(
             _backend_cluster_yaml(name, eps) for name, eps in params.clusters.items() if eps
         ),
@@ -119,8 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compose", action="store_true",
                         help="the compose/Kubernetes config (the default parameters)")
     parser.add_argument("--failure-mode-allow", action="store_true")
+    parser.add_argument("--admission", choices=ADMISSION_MODES, default="http",
+                        help="ext_authz over HTTP (default) or gRPC")
     args = parser.parse_args(argv)
-    sys.stdout.write(render(EnvoyParams(failure_mode_allow=args.failure_mode_allow)))
+    sys.stdout.write(render(EnvoyParams(failure_mode_allow=args.failure_mode_allow,
+                                        admission=args.admission)))
     return 0
 
 
@@ -129,18 +185,20 @@ if __name__ == "__main__":
 
 
 def without_admission(text: str) -> dict:
-    """A rendered config with llmvalve taken out: no ext_proc filter, no per-route ext_proc
-    settings, no access log to the control plane, no control-plane cluster, no ext_proc
-    runtime layer. Envoy alone, for the `none` benchmark mode and the overhead baseline."""
+    """A rendered config with llmvalve taken out: no ext_authz or Lua filter, no per-route
+    filter settings, no access log to the control plane, no control-plane clusters. Envoy
+    alone, for the `none` benchmark mode and the overhead baseline."""
     doc = yaml.safe_load(text)
     hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
         "typed_config"]
-    hcm["http_filters"] = [f for f in hcm["http_filters"]
-                           if f["name"] != "envoy.filters.http.ext_proc"]
+    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] not in (
+        "envoy.filters.http.ext_authz", "envoy.filters.http.lua")]
     hcm.pop("access_log", None)
-    for route in hcm["route_config"]["virtual_hosts"][0]["routes"]:
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    for route in routes:
         route.pop("typed_per_filter_config", None)
+    hcm["route_config"]["virtual_hosts"][0]["routes"] = [
+        r for r in routes if r["match"].get("path") != "/v1/models"]
     doc["static_resources"]["clusters"] = [
-        c for c in doc["static_resources"]["clusters"] if c["name"] != "llmvalve"]
-    doc.pop("layered_runtime", None)
+        c for c in doc["static_resources"]["clusters"] if not c["name"].startswith("llmvalve")]
     return doc

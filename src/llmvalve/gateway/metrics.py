@@ -3,7 +3,7 @@
 Event counters are updated on the request path; pool gauges (limit, in flight, queue depth)
 are read from `Admission.status` when /metrics is scraped, so they cost nothing per request.
 Each server builds its own registry (tests run several in one process). docs/metrics.md lists
-every series. `decision`, `sampled` and `scraped` are the hooks the servicers call; they also
+every series. `record`, `joined` and `scraped` are the hooks the driver calls; they also
 feed the in-memory views of `telemetry` (SLO attainment, backend signals as seen) and the
 structured decision log (`logs`). Tenant labels go through `TenantLabels` (bounded).
 """
@@ -19,8 +19,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from llmvalve.core.types import BackendSnapshot, Sample
+from llmvalve.core.types import BackendSnapshot, Outcome
 from llmvalve.gateway import logs
+from llmvalve.gateway.front import Joined, Record
 from llmvalve.gateway.telemetry import SignalsSeen, SloTracker, TenantLabels
 
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60)
@@ -65,44 +66,66 @@ class GatewayMetrics:
             ["class"], buckets=WAIT_BUCKETS, registry=r)
         self.releases = Counter(
             "llmvalve_releases", "Tickets closed, by outcome", ["outcome"], registry=r)
-        self.streams = Gauge(
-            "llmvalve_extproc_streams", "Open ext_proc streams (requests in Envoy)", registry=r)
+        self.held = Gauge(
+            "llmvalve_checks_held", "Authorization checks held open while their request waits "
+            "in a queue", registry=r)
         self.access_logs = Counter(
-            "llmvalve_access_log_entries", "Envoy access-log entries received", ["used"],
-            registry=r)
+            "llmvalve_access_log_entries", "Envoy access-log entries of admitted requests, by "
+            "whether they became a latency sample", ["used"], registry=r)
+        self.access_logs_skipped = Counter(
+            "llmvalve_access_log_entries_skipped", "Envoy access-log entries of requests the "
+            "gateway answered itself (denied checks, static fallbacks)", registry=r)
+        self.admin_refusals = Counter(
+            "llmvalve_admin_refusals", "Admin API calls refused for a missing or wrong token",
+            ["api"], registry=r)
         self.scrapes = Counter(
             "llmvalve_backend_scrapes", "Backend /metrics scrapes", ["backend", "ok"], registry=r)
 
-    def decision(self, decision: str, klass: str, reason: str, *, tenant: str = "",
-                 request_id: str = "", wait_s: float | None = None,
-                 retry_after_s: float | None = None) -> None:
+    def record(self, record: Record, check_id: str = "") -> None:
         """One decision delivered to Envoy (or a request that left): counters, the SLO
         view, and one DEBUG log line."""
-        self.decisions.labels(decision, klass, self.tenants(tenant), reason).inc()
+        klass, decision = record.klass, record.decision
+        self.decisions.labels(decision, klass, self.tenants(record.tenant), record.reason).inc()
         self.counts[(klass, decision)] += 1
-        if retry_after_s is not None:
-            self.retry_after.labels(klass, reason).observe(retry_after_s)
+        if record.retry_after_s is not None:
+            self.retry_after.labels(klass, record.reason).observe(record.retry_after_s)
         if decision == "admitted":
-            self.slo.admitted(request_id, klass, wait_s or 0.0, self.ttft_slo(klass))
+            self.waits.labels(klass).observe(record.wait_s)
         elif decision in SHED:
-            self.slo.shed(klass, self.clock())
+            self.slo.judge(klass, False, self.clock())
             self.slo_verdicts.labels(klass, "no").inc()
-        logs.decision(request_id=request_id, tenant=tenant, klass=klass, decision=decision,
-                      reason=reason, wait_s=wait_s, retry_after_s=retry_after_s)
+        logs.decision(request_id=check_id, tenant=record.tenant, klass=klass,
+                      decision=decision, reason=record.reason, wait_s=record.wait_s,
+                      retry_after_s=record.retry_after_s)
 
-    def sampled(self, sample: Sample) -> None:
-        """An access-log sample (after `Admission.observe`): per-class TTFT and SLO."""
-        before = self.slo.totals.copy()
-        joined = self.slo.sample(sample, self.clock())
-        if joined is None:
+    def joined(self, joined: Joined) -> None:
+        """An access-log entry joined to its ticket: the request's end, judged against its
+        class's TTFT objective at the gateway (queue wait + backend TTFT)."""
+        klass, sample = joined.klass, joined.sample
+        self.access_logs.labels("yes" if sample is not None else "no").inc()
+        if joined.released:
+            self.releases.labels(joined.outcome.value).inc()
+            if joined.client_left:
+                self.record(Record("cancelled_in_flight", klass, "cancelled",
+                                   joined.ticket.tenant), joined.ticket.request_id)
+        if sample is None:
             return
-        klass, ttft = joined
-        if sample.ttft_s is not None:
-            self.backend_ttft.labels(klass).observe(sample.ttft_s)
-        if ttft is not None:
+        met: bool | None = None
+        if sample.outcome is Outcome.DROPPED:
+            met = False
+        elif joined.ttft_s is not None:  # the first body byte: for a plain answer, all of it
+            ttft = joined.ticket.wait_s + joined.ttft_s
+            self.backend_ttft.labels(klass).observe(joined.ttft_s)
             self.gateway_ttft.labels(klass).observe(ttft)
-        for (k, met), n in (self.slo.totals - before).items():
-            self.slo_verdicts.labels(k, "yes" if met else "no").inc(n)
+            objective = self.ttft_slo(klass)
+            if objective is not None:
+                met = ttft <= objective
+        if met is not None:
+            self.slo.judge(klass, met, self.clock())
+            self.slo_verdicts.labels(klass, "yes" if met else "no").inc()
+
+    def admin_refused(self, api: str) -> None:
+        self.admin_refusals.labels(api).inc()
 
     def scraped(self, pool: str, snap: BackendSnapshot) -> None:
         """A backend scrape, as handed to the core."""
@@ -111,9 +134,6 @@ class GatewayMetrics:
         if flipped is not None:
             logs.state("backend_scrape", pool=pool, backend=snap.backend,
                        ok=flipped, level=20 if flipped else 30)
-
-    def queue_wait(self, klass: str, wait_s: float) -> None:
-        self.waits.labels(klass).observe(wait_s)
 
     def watch_status(self, status: Callable[[], dict[str, Any]]) -> None:
         self.registry.register(_StatusCollector(status))

@@ -1,6 +1,6 @@
 """The answers the gateway writes itself: shed (429/503), 401, 400 and static fallbacks.
 
-Plain values (status, headers, body); `extproc` turns them into an `ImmediateResponse`.
+Plain values (status, headers, body); the authorization adapters send them as the denial.
 Error bodies follow OpenAI's shape `{"error": {"message", "type", "code"}}` so the OpenAI
 SDKs raise their usual exceptions, and 429/503 carry `retry-after` (whole seconds, rounded
 up) and `retry-after-ms`, which the SDKs' retry loops honour.
@@ -30,6 +30,8 @@ MESSAGES = {
     "Retry after {after} s.",
     Reason.POOL_UNAVAILABLE: "No model backend is available. Retry after {after} s.",
     Reason.DRAINING: "This gateway is shutting down. Retry after {after} s.",
+    Reason.GATEWAY_OVERLOADED: "The gateway is overloaded; {cls} requests are shed. "
+    "Retry after {after} s.",
 }
 
 
@@ -73,6 +75,23 @@ def unauthorized(message: str, code: str) -> Reply:
     return Reply(401, (("content-type", "application/json"),
                        ("x-llmvalve-reason", Reason.UNAUTHORIZED.value)),
                  _error_body(message, "invalid_request_error", code), "llmvalve_unauthorized")
+
+
+def model_not_found(model: str) -> Reply:
+    message = (f"The model `{model}` does not exist or you do not have access to it."
+               if model else "The request names no model this gateway serves.")
+    return Reply(404, (("content-type", "application/json"),
+                       ("x-llmvalve-reason", "model_not_found")),
+                 _error_body(message, "invalid_request_error", "model_not_found"),
+                 "llmvalve_model_not_found")
+
+
+def model_not_allowed(model: str) -> Reply:
+    return Reply(403, (("content-type", "application/json"),
+                       ("x-llmvalve-reason", "model_not_allowed")),
+                 _error_body(f"This API key may not use the model `{model}`.",
+                             "invalid_request_error", "model_not_allowed"),
+                 "llmvalve_model_not_allowed")
 
 
 def bad_request(message: str) -> Reply:

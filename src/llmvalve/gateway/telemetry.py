@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from llmvalve.core.types import BackendSnapshot, Outcome, Sample
+from llmvalve.core.types import BackendSnapshot
 
 OTHER = "other"
 
@@ -104,47 +104,14 @@ class SignalsSeen:
         return sum(values) / len(values) if values else None
 
 
-@dataclass(frozen=True)
-class _Admitted:
-    klass: str
-    wait_s: float
-    ttft_slo_s: float | None
-
-
 class SloTracker:
-    def __init__(self, window_s: float = 60.0, max_pending: int = 50_000) -> None:
+    def __init__(self, window_s: float = 60.0) -> None:
         self.window_s = window_s
-        self.max_pending = max_pending
-        # request id → what the verdict needs, until its access-log entry arrives.
-        self._pending: collections.OrderedDict[str, _Admitted] = collections.OrderedDict()
         # class → deque of (second, met, judged)
         self._buckets: dict[str, collections.deque[list[float]]] = {}
         self.totals: collections.Counter[tuple[str, bool]] = collections.Counter()
 
-    def admitted(self, request_id: str, klass: str, wait_s: float,
-                 ttft_slo_s: float | None) -> None:
-        self._pending[request_id] = _Admitted(klass, wait_s, ttft_slo_s)
-        while len(self._pending) > self.max_pending:  # entries whose log never came
-            self._pending.popitem(last=False)
-
-    def shed(self, klass: str, now: float) -> None:
-        self._verdict(klass, False, now)
-
-    def sample(self, sample: Sample, now: float) -> tuple[str, float | None] | None:
-        """The access-log feedback of an admitted request: (class, TTFT at the gateway) when
-        it was one of ours, else None. Judges it against its class's objective."""
-        admitted = self._pending.pop(sample.request_id, None)
-        if admitted is None:
-            return None
-        ttft = None if sample.ttft_s is None else admitted.wait_s + sample.ttft_s
-        if sample.outcome is Outcome.DROPPED:
-            self._verdict(admitted.klass, False, now)
-        elif sample.outcome is Outcome.SUCCESS and ttft is not None \
-                and admitted.ttft_slo_s is not None:
-            self._verdict(admitted.klass, ttft <= admitted.ttft_slo_s, now)
-        return admitted.klass, ttft
-
-    def _verdict(self, klass: str, met: bool, now: float) -> None:
+    def judge(self, klass: str, met: bool, now: float) -> None:
         self.totals[(klass, met)] += 1
         buckets = self._buckets.setdefault(klass, collections.deque())
         second = float(int(now))

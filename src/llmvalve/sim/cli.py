@@ -4,20 +4,36 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
+from dataclasses import replace
+
+_CONTROLLER_RE = re.compile(r"none|seed|adaptive|static(:[1-9][0-9]*)?|schedule:.+")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenario", required=True, help="built-in name or a YAML file")
+    p.add_argument("--scenario", help="built-in name or a YAML file (required but with --list)")
     p.add_argument("--controllers", help="comma list: none,static:N,seed,adaptive "
                    "(default: the scenario's)")
     p.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
+    p.add_argument("--seeds", metavar="LIST",
+                   help="run each seed (1,2,3 or 1-3) and report the mean and the worst")
     p.add_argument("--gateways", type=int, help="independent gateway replicas")
     p.add_argument("--backends", type=int, help="number of backends (default: the scenario's)")
     p.add_argument("--load-scale", type=float, default=1.0,
                    help="multiply every class's request rate (default 1)")
-    p.add_argument("--oracle", action="store_true", help="also sweep static:N, report the best")
+    p.add_argument("--oracle", action="store_true",
+                   help="also report oracles: the best static:N, none, and the best fixed "
+                   "limit per window in hindsight")
+    p.add_argument("--oracle-window", type=float, default=20.0, metavar="S",
+                   help="the hindsight oracle's window in seconds (default 20)")
+    p.add_argument("--no-hindsight", action="store_true",
+                   help="with --oracle: only the fixed oracles (best static:N, none), not "
+                   "the hindsight search (its runs dominate at fleet scale)")
+    p.add_argument("--capacity", action="store_true",
+                   help="measure what the backends can serve of this request mix and print "
+                   "the scenario's load factor (per seed)")
     p.add_argument("--json", action="store_true", help="print the results JSON only")
     p.add_argument("--plot", metavar="PNG", help="write time series (and sweep) plots")
     p.add_argument("--list", action="store_true", help="list the built-in scenarios")
@@ -25,35 +41,61 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="engine stepping: event-driven (default) or the per-step reference")
 
 
+def _fail(msg: str) -> int:
+    for line in msg.splitlines() or [msg]:
+        print(f"llmvalve simulate: {line}", file=sys.stderr)
+    return 2
+
+
 def run(args: argparse.Namespace) -> int:
     from llmvalve.sim.report import table
-    from llmvalve.sim.runner import simulate, sweep
+    from llmvalve.sim.runner import parse_seeds, simulate_seeds
     from llmvalve.sim.scenario import ScenarioError, builtin_names, load_scenario
 
     if args.list:
         print("\n".join(builtin_names()))
         return 0
+    if not args.scenario:
+        return _fail("--scenario is required (--list names the built-ins)")
     try:
         sc = load_scenario(args.scenario)
-    except (ScenarioError, OSError) as exc:
-        print(f"llmvalve simulate: {exc}", file=sys.stderr)
-        return 2
-    if args.backends is not None:
-        from dataclasses import replace
-
-        sc = replace(sc, backends=args.backends)
+        seeds = parse_seeds(args.seeds) if args.seeds else [sc.seed if args.seed is None
+                                                             else args.seed]
+    except (ScenarioError, OSError, ValueError) as exc:
+        return _fail(str(exc))
+    if args.seeds and args.seed is not None:
+        return _fail("give --seed or --seeds, not both")
     ctrls = args.controllers.split(",") if args.controllers else None
+    bad = [c for c in ctrls or [] if not _CONTROLLER_RE.fullmatch(c)]
+    if bad:
+        return _fail(f"unknown controller {bad[0]!r} (none, static:N, seed, adaptive)")
+    if args.gateways is not None and args.gateways < 1:
+        return _fail("--gateways must be >= 1")
+    if args.backends is not None:
+        if args.backends < 1:
+            return _fail("--backends must be >= 1")
+        sc = replace(sc, backends=args.backends)
+    if not args.load_scale > 0:
+        return _fail("--load-scale must be > 0")
+    if not args.oracle_window > 0:
+        return _fail("--oracle-window must be > 0")
+    if args.capacity:
+        return _capacity(sc, seeds, args.json)
     t0 = time.perf_counter()
-    result, runs = simulate(sc, ctrls, args.seed, args.oracle, args.gateways,
-                            load_scale=args.load_scale, stepping=args.stepping)
-    if sc.sweep_loads:
-        result["sweep"] = sweep(sc, list(result["controllers"]), list(sc.sweep_loads),
-                                args.seed, args.stepping)
+    try:
+        result, runs = simulate_seeds(sc, ctrls, seeds, args.oracle, args.gateways,
+                                      args.oracle_window, with_sweep=True,
+                                      hindsight=not args.no_hindsight,
+                                      load_scale=args.load_scale, stepping=args.stepping)
+    except ValueError as exc:  # e.g. a bad schedule: controller
+        return _fail(str(exc))
+    if not args.seeds:
+        del result["seeds"]  # one seed: the JSON of before
     elapsed = time.perf_counter() - t0
     if args.plot:
         from llmvalve.sim.plot import plot_runs, plot_sweep
 
-        plot_runs(runs, args.plot, f"llmvalve simulate — {sc.name}")
+        plot_runs(runs, args.plot, f"llmvalve simulate — {sc.name} (seed {seeds[0]})")
         if sc.sweep_loads:
             plot_sweep(result["sweep"], args.plot.replace(".png", "") + "-sweep.png",
                        f"{sc.name}: goodput against offered load")
@@ -61,16 +103,35 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
         return 0
     print(table(result))
+    _print_extras(result)
+    print(f"\n(simulated in {elapsed:.1f} s of wall time)")
+    return 0
+
+
+def _print_extras(result: dict) -> None:
     for name, r in result["controllers"].items():
         cap = r["capacity"]
         if cap["reaction_time_s"]:
             print(f"{name}: reaction to capacity events (s): {cap['reaction_time_s']}")
     if "sweep" in result:
-        print("\ngoodput (tok/s) by offered load:")
+        print(f"\ngoodput (tok/s) by offered load (seed {result['seed']}):")
         names = list(result["controllers"])
         print("load  " + " ".join(f"{n:>12}" for n in names))
         for row in result["sweep"]:
             print(f"{row['load']:<5} " + " ".join(
                 f"{row['controllers'][n]['goodput_tok_s']:>12.0f}" for n in names))
-    print(f"\n(simulated in {elapsed:.1f} s of wall time)")
+
+
+def _capacity(sc, seeds: list[int], as_json: bool) -> int:  # type: ignore[no-untyped-def]
+    from llmvalve.sim.capacity import measure
+
+    out = {str(s): measure(sc, s) for s in seeds}
+    if as_json:
+        print(json.dumps({"scenario": sc.name, "capacity": out}, indent=2))
+        return 0
+    for s, m in out.items():
+        print(f"{sc.name} seed {s}: offered {m['offered_tok_s']:.0f} output tok/s "
+              f"({m['offered_req_s']:.2f} req/s); capacity {m['capacity_tok_s']:.0f} tok/s "
+              f"({m['capacity_req_s']:.2f} req/s, best at {m['best_at']}); "
+              f"load factor {m['load_factor']}")
     return 0

@@ -1,6 +1,7 @@
-"""Virtual-time harness: scenario traffic → gateway replicas (the real `Admission` core) →
-simulated engines (the real `Engine`), with feedback arriving as it would in production: backend
-metrics by periodic scrape, per-request samples by access log a little after each request ends.
+"""Virtual-time harness: scenario traffic → gateway replicas (the production `Front` over the
+`Admission` core, fed what Envoy would show it: sim/gateway.py) → simulated engines (the real
+`Engine`), with feedback arriving as it does in production: backend metrics by periodic scrape,
+each request's end (its slot's release, its latency) by access log a little after it ends.
 
 The clock is the event heap, keyed (time, sequence): time moves only when an event is popped,
 so the same scenario and seed give the same numbers, to the last digit. Engines advance by
@@ -20,22 +21,18 @@ from llmvalve.client import RetryPolicy, next_delay
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy import Policy
 from llmvalve.core.quantiles import delta, histogram_quantile
-from llmvalve.core.types import (
-    Admit,
-    BackendSnapshot,
-    Outcome,
-    Queued,
-    Reason,
-    Reject,
-    RequestInfo,
-    Sample,
-)
+from llmvalve.core.signals import windowed_mean
+from llmvalve.core.types import BackendSnapshot
 from llmvalve.engine.engine import Engine, PromptTooLong, StepResult
 from llmvalve.engine.metrics import REQUEST_BUCKETS
-from llmvalve.engine.profiles import get_profile
 from llmvalve.engine.stepper import Advance, EventEngine
+from llmvalve.gateway.front import Answer, Front, Go, Verdict, Wait
+from llmvalve.sim import gateway as sim_gateway
 from llmvalve.sim.scenario import Scenario
 from llmvalve.sim.workload import Job
+
+MAINTAIN_EVERY_S = 1.0  # as the production driver: reclaim leases, reconcile slots
+DROPPED_REASONS = ("queue_timeout", "client_deadline")  # waited, then shed: "dropped"
 
 DRAIN_LIMIT_S = 120.0  # after the traffic stops, how long unfinished requests may still finish
 
@@ -70,10 +67,11 @@ class Backend:
 @dataclass
 class Gateway:
     index: int
-    admission: Admission
+    front: Front
     healthy: list[bool]
     inflight: list[int]
-    prev_hist: dict[int, tuple[list[int], list[int], float, int]] = field(default_factory=dict)
+    prev_hist: dict[int, tuple[list[int], tuple[float, float], tuple[float, float]]] = field(
+        default_factory=dict)
     poll_at: float | None = None
     rr: int = 0
 
@@ -92,6 +90,11 @@ class TimePoint:
     rejections: int
     live_backends: int
     preemptions: int  # cumulative
+    inflight_by_class: dict[int, float] = field(default_factory=dict)  # in the limit's unit
+    kv_usage_max: float = 0.0  # the fullest live backend
+    saturation: float = 0.0  # the limiter's σ (0 for limits that do not measure it)
+    pressure: float | None = None  # adaptive: r at its last window
+    action: str = ""  # adaptive: what its last window did
 
 
 @dataclass
@@ -115,15 +118,15 @@ class Simulation:
                  seed: int = 1, stepping: str = "event") -> None:
         if stepping not in STEPPING:
             raise ValueError(f"stepping is one of {', '.join(STEPPING)}, got {stepping!r}")
-        self.sc = sc
-        self.policy = policy
-        self.controller = controller
-        self.profile = get_profile(sc.profile)
-        self.rng = random.Random(f"sim:{seed}:{controller}")
         self.event = stepping == "event"
+        self.sc = sc
+        self.policy = policy = sim_gateway.sim_policy(policy, jobs)
+        self.controller = controller
+        self.profile = sc.engine_profile()
+        self.rng = random.Random(f"sim:{seed}:{controller}")
         self.backends = [Backend(i, self._engine(i)) for i in range(sc.backends)]
         self.gateways = [
-            Gateway(g, Admission(policy, random.Random(f"gw:{seed}:{g}"), controller),
+            Gateway(g, Front(Admission(policy, random.Random(f"gw:{seed}:{g}"), controller)),
                     [True] * sc.backends, [0] * sc.backends)
             for g in range(sc.gateways)]
         self.states = [JobState(j) for j in jobs]
@@ -157,6 +160,7 @@ class Simulation:
         for g in self.gateways:
             offset = self.sc.scrape_interval_s * g.index / max(1, len(self.gateways))
             self.at(offset, lambda now, g=g: self.scrape(g, now))
+            self.at(MAINTAIN_EVERY_S, lambda now, g=g: self.maintain(g, now))
         self.at(0.0, self.tick)
         end = self.sc.duration_s + DRAIN_LIMIT_S
         while self.heap:
@@ -186,30 +190,30 @@ class Simulation:
         st.gateway = g.index
         st.req_id = f"{job.job_id}.{st.attempt}"
         self.by_req[st.req_id] = st
-        info = RequestInfo(st.req_id, job.tenant, job.priority, 0.0, job.prompt_tokens,
-                           job.max_tokens)
-        decision = g.admission.submit(info, now)
-        if isinstance(decision, Queued):
+        check = sim_gateway.check_of(job, st.req_id, self.policy, job.cls.stream)
+        verdict = g.front.check(check, now)
+        if isinstance(verdict, Wait):
             st.status = "queued"
             self._schedule_poll(g, now)
         else:
-            self.decided(g, decision, now)
+            self.decided(g, verdict, now)
 
     def cancel(self, st: JobState, now: float) -> None:
         if st.status == "queued":
-            self.gateways[st.gateway].admission.cancel(st.req_id, now)
+            self.gateways[st.gateway].front.client_left(st.req_id, now)
         elif st.status == "running":
-            self._end_on_backend(st, Outcome.IGNORE, now)
+            self._end_on_backend(st, now, client_left=True)
         elif st.status != "pending":
             return
         self._settle(st, "cancelled", now)
 
-    def rejected(self, st: JobState, reject: Reject, now: float) -> None:
-        self.retry_after.append(reject.retry_after_s)
+    def rejected(self, st: JobState, answer: Answer, now: float) -> None:
+        retry_after = sim_gateway.retry_after_s(answer)
+        if retry_after is not None:
+            self.retry_after.append(retry_after)
         self.rejections_since_tick += 1
-        final = "dropped" if reject.reason in (Reason.QUEUE_TIMEOUT, Reason.DEADLINE) \
-            else "rejected"
-        self._retry_or_settle(st, reject.retry_after_s, final, now)
+        final = "dropped" if answer.record.reason in DROPPED_REASONS else "rejected"
+        self._retry_or_settle(st, retry_after, final, now)
 
     def _retry_or_settle(self, st: JobState, retry_after_s: float | None, final: str,
                          now: float) -> None:
@@ -226,7 +230,7 @@ class Simulation:
 
     # ---- gateways -------------------------------------------------------------------------
     def _schedule_poll(self, g: Gateway, now: float) -> None:
-        t = g.admission.next_deadline()
+        t = g.front.next_deadline()
         if t is None:
             return
         t = max(t, now)
@@ -241,32 +245,45 @@ class Simulation:
             self.poll(g, now)
 
     def poll(self, g: Gateway, now: float) -> None:
-        for d in g.admission.poll(now):
-            self.decided(g, d, now)
+        for verdict in g.front.poll(now):
+            self.decided(g, verdict, now)
         self._schedule_poll(g, now)
 
-    def decided(self, g: Gateway, d: Admit | Reject, now: float) -> None:
-        st = self.by_req[d.request_id]
-        if isinstance(d, Reject):
-            self.rejected(st, d, now)
+    def maintain(self, g: Gateway, now: float) -> None:
+        g.front.reclaim(now)
+        if g.front.reconcile(now):
+            self.poll(g, now)
+        if now < self.sc.duration_s + DRAIN_LIMIT_S:
+            self.at(now + MAINTAIN_EVERY_S, lambda t: self.maintain(g, t))
+
+    def decided(self, g: Gateway, verdict: Verdict, now: float) -> None:
+        st = self.by_req[verdict.check_id]
+        if isinstance(verdict, Answer):
+            self.rejected(st, verdict, now)
             return
-        st.ticket = d.ticket
-        st.queue_wait_s += d.wait_s
-        b = int(d.ticket.backend[1:]) if d.ticket.backend else self._route(g)
+        assert isinstance(verdict, Go)
+        if verdict.ticket is None:  # a static fallback answered it: not served by a backend
+            self._settle(st, "rejected", now)
+            return
+        st.ticket = verdict.ticket
+        st.queue_wait_s += verdict.ticket.wait_s
+        backend_name = verdict.ticket.backend
+        b = int(backend_name[1:]) if backend_name else self._route(g)
         backend = self.backends[b]
         st.backend = b
         st.sent_at = now
         st.status = "running"
+        st.first_token_at = None
         g.inflight[b] += 1
         if not backend.alive:
-            self._end_on_backend(st, Outcome.DROPPED, now)
+            self._end_on_backend(st, now, status=503, failed=True)
             self._retry_or_settle(st, None, "dropped", now)
             return
         try:
             backend.engine.add(st.req_id, st.job.prompt_tokens, st.job.output_tokens, now,
                                st.job.max_tokens)
         except PromptTooLong:  # the backend answers 400: not an overload signal
-            self._end_on_backend(st, Outcome.IGNORE, now)
+            self._end_on_backend(st, now, status=400)
             self._settle(st, "rejected", now)
             return
         backend.requests.add(st.req_id)
@@ -283,7 +300,10 @@ class Simulation:
         g.rr += 1
         return min(candidates, key=lambda i: (g.inflight[i], (i - g.rr) % n))
 
-    def _end_on_backend(self, st: JobState, outcome: Outcome, now: float) -> None:
+    def _end_on_backend(self, st: JobState, now: float, status: int | None = 200,
+                        client_left: bool = False, failed: bool = False) -> None:
+        """The request ends at the backend; its access-log entry reaches the gateway
+        `als_delay_s` later (which releases its slot)."""
         backend = self.backends[st.backend]
         if backend.alive and backend.engine.has(st.req_id):
             backend.engine.abort(st.req_id, now)
@@ -291,50 +311,53 @@ class Simulation:
         backend.requests.discard(st.req_id)
         g = self.gateways[st.gateway]
         g.inflight[st.backend] -= 1
-        g.admission.release(st.ticket, outcome, now)  # type: ignore[arg-type]
         st.status = "ended"
-        if outcome is not Outcome.IGNORE:
-            sample = Sample(st.req_id, st.ticket.pool, outcome,  # type: ignore[attr-defined]
-                            ttft_s=(st.first_token_at - st.sent_at)
-                            if st.first_token_at is not None else None,
-                            duration_s=now - st.sent_at, output_tokens=st.output_tokens,
-                            prompt_tokens=st.job.prompt_tokens)
-            prio, epoch = st.job.priority, st.ticket.epoch  # type: ignore[attr-defined]
-            self.at(now + self.sc.als_delay_s,
-                    lambda t: g.admission.observe(sample, t, prio, epoch))
-        self.poll(g, now)
+        entry = sim_gateway.log_entry(
+            st.req_id, status, sent_at=st.sent_at, first_token_at=st.first_token_at,
+            ended_at=now, streamed=st.job.cls.stream, client_left=client_left, failed=failed)
+
+        def logged(t: float) -> None:
+            g.front.access_log(entry, t)
+            self.poll(g, t)
+
+        self.at(now + self.sc.als_delay_s, logged)
 
     def scrape(self, g: Gateway, now: float) -> None:
         self._sync(now)
         for b in self.backends:
             snap = self._snapshot(g, b, now)
             g.healthy[b.index] = snap.ok
-            g.admission.on_snapshot("default", snap, now)
+            g.front.on_snapshot(self.policy.pools[0].name, snap, now)
         self._schedule_poll(g, now)
         self.at(now + self.sc.scrape_interval_s, lambda t: self.scrape(g, t))
 
     def _snapshot(self, g: Gateway, b: Backend, now: float) -> BackendSnapshot:
+        """What a scrape of `b` gives the gateway: the cumulative metrics reduced over the
+        window since this gateway's previous scrape, as `core.signals` reduces a /metrics
+        page."""
         if not b.alive:
             return BackendSnapshot(backend=f"b{b.index}", at=now, ok=False)
         e = b.engine
         m = e.metrics
+        itl = (m.itl.total, float(m.itl.count))
+        out = (m.output_tokens.total, float(m.output_tokens.count))
         prev = g.prev_hist.get(b.index)
-        itl_sum, itl_count = m.itl.total, m.itl.count
-        itl_mean = None
-        q_p90 = None
+        itl_mean = q_p90 = out_mean = None
+        finished = 0.0
         if prev is not None:
-            _, q_prev, s_prev, c_prev = prev
-            if itl_count > c_prev:
-                itl_mean = (itl_sum - s_prev) / (itl_count - c_prev)
+            q_prev, itl_prev, out_prev = prev
+            itl_mean, _ = windowed_mean(itl_prev, itl)
+            out_mean, finished = windowed_mean(out_prev, out)
             q_p90 = histogram_quantile(0.9, REQUEST_BUCKETS, delta(m.queue_time.counts, q_prev))
-        g.prev_hist[b.index] = (list(m.itl.counts), list(m.queue_time.counts), itl_sum, itl_count)
+        g.prev_hist[b.index] = (list(m.queue_time.counts), itl, out)
         return BackendSnapshot(
             backend=f"b{b.index}", at=now, ok=True, running=e.num_running,
             waiting=e.num_waiting, kv_usage=e.kv_usage,
             preemptions_total=m.preemptions_total,
             kv_capacity_tokens=e.num_blocks * e.profile.block_size,
             itl_mean_s=itl_mean, queue_time_p90_s=q_p90,
-            requests_finished_total=sum(m.finished.values()))
+            requests_finished_total=sum(m.finished.values()),
+            output_tokens_mean=out_mean, finished_in_window=finished)
 
     # ---- backends -------------------------------------------------------------------------
     def _sync(self, now: float) -> None:
@@ -376,7 +399,7 @@ class Simulation:
                 st.first_token_at = now
             st.output_tokens = ev.generated
             if ev.finished:
-                self._end_on_backend(st, Outcome.SUCCESS, now)
+                self._end_on_backend(st, now)
                 self._settle(st, "completed", now)
         self._step(b, now)
 
@@ -403,7 +426,7 @@ class Simulation:
                 st.first_token_at = now
             st.output_tokens = generated
             if finished:
-                self._end_on_backend(st, Outcome.SUCCESS, now)
+                self._end_on_backend(st, now)
                 self._settle(st, "completed", now)
         self._advance(b, now)
 
@@ -411,7 +434,7 @@ class Simulation:
         b = self.backends[ev.backend]
         if self.event and b.alive:
             b.engine.cut(now)  # type: ignore[attr-defined]
-            for req_id in b.requests:  # a drop's sample carries the tokens streamed so far
+            for req_id in b.requests:  # a drop's record carries the tokens streamed so far
                 self.by_req[req_id].output_tokens = b.engine.generated(req_id)  # type: ignore
         if ev.slowdown is not None:
             b.engine.set_slowdown(float(ev.slowdown))
@@ -425,7 +448,7 @@ class Simulation:
             for req_id in list(b.requests):
                 st = self.by_req[req_id]
                 if st.status == "running":
-                    self._end_on_backend(st, Outcome.DROPPED, now)
+                    self._end_on_backend(st, now, status=503, failed=True)
                     self._retry_or_settle(st, None, "dropped", now)
         if ev.rejoin and not b.alive:
             b.engine = self._engine(b.index)
@@ -437,25 +460,36 @@ class Simulation:
         self._sync(now)
         live = [b for b in self.backends if b.alive]
         kv = sum(b.engine.kv_usage for b in live) / max(1, len(live))
-        self.kv_max = max(self.kv_max, max((b.engine.kv_usage for b in live), default=0.0))
+        kv_top = max((b.engine.kv_usage for b in live), default=0.0)
+        self.kv_max = max(self.kv_max, kv_top)
         depth: dict[int, int] = {}
-        limit = inflight_cost = 0.0
+        by_class: dict[int, float] = {}
+        limit = inflight_cost = sigma = 0.0
         inflight_req = 0
         unit = "requests"
+        pressure: float | None = None
+        action = ""
         for g in self.gateways:
-            for pool in g.admission.pools.values():
+            for pool in g.front.admission.pools.values():
                 limit += pool.current_limit()
                 inflight_cost += pool.inflight
                 inflight_req += len(pool.tickets)
                 unit = pool.limit.unit
+                sigma = max(sigma, pool.limit.saturation(now))
+                st = pool.limit.status()
+                if st.get("pressure") is not None:
+                    pressure = max(pressure or 0.0, st["pressure"])
+                    action = st.get("last_action", "")
                 for p in self.policy.priorities:
                     depth[p] = depth.get(p, 0) + pool.scheduler.depth(p)
+                    by_class[p] = by_class.get(p, 0.0) + pool.inflight_by_class.get(p, 0.0)
         self.timeseries.append(TimePoint(
             now, limit, unit, inflight_req, inflight_cost, kv,
             sum(b.engine.num_waiting for b in live), sum(b.engine.num_running for b in live),
             depth, self.rejections_since_tick, len(live),
             self.dead_preemptions + sum(b.engine.metrics.preemptions_total
-                                        for b in self.backends)))
+                                        for b in self.backends),
+            by_class, kv_top, sigma, pressure, action))
         self.rejections_since_tick = 0
         if now < self.sc.duration_s + DRAIN_LIMIT_S:
             self.at(now + 1.0, self.tick)

@@ -3,8 +3,10 @@ readable table."""
 
 from __future__ import annotations
 
-from llmvalve.core.policy import Policy
-from llmvalve.sim.harness import RunResult
+import math
+
+from llmvalve.core.policy import Policy, QueueSpec
+from llmvalve.sim.harness import JobState, RunResult
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -12,6 +14,43 @@ def _pct(xs: list[float], q: float) -> float:
         return 0.0
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _latency(s: JobState) -> tuple[float, float]:
+    """(TTFT from the first attempt, mean time per output token) of a completed request."""
+    t = s.first_token_at - s.job.arrival_s  # type: ignore[operator]
+    n = max(1, s.output_tokens - 1)
+    return t, (s.finished_at - s.first_token_at) / n  # type: ignore[operator]
+
+
+def slo_met(s: JobState, q: QueueSpec) -> bool:
+    if s.status != "completed":
+        return False
+    ttft, tpot = _latency(s)
+    return ttft <= q.slo.ttft_s and tpot <= q.slo.tpot_s
+
+
+def good_tokens_by_arrival(run: RunResult, policy: Policy, window_s: float) -> list[int]:
+    """Goodput tokens of the requests that *arrived* in each window of `window_s` seconds."""
+    out = [0] * max(1, math.ceil(run.duration_s / window_s))
+    for s in run.jobs:
+        if slo_met(s, policy.queue(s.job.priority)):
+            out[min(len(out) - 1, int(s.job.arrival_s // window_s))] += s.output_tokens
+    return out
+
+
+def _tenants(jobs: list[JobState], q: QueueSpec) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for s in jobs:
+        t = out.setdefault(s.job.tenant, {"offered": 0, "completed": 0, "rejected": 0,
+                                          "dropped": 0, "cancelled": 0, "slo_met": 0})
+        t["offered"] += 1
+        if s.status in t:
+            t[s.status] += 1
+        t["slo_met"] += slo_met(s, q)
+    for t in out.values():
+        t["slo_attainment"] = round(t["slo_met"] / t["offered"], 4)
+    return dict(sorted(out.items()))
 
 
 def summarize(run: RunResult, policy: Policy) -> dict:
@@ -27,9 +66,7 @@ def summarize(run: RunResult, policy: Policy) -> dict:
                 counts[s.status] += 1
             if s.status != "completed":
                 continue
-            t = s.first_token_at - s.job.arrival_s  # type: ignore[operator]
-            n = max(1, s.output_tokens - 1)
-            p = (s.finished_at - s.first_token_at) / n  # type: ignore[operator]
+            t, p = _latency(s)
             ttft.append(t)
             tpot.append(p)
             waits.append(s.queue_wait_s)
@@ -43,6 +80,7 @@ def summarize(run: RunResult, policy: Policy) -> dict:
             "ttft_p50_s": round(_pct(ttft, 0.5), 3), "ttft_p99_s": round(_pct(ttft, 0.99), 3),
             "tpot_p99_s": round(_pct(tpot, 0.99), 4),
             "queue_wait_p99_s": round(_pct(waits, 0.99), 3),
+            "tenants": _tenants(jobs, q),
         }
     ra = run.retry_after
     return {
@@ -56,26 +94,89 @@ def summarize(run: RunResult, policy: Policy) -> dict:
     }
 
 
-def table(result: dict) -> str:
-    """One line per controller: goodput, per-class attainment and TTFT p99, rejections."""
-    ctrls = result["controllers"]
-    prios = sorted(next(iter(ctrls.values()))["classes"]) if ctrls else []
-    head = f"{'controller':<12} {'goodput':>8} {'thruput':>8} " + " ".join(
-        f"{'P' + p + ' att':>7} {'P' + p + ' ttft99':>9}" for p in prios) + \
-        f" {'rejected':>8} {'dropped':>7} {'preempt':>7}"
-    lines = [f"scenario {result['scenario']} (seed {result['seed']}, "
-             f"{result['duration_s']:.0f} s)", head, "-" * len(head)]
-    for name, r in ctrls.items():
-        cls = r["classes"]
-        lines.append(
-            f"{name:<12} {r['goodput_tok_s']:>8.0f} {r['throughput_tok_s']:>8.0f} " + " ".join(
-                f"{cls[p]['slo_attainment']:>7.3f} {cls[p]['ttft_p99_s']:>9.2f}" for p in prios)
+def _row(name: str, r: dict, prios: list[str], seed: str = "") -> str:
+    cls = r["classes"]
+    return (f"{name:<12} {seed}{r['goodput_tok_s']:>8.0f} {r['throughput_tok_s']:>8.0f} "
+            + " ".join(f"{cls[p]['slo_attainment']:>7.3f} {cls[p]['ttft_p99_s']:>9.2f}"
+                       for p in prios)
             + f" {sum(c['rejected'] for c in cls.values()):>8}"
             f" {sum(c['dropped'] for c in cls.values()):>7} {r['preemptions']:>7}")
+
+
+def _head(prios: list[str], seed: bool = False) -> str:
+    return (f"{'controller':<12} {'seed ' if seed else ''}{'goodput':>8} {'thruput':>8} "
+            + " ".join(f"{'P' + p + ' att':>7} {'P' + p + ' ttft99':>9}" for p in prios)
+            + f" {'rejected':>8} {'dropped':>7} {'preempt':>7}")
+
+
+def _oracle_lines(result: dict) -> list[str]:
+    lines = []
     if result.get("oracle"):
         o = result["oracle"]
         lines.append(f"oracle: best fixed limit {o['controller']} → goodput "
                      f"{o['goodput_tok_s']:.0f} tok/s")
+    orc = result.get("oracles")
+    if orc and "hindsight" in orc:
+        h = orc["hindsight"]
+        sched = ", ".join(f"{t:g} s {c}" for t, c in h["schedule"])
+        lines.append(f"oracles: none {orc['none']['goodput_tok_s']:.0f}, best fixed (static or "
+                     f"none) {orc['fixed']['controller']} {orc['fixed']['goodput_tok_s']:.0f}, "
+                     f"hindsight ({orc['window_s']:g} s windows) {h['goodput_tok_s']:.0f} "
+                     f"(schedule: {sched})")
+        for c, v in result.get("vs_oracle", {}).items():
+            if c == "adaptive":
+                lines.append(f"{c}: {v['fixed']:.3f} × best fixed, {v['hindsight']:.3f} × "
+                             f"hindsight, {v['none']:.3f} × none")
+    return lines
+
+
+def table(result: dict) -> str:
+    """One line per controller: goodput, per-class attainment and TTFT p99, rejections.
+    With several seeds, each controller's line is its worst seed's."""
+    if len(result.get("seeds", {}).get("seeds", [])) > 1:
+        return seeds_table(result)
+    ctrls = result["controllers"]
+    prios = sorted(next(iter(ctrls.values()))["classes"]) if ctrls else []
+    head = _head(prios)
+    lines = [f"scenario {result['scenario']} (seed {result['seed']}, "
+             f"{result['duration_s']:.0f} s)", head, "-" * len(head)]
+    lines += [_row(name, r, prios) for name, r in ctrls.items()]
+    return "\n".join(lines + _oracle_lines(result))
+
+
+def seeds_table(result: dict) -> str:
+    seeds = result["seeds"]
+    summ = seeds["summary"]["controllers"]
+    runs = seeds["runs"]
+    ctrls = list(summ)
+    prios = sorted(result["controllers"][ctrls[0]]["classes"]) if ctrls else []
+    oracle = "oracles" in result
+    ratios = [k for k in ("fixed", "hindsight", "none") if k in result.get("oracles", {})]
+    head = _head(prios, seed=True) + f" {'mean gp':>8}" + "".join(
+        f" {'/' + k[:7]:>8}" for k in ratios)
+    worst = ("lowest goodput / best fixed" if oracle else "lowest goodput")
+    lines = [f"scenario {result['scenario']} (seeds {','.join(map(str, seeds['seeds']))}, "
+             f"{result['duration_s']:.0f} s): each controller at its worst seed ({worst})",
+             head, "-" * len(head)]
+    for c in ctrls:
+        s = str(summ[c]["worst_seed"])
+        line = _row(c, runs[s]["controllers"][c], prios, f"{s:>4} ")
+        line += f" {summ[c]['goodput_tok_s']['mean']:>8.0f}"
+        line += "".join(f" {runs[s]['vs_oracle'][c][k]:>8.3f}" for k in ratios)
+        lines.append(line)
+    if oracle:
+        for s, r in runs.items():
+            o = r["oracles"]
+            h = (f", hindsight {o['hindsight']['goodput_tok_s']:.0f}" if "hindsight" in o
+                 else "")
+            lines.append(f"seed {s}: best static {o['static']['controller']} "
+                         f"{o['static']['goodput_tok_s']:.0f}, none "
+                         f"{o['none']['goodput_tok_s']:.0f}{h} tok/s")
+        for c in ctrls:
+            v = summ[c]["vs_oracle"]
+            lines.append(f"{c}: " + "; ".join(
+                f"x {k} mean {v[k]['mean']:.3f} worst {v[k]['worst']:.3f} (seed "
+                f"{v[k]['worst_seed']})" for k in ratios))
     return "\n".join(lines)
 
 
@@ -105,4 +206,35 @@ def capacity_report(run: RunResult, event_times: list[float]) -> dict:
         "capacity_requests": max((p.live_backends for p in ts), default=0) * run.max_num_seqs,
         "overcommitted_s": sum(1 for p in ts if over(p)),
         "reaction_time_s": reactions,
+    }
+
+
+def timeseries(run: RunResult) -> dict:
+    """The run's per-second samples, one list per series (JSON has no infinity: an unlimited
+    limit is null). Limit and in-flight are in the limit's unit (`limit_unit`)."""
+    ts = run.timeseries
+    prios = sorted({p for x in ts for p in x.queue_depth})
+
+    def fin(x: float) -> float | None:
+        return None if math.isinf(x) else round(x, 1)
+
+    return {
+        "t": [round(x.t, 1) for x in ts],
+        "limit_unit": ts[0].limit_unit if ts else "requests",
+        "limit": [fin(x.limit) for x in ts],
+        "inflight": [round(x.inflight_cost, 1) for x in ts],
+        "inflight_requests": [x.inflight_requests for x in ts],
+        "inflight_by_class": {str(p): [round(x.inflight_by_class.get(p, 0.0), 1) for x in ts]
+                              for p in prios},
+        "queue_depth": {str(p): [x.queue_depth.get(p, 0) for x in ts] for p in prios},
+        "kv_usage": [round(x.kv_usage, 3) for x in ts],
+        "kv_usage_max": [round(x.kv_usage_max, 3) for x in ts],
+        "engine_running": [x.engine_running for x in ts],
+        "engine_waiting": [x.engine_waiting for x in ts],
+        "saturation": [round(x.saturation, 3) for x in ts],
+        "pressure": [None if x.pressure is None else round(x.pressure, 3) for x in ts],
+        "action": [x.action for x in ts],
+        "rejections": [x.rejections for x in ts],
+        "live_backends": [x.live_backends for x in ts],
+        "preemptions": [x.preemptions for x in ts],
     }

@@ -15,7 +15,7 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-from llmvalve.sim.scenario import Dist, Scenario, TraceSpec, TrafficClass
+from llmvalve.sim.scenario import Dist, OnOff, Scenario, TraceSpec, TrafficClass
 
 # A trace says how long each answer was, not what the client allowed: replayed requests ask for
 # this many tokens at most (a common client default) unless the class sets maxTokens.
@@ -47,9 +47,18 @@ def draw(d: Dist, rng: random.Random) -> int:
 
 
 def _poisson(cls: TrafficClass, duration_s: float, scale: float,
-             rng: random.Random) -> list[float]:
+             rng: random.Random, seed: int) -> list[float]:
+    if cls.ramp:
+        return _ramp(cls.rate, duration_s, scale, rng)
+    rate = cls.rate if cls.on_off is None else on_off_schedule(cls, duration_s, seed)
+    return _steps(rate, duration_s, scale, rng)
+
+
+def _steps(rate: tuple[tuple[float, float], ...], duration_s: float, scale: float,
+           rng: random.Random) -> list[float]:
+    """A Poisson process whose rate holds from each point to the next."""
     out: list[float] = []
-    steps = [*cls.rate, (duration_s, 0.0)]
+    steps = [*rate, (duration_s, 0.0)]
     for (t0, r), (t1, _) in itertools.pairwise(steps):
         r *= scale
         t = t0
@@ -61,6 +70,53 @@ def _poisson(cls: TrafficClass, duration_s: float, scale: float,
                 break
             out.append(t)
     return out
+
+
+def _ramp(points: tuple[tuple[float, float], ...], duration_s: float, scale: float,
+          rng: random.Random) -> list[float]:
+    """A Poisson process whose rate runs in straight lines between the points (thinning:
+    candidates at the segment's peak rate, each kept with probability rate(t) / peak); the
+    last rate holds to the end."""
+    out: list[float] = []
+    segs = [*itertools.pairwise(points), (points[-1], (max(duration_s, points[-1][0]),
+                                                       points[-1][1]))]
+    for (t0, r0), (t1, r1) in segs:
+        peak = max(r0, r1) * scale
+        end = min(t1, duration_s)
+        if peak <= 0 or end <= t0:
+            continue
+        t = t0
+        while True:
+            t += rng.expovariate(peak)
+            if t >= end:
+                break
+            r = r0 + (r1 - r0) * (t - t0) / (t1 - t0)
+            if rng.random() * peak < r * scale:
+                out.append(t)
+    return out
+
+
+def _on_off_steps(spec: OnOff, duration_s: float,
+                  rng: random.Random) -> tuple[tuple[float, float], ...]:
+    """Alternating on and off periods, each as long as a uniform draw from its range."""
+    steps, t, on = [], 0.0, True
+    while t < duration_s:
+        steps.append((t, spec.on if on else spec.off))
+        lo, hi = spec.on_for_s if on else spec.off_for_s
+        t += max(0.1, rng.uniform(lo, hi))
+        on = not on
+    return tuple(steps)
+
+
+def on_off_schedule(cls: TrafficClass, duration_s: float,
+                    seed: int) -> tuple[tuple[float, float], ...]:
+    """The (time, req/s) steps an on/off class follows at this seed. The periods depend only
+    on the seed and the period ranges: classes with the same onFor and offFor switch together
+    (one application's traffic, split by class)."""
+    spec = cls.on_off
+    assert spec is not None
+    rng = random.Random(f"{seed}:on-off:{spec.on_for_s}:{spec.off_for_s}")
+    return _on_off_steps(spec, duration_s, rng)
 
 
 @lru_cache(maxsize=4)
@@ -119,10 +175,10 @@ def generate(sc: Scenario, load_scale: float = 1.0, seed: int | None = None) -> 
             for at, prio, p, o in _trace_jobs(cls, cls.trace, sc.duration_s, load_scale, rng):
                 cancel = _cancel(cls, at, rng)
                 cap = cls.max_tokens or TRACE_MAX_TOKENS
-                jobs.append(Job(0, at, cls, prio, tenants.get(prio, f"{cls.tenant}-p{prio}"),
-                                p, min(o, cap), cap, cancel))
+                tenant = _pick_tenant(tenants.get(prio), rng) or f"{cls.tenant}-p{prio}"
+                jobs.append(Job(0, at, cls, prio, tenant, p, min(o, cap), cap, cancel))
             continue
-        for at in _poisson(cls, sc.duration_s, load_scale, rng):
+        for at in _poisson(cls, sc.duration_s, load_scale, rng, seed):
             p = draw(cls.prompt, rng)
             o = min(draw(cls.output, rng), max_tok)
             jobs.append(Job(0, at, cls, cls.priority, cls.tenant, p, o, max_tok,
@@ -130,6 +186,22 @@ def generate(sc: Scenario, load_scale: float = 1.0, seed: int | None = None) -> 
     jobs.sort(key=lambda j: (j.arrival_s, j.priority))
     return [Job(i, j.arrival_s, j.cls, j.priority, j.tenant, j.prompt_tokens, j.output_tokens,
                 j.max_tokens, j.cancel_at_s) for i, j in enumerate(jobs)]
+
+
+def _pick_tenant(shares: tuple[tuple[str, float], ...] | None,
+                 rng: random.Random) -> str | None:
+    """One of a priority's tenants, by share (no draw when there is only one: the same
+    requests as before tenants could be split)."""
+    if not shares:
+        return None
+    if len(shares) == 1:
+        return shares[0][0]
+    u, acc = rng.random(), 0.0
+    for name, share in shares:
+        acc += share
+        if u < acc:
+            return name
+    return shares[-1][0]
 
 
 def _cancel(cls: TrafficClass, at: float, rng: random.Random) -> float | None:

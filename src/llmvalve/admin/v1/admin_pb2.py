@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dllmvalve/admin/v1/admin.proto\x12\x11llmvalve.admin.v1\"\x12\n\x10GetStatusRequest\"(\n\x12WatchStatusRequest\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"\xd4\x01\n\x06Status\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\x12\x12\n\ncontroller\x18\x02 \x01(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x13\n\x0bunix_time_s\x18\x05 \x01(\x01\x12&\n\x05pools\x18\x06 \x03(\x0b\x32\x17.llmvalve.admin.v1.Pool\x12+\n\x07gateway\x18\x07 \x01(\x0b\x32\x1a.llmvalve.admin.v1.Gateway\x12\x13\n\x0bstatus_json\x18\x08 \x01(\t\"M\n\x07Gateway\x12\x14\n\x0cstreams_open\x18\x01 \x01(\x03\x12\x16\n\x0equeued_streams\x18\x02 \x01(\x03\x12\x14\n\x0copen_tickets\x18\x03 \x01(\x03\"\x9f\x02\n\x04Pool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\x05limit\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04unit\x18\x03 \x01(\t\x12\x10\n\x08inflight\x18\x04 \x01(\x01\x12\x19\n\x11inflight_requests\x18\x05 \x01(\x03\x12\x12\n\nsaturation\x18\x06 \x01(\x01\x12\x0f\n\x07\x62reaker\x18\x07 \x01(\t\x12\x32\n\x08override\x18\x08 \x01(\x0b\x32 .llmvalve.admin.v1.LimitOverride\x12)\n\x07\x63lasses\x18\t \x03(\x0b\x32\x18.llmvalve.admin.v1.Class\x12,\n\x08\x62\x61\x63kends\x18\n \x03(\x0b\x32\x1a.llmvalve.admin.v1.BackendB\x08\n\x06_limit\"\xc1\x01\n\x05\x43lass\x12\x10\n\x08priority\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0bqueue_depth\x18\x03 \x01(\x03\x12\x15\n\roldest_wait_s\x18\x04 \x01(\x01\x12\x10\n\x08inflight\x18\x05 \x01(\x01\x12\x1b\n\x0eslo_attainment\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\x0e\x61\x64mitted_per_s\x18\x07 \x01(\x01\x12\x12\n\nshed_per_s\x18\x08 \x01(\x01\x42\x11\n\x0f_slo_attainment\"\xb4\x01\n\x07\x42\x61\x63kend\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x61ge_s\x18\x03 \x01(\x01\x12\x10\n\x08kv_usage\x18\x04 \x01(\x01\x12\x0f\n\x07waiting\x18\x05 \x01(\x01\x12\x0f\n\x07running\x18\x06 \x01(\x01\x12\x17\n\nttft_p90_s\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\titl_p90_s\x18\x08 \x01(\x01H\x01\x88\x01\x01\x42\r\n\x0b_ttft_p90_sB\x0c\n\n_itl_p90_s\"h\n\rLimitOverride\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x02 \x01(\x08\x12\r\n\x05limit\x18\x03 \x01(\x01\x12\x19\n\x0c\x65xpires_in_s\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\x0f\n\r_expires_in_s\"J\n\x17SetLimitOverrideRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x01\x12\x12\n\nduration_s\x18\x03 \x01(\x01\")\n\x19\x43learLimitOverrideRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t2\xef\x02\n\x05\x41\x64min\x12K\n\tGetStatus\x12#.llmvalve.admin.v1.GetStatusRequest\x1a\x19.llmvalve.admin.v1.Status\x12Q\n\x0bWatchStatus\x12%.llmvalve.admin.v1.WatchStatusRequest\x1a\x19.llmvalve.admin.v1.Status0\x01\x12`\n\x10SetLimitOverride\x12*.llmvalve.admin.v1.SetLimitOverrideRequest\x1a .llmvalve.admin.v1.LimitOverride\x12\x64\n\x12\x43learLimitOverride\x12,.llmvalve.admin.v1.ClearLimitOverrideRequest\x1a .llmvalve.admin.v1.LimitOverrideb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dllmvalve/admin/v1/admin.proto\x12\x11llmvalve.admin.v1\"\x12\n\x10GetStatusRequest\"(\n\x12WatchStatusRequest\x12\x12\n\ninterval_s\x18\x01 \x01(\x01\"\xd4\x01\n\x06Status\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\x12\x12\n\ncontroller\x18\x02 \x01(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x13\n\x0bunix_time_s\x18\x05 \x01(\x01\x12&\n\x05pools\x18\x06 \x03(\x0b\x32\x17.llmvalve.admin.v1.Pool\x12+\n\x07gateway\x18\x07 \x01(\x0b\x32\x1a.llmvalve.admin.v1.Gateway\x12\x13\n\x0bstatus_json\x18\x08 \x01(\t\"H\n\x07Gateway\x12\x13\n\x0b\x63hecks_held\x18\x02 \x01(\x03\x12\x14\n\x0copen_tickets\x18\x03 \x01(\x03J\x04\x08\x01\x10\x02R\x0cstreams_open\"\x9f\x02\n\x04Pool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\x05limit\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04unit\x18\x03 \x01(\t\x12\x10\n\x08inflight\x18\x04 \x01(\x01\x12\x19\n\x11inflight_requests\x18\x05 \x01(\x03\x12\x12\n\nsaturation\x18\x06 \x01(\x01\x12\x0f\n\x07\x62reaker\x18\x07 \x01(\t\x12\x32\n\x08override\x18\x08 \x01(\x0b\x32 .llmvalve.admin.v1.LimitOverride\x12)\n\x07\x63lasses\x18\t \x03(\x0b\x32\x18.llmvalve.admin.v1.Class\x12,\n\x08\x62\x61\x63kends\x18\n \x03(\x0b\x32\x1a.llmvalve.admin.v1.BackendB\x08\n\x06_limit\"\xc1\x01\n\x05\x43lass\x12\x10\n\x08priority\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0bqueue_depth\x18\x03 \x01(\x03\x12\x15\n\roldest_wait_s\x18\x04 \x01(\x01\x12\x10\n\x08inflight\x18\x05 \x01(\x01\x12\x1b\n\x0eslo_attainment\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\x0e\x61\x64mitted_per_s\x18\x07 \x01(\x01\x12\x12\n\nshed_per_s\x18\x08 \x01(\x01\x42\x11\n\x0f_slo_attainment\"\xb4\x01\n\x07\x42\x61\x63kend\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x61ge_s\x18\x03 \x01(\x01\x12\x10\n\x08kv_usage\x18\x04 \x01(\x01\x12\x0f\n\x07waiting\x18\x05 \x01(\x01\x12\x0f\n\x07running\x18\x06 \x01(\x01\x12\x17\n\nttft_p90_s\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\titl_p90_s\x18\x08 \x01(\x01H\x01\x88\x01\x01\x42\r\n\x0b_ttft_p90_sB\x0c\n\n_itl_p90_s\"h\n\rLimitOverride\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x02 \x01(\x08\x12\r\n\x05limit\x18\x03 \x01(\x01\x12\x19\n\x0c\x65xpires_in_s\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\x0f\n\r_expires_in_s\"J\n\x17SetLimitOverrideRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x01\x12\x12\n\nduration_s\x18\x03 \x01(\x01\")\n\x19\x43learLimitOverrideRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t2\xef\x02\n\x05\x41\x64min\x12K\n\tGetStatus\x12#.llmvalve.admin.v1.GetStatusRequest\x1a\x19.llmvalve.admin.v1.Status\x12Q\n\x0bWatchStatus\x12%.llmvalve.admin.v1.WatchStatusRequest\x1a\x19.llmvalve.admin.v1.Status0\x01\x12`\n\x10SetLimitOverride\x12*.llmvalve.admin.v1.SetLimitOverrideRequest\x1a .llmvalve.admin.v1.LimitOverride\x12\x64\n\x12\x43learLimitOverride\x12,.llmvalve.admin.v1.ClearLimitOverrideRequest\x1a .llmvalve.admin.v1.LimitOverrideb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,19 +38,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUS']._serialized_start=115
   _globals['_STATUS']._serialized_end=327
   _globals['_GATEWAY']._serialized_start=329
-  _globals['_GATEWAY']._serialized_end=406
-  _globals['_POOL']._serialized_start=409
-  _globals['_POOL']._serialized_end=696
-  _globals['_CLASS']._serialized_start=699
-  _globals['_CLASS']._serialized_end=892
-  _globals['_BACKEND']._serialized_start=895
-  _globals['_BACKEND']._serialized_end=1075
-  _globals['_LIMITOVERRIDE']._serialized_start=1077
-  _globals['_LIMITOVERRIDE']._serialized_end=1181
-  _globals['_SETLIMITOVERRIDEREQUEST']._serialized_start=1183
-  _globals['_SETLIMITOVERRIDEREQUEST']._serialized_end=1257
-  _globals['_CLEARLIMITOVERRIDEREQUEST']._serialized_start=1259
-  _globals['_CLEARLIMITOVERRIDEREQUEST']._serialized_end=1300
-  _globals['_ADMIN']._serialized_start=1303
-  _globals['_ADMIN']._serialized_end=1670
+  _globals['_GATEWAY']._serialized_end=401
+  _globals['_POOL']._serialized_start=404
+  _globals['_POOL']._serialized_end=691
+  _globals['_CLASS']._serialized_start=694
+  _globals['_CLASS']._serialized_end=887
+  _globals['_BACKEND']._serialized_start=890
+  _globals['_BACKEND']._serialized_end=1070
+  _globals['_LIMITOVERRIDE']._serialized_start=1072
+  _globals['_LIMITOVERRIDE']._serialized_end=1176
+  _globals['_SETLIMITOVERRIDEREQUEST']._serialized_start=1178
+  _globals['_SETLIMITOVERRIDEREQUEST']._serialized_end=1252
+  _globals['_CLEARLIMITOVERRIDEREQUEST']._serialized_start=1254
+  _globals['_CLEARLIMITOVERRIDEREQUEST']._serialized_end=1295
+  _globals['_ADMIN']._serialized_start=1298
+  _globals['_ADMIN']._serialized_end=1665
 # @@protoc_insertion_point(module_scope)

@@ -37,14 +37,12 @@ class Status(_message.Message):
     def __init__(self, policy_version: _Optional[str] = ..., controller: _Optional[str] = ..., ready: _Optional[bool] = ..., draining: _Optional[bool] = ..., unix_time_s: _Optional[float] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., gateway: _Optional[_Union[Gateway, _Mapping]] = ..., status_json: _Optional[str] = ...) -> None: ...
 
 class Gateway(_message.Message):
-    __slots__ = ("streams_open", "queued_streams", "open_tickets")
-    STREAMS_OPEN_FIELD_NUMBER: _ClassVar[int]
-    QUEUED_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("checks_held", "open_tickets")
+    CHECKS_HELD_FIELD_NUMBER: _ClassVar[int]
     OPEN_TICKETS_FIELD_NUMBER: _ClassVar[int]
-    streams_open: int
-    queued_streams: int
+    checks_held: int
     open_tickets: int
-    def __init__(self, streams_open: _Optional[int] = ..., queued_streams: _Optional[int] = ..., open_tickets: _Optional[int] = ...) -> None: ...
+    def __init__(self, checks_held: _Optional[int] = ..., open_tickets: _Optional[int] = ...) -> None: ...
 
 class Pool(_message.Message):
     __slots__ = ("name", "limit", "unit", "inflight", "inflight_requests", "saturation", "breaker", "override", "classes", "backends")

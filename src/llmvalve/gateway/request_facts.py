@@ -1,4 +1,5 @@
-"""What the gateway reads from a request: cost estimate, stream or not, model, deadline.
+"""What the gateway reads from a request: cost estimate, stream or not, model, deadline; and
+where the picked backend is (its address, for Envoy's ORIGINAL_DST cluster).
 
 By default only headers are read: the prompt size comes from `content-length` (bytes divided
 by `requests.bytesPerToken`) and the output from `requests.defaultMaxTokens`. With body
@@ -8,13 +9,15 @@ inspection the JSON body (up to `requests.maxBodyBytes`) gives `max_tokens`
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
-from llmvalve.core.policy import RequestSpec
+from llmvalve.core.policy import Policy, RequestSpec
 
 TRUE = frozenset({"1", "true", "yes", "on"})
 # Larger than any model's context window: a bigger max_tokens is a 400, not a cost estimate
@@ -93,10 +96,15 @@ def estimate(spec: RequestSpec, content_length: int, facts: BodyFacts | None) ->
 
 
 def content_length(headers: Mapping[str, str]) -> int:
-    try:
-        return max(0, int(headers.get("content-length", "0")))
-    except ValueError:
-        return 0
+    """The request body's size in bytes: Envoy copies the client's `content-length` into
+    `x-llmvalve-content-length` (the check's own content-length is that of the body it
+    forwards, which may be cut at its max_request_bytes)."""
+    for name in ("x-llmvalve-content-length", "content-length"):
+        try:
+            return max(0, int(headers.get(name, "")))
+        except ValueError:
+            continue
+    return 0
 
 
 def stream_hint(headers: Mapping[str, str]) -> bool | None:
@@ -118,3 +126,20 @@ def deadline_ms(headers: Mapping[str, str], name: str) -> float | None:
     except ValueError:
         return None
     return ms if math.isfinite(ms) and ms >= 0 else None
+
+
+def backend_addresses(policy: Policy) -> dict[str, str]:
+    """Backend name → "IP:PORT" of its API, taken from its metrics URL (vLLM, SGLang and
+    TensorRT-LLM serve /metrics on the API port). Host names are left out: Envoy's
+    ORIGINAL_DST cluster needs an address, so those backends go through the pool's cluster."""
+    out: dict[str, str] = {}
+    for pool in policy.pools:
+        for backend in pool.backends:
+            url = urlsplit(backend.metrics_url)
+            try:
+                ip = ipaddress.ip_address(url.hostname or "")
+                port = url.port or (443 if url.scheme == "https" else 80)
+            except ValueError:
+                continue
+            out[backend.name] = f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+    return out

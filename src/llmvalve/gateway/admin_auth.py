@@ -1,0 +1,151 @@
+"""Who may use the admin APIs: a bearer token from a file, compared in constant time.
+
+The token lives in a file (`--admin-token-file`, e.g. a mounted Kubernetes Secret) and is read
+again when the file changes, so a rotated Secret takes effect without a restart. Clients send
+`authorization: Bearer TOKEN` (gRPC metadata or an HTTP header; the dashboard page may carry it
+as `?token=` because a browser cannot set headers on a link). The token is never logged; a
+refusal is logged with the method and counted (`llmvalve_admin_refusals_total`).
+
+Without a token file the admin gRPC API listens on 127.0.0.1 only, and the admin HTTP port
+serves /status and /dashboard only when it is bound to a loopback address itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+from aiohttp import web
+
+log = logging.getLogger("llmvalve.admin")
+
+TOKEN_ENV = "LLMVALVE_ADMIN_TOKEN"
+
+
+def bearer(value: str | None) -> str | None:
+    if not value:
+        return None
+    scheme, _, token = value.strip().partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class AdminToken:
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._digest = b""
+        if path is not None:
+            self._load()
+            if not self._digest:
+                raise ValueError(f"admin token file {path} is empty")
+
+    @property
+    def configured(self) -> bool:
+        return self.path is not None
+
+    def _load(self) -> None:
+        assert self.path is not None
+        stat = self.path.stat()
+        stamp = (stat.st_mtime_ns, stat.st_ino)
+        if stamp != self._stamp:
+            token = self.path.read_text(encoding="utf-8").strip()
+            self._digest = hashlib.sha256(token.encode()).digest() if token else b""
+            self._stamp = stamp
+
+    def accepts(self, presented: str | None) -> bool:
+        if self.path is None or not presented:
+            return False
+        try:
+            self._load()
+        except OSError:
+            log.error("admin token file %s cannot be read: refusing admin calls", self.path)
+            return False
+        digest = hashlib.sha256(presented.encode()).digest()
+        return bool(self._digest) and hmac.compare_digest(digest, self._digest)
+
+
+def client_token(token_file: str | None = None) -> str | None:
+    """The token a command (`status`, `top`, `override`) sends: LLMVALVE_ADMIN_TOKEN, else
+    the first line of `token_file`."""
+    token = os.environ.get(TOKEN_ENV)
+    if token:
+        return token.strip()
+    if token_file:
+        return Path(token_file).read_text(encoding="utf-8").strip() or None
+    return None
+
+
+def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Every admin gRPC call must carry the token; others get UNAUTHENTICATED."""
+
+    def __init__(self, token: AdminToken, refused: Callable[[str], None]) -> None:
+        self.token = token
+        self.refused = refused
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        if handler is None or self.token.accepts(bearer(metadata.get("authorization"))):
+            return handler
+        method = handler_call_details.method
+        self.refused("grpc")
+        log.warning("admin API: refused %s (missing or wrong token)", method)
+
+        async def deny(request, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "the admin API needs `authorization: Bearer <token>`")
+
+        if handler.unary_stream is not None:
+            async def deny_stream(request, context):
+                await deny(request, context)
+                yield  # pragma: no cover - abort raises
+
+            return grpc.unary_stream_rpc_method_handler(
+                deny_stream, handler.request_deserializer, handler.response_serializer)
+        return grpc.unary_unary_rpc_method_handler(
+            deny, handler.request_deserializer, handler.response_serializer)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def http_guard(token: AdminToken, open_to_all: bool, protected: tuple[str, ...],
+               refused: Callable[[str], None]):
+    """aiohttp middleware: `protected` path prefixes need the token (header or ?token=)
+    unless the port is bound to loopback (`open_to_all`)."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if open_to_all or not request.path.startswith(protected):
+            return await handler(request)
+        presented = bearer(request.headers.get("authorization")) or request.query.get("token")
+        if token.accepts(presented):
+            return await handler(request)
+        refused("http")
+        log.warning("admin HTTP: refused %s (missing or wrong token)", request.path)
+        hint = ("send `authorization: Bearer <token>` or ?token=" if token.configured else
+                "this port is not on localhost and no --admin-token-file is set")
+        return web.json_response({"error": {"message": f"unauthorized: {hint}",
+                                            "type": "invalid_request_error",
+                                            "code": "unauthorized"}}, status=401)
+
+    return guard

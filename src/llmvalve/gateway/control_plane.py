@@ -1,0 +1,245 @@
+"""The control-plane process, assembled: what `llmvalve serve` runs next to Envoy.
+
+One asyncio process with four listeners (docs/envoy.md, docs/deployment.md):
+- data plane, HTTP (`http`, loopback by default): Envoy's ext_authz checks, static fallbacks,
+  the model list (gateway/authz_http.py);
+- data plane, gRPC (`grpc`, loopback by default): Envoy's access log, and ext_authz over gRPC
+  for the gRPC admission mode;
+- admin HTTP (`admin`): /metrics, /healthz, /readyz, and /status and /dashboard (token, unless
+  bound to loopback);
+- admin gRPC (`admin_grpc`): status, status stream, limit overrides (token; without one it
+  listens on 127.0.0.1 only).
+Plus the backend scraper and the driver that wakes the front at its deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import prometheus_client
+from aiohttp import web
+from envoy.service.accesslog.v3 import als_pb2_grpc
+from envoy.service.auth.v3 import external_auth_pb2_grpc
+
+from llmvalve.admin.v1 import admin_pb2_grpc
+from llmvalve.core.admission import Admission
+from llmvalve.core.policy import BackendSpec, Policy
+from llmvalve.core.policy_load import load_policy_file
+from llmvalve.gateway import dashboard
+from llmvalve.gateway.access_log import AccessLogServicer
+from llmvalve.gateway.admin import AdminState, build_app
+from llmvalve.gateway.admin_auth import AdminToken, TokenInterceptor, http_guard, is_loopback
+from llmvalve.gateway.admin_grpc import AdminServicer
+from llmvalve.gateway.authz_grpc import AuthzGrpc
+from llmvalve.gateway.authz_http import AuthzHttp
+from llmvalve.gateway.driver import Driver
+from llmvalve.gateway.front import Front
+from llmvalve.gateway.metrics import GatewayMetrics
+from llmvalve.gateway.policy_watch import PolicyWatcher, ReloadLog
+from llmvalve.gateway.scraper import Scraper
+from llmvalve.gateway.telemetry import TenantLabels, ttft_objective
+
+log = logging.getLogger("llmvalve.server")
+
+GRPC_OPTIONS = (
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_concurrent_streams", 1_000_000),
+    # Every check held in a queue is an open call; a burst of connections must wait here,
+    # not be refused with RESOURCE_EXHAUSTED (gRPC's default: 1,000 pending).
+    ("grpc.server.max_pending_requests", 100_000),
+    ("grpc.server.max_pending_requests_hard_limit", 100_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.max_ping_strikes", 0),
+)
+
+
+@dataclass(frozen=True)
+class ControlPlaneConfig:
+    http: str = "127.0.0.1:0"  # data plane: ext_authz HTTP, fallbacks, /v1/models
+    grpc: str = "127.0.0.1:0"  # data plane: access log, ext_authz gRPC
+    admin: str = "127.0.0.1:0"  # admin HTTP
+    admin_grpc: str = "127.0.0.1:0"
+    admin_token_file: Path | None = None
+    controller: str | None = None
+    policy_path: Path | None = None
+    metrics_urls: tuple[str, ...] = ()  # replace the first pool's backends
+    watch_interval_s: float = 0.0
+    metrics_tenants: str = "*"
+    ports: dict[str, int] = field(default_factory=dict)
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+def with_backends(policy: Policy, urls: tuple[str, ...]) -> Policy:
+    """The policy with its first pool scraping `urls` instead of the configured backends."""
+    if not urls:
+        return policy
+    backends = tuple(BackendSpec(name=f"backend-{i}", metrics_url=u) for i, u in enumerate(urls))
+    first = dataclasses.replace(policy.pools[0], backends=backends)
+    return dataclasses.replace(policy, pools=(first, *policy.pools[1:]))
+
+
+class ControlPlane:
+    """`start` binds every listener (port 0 picks one: `ports` says which); `drain` + `stop`
+    end it."""
+
+    def __init__(self, policy: Policy, config: ControlPlaneConfig) -> None:
+        self.config = config
+        self.policy = with_backends(policy, config.metrics_urls)
+        self.ports: dict[str, int] = {}
+        self.token = AdminToken(config.admin_token_file)
+        prometheus_client.disable_created_metrics()
+        self.metrics = GatewayMetrics(tenants=TenantLabels.parse(config.metrics_tenants))
+        self.metrics.ttft_slo = lambda klass: ttft_objective(self.policy, klass)
+        self.front = Front(Admission(self.policy, random.Random(), config.controller))
+        self.driver = Driver(self.front, self.metrics)
+        self.state = AdminState()
+        self.reloads = ReloadLog(self.metrics, config.policy_path)
+        self.history = dashboard.History(lambda: {"ready": self.state.ready,
+                                                  **self.driver.status()}, self.metrics)
+        self.scraper = Scraper(self.driver, self.metrics)
+        self.access_log = AccessLogServicer(self.driver, self.metrics)
+        self.authz = AuthzHttp(self.driver)
+        self._reload_lock = asyncio.Lock()
+        self.watcher = None
+        if config.policy_path is not None and config.watch_interval_s > 0:
+            self.watcher = PolicyWatcher(config.policy_path, lambda: self.reload("watch"),
+                                         config.watch_interval_s)
+        self.metrics.watch_status(self.driver.status)
+
+    async def start(self) -> None:
+        self.data_grpc = grpc.aio.server(options=GRPC_OPTIONS)
+        als_pb2_grpc.add_AccessLogServiceServicer_to_server(self.access_log, self.data_grpc)
+        external_auth_pb2_grpc.add_AuthorizationServicer_to_server(AuthzGrpc(self.driver),
+                                                                    self.data_grpc)
+        self.ports["grpc"] = self._bind_grpc(self.data_grpc, self.config.grpc)
+        self.admin_grpc = grpc.aio.server(interceptors=self._admin_interceptors())
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.status, self.driver),
+                                                   self.admin_grpc)
+        self.ports["admin_grpc"] = self._bind_grpc(self.admin_grpc, self._admin_grpc_addr())
+        self.driver.start()
+        await self.scraper.start(self.policy)
+        await self.data_grpc.start()
+        await self.admin_grpc.start()
+        self.ports["http"] = await self._serve_http(self.authz.server, self.config.http)
+        self.ports["admin"] = await self._serve_http(self._admin_app(), self.config.admin)
+        self.state.ready = True
+        self.history.start()
+        if self.watcher is not None:
+            self.watcher.start()
+            self.reloads.watching = True
+        log.info("serving: %s; policy %s",
+                 ", ".join(f"{k} :{v}" for k, v in self.ports.items()),
+                 self.policy.version or "-")
+
+    def _admin_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+        if not self.token.configured:
+            return []
+        return [TokenInterceptor(self.token, self.metrics.admin_refused)]
+
+    def _admin_grpc_addr(self) -> str:
+        host, port = split_addr(self.config.admin_grpc)
+        if self.token.configured or is_loopback(host):
+            return self.config.admin_grpc
+        log.warning("no --admin-token-file: the admin gRPC API listens on 127.0.0.1:%d only "
+                    "(asked for %s)", port, self.config.admin_grpc)
+        return f"127.0.0.1:{port}"
+
+    def _admin_app(self) -> web.Application:
+        host, _ = split_addr(self.config.admin)
+        guard = http_guard(self.token, is_loopback(host), ("/status", "/dashboard"),
+                           self.metrics.admin_refused)
+        app = build_app(self.state, self.metrics, self.status, middlewares=[guard])
+        dashboard.install(app, self.history)
+        return app
+
+    @staticmethod
+    def _bind_grpc(server: grpc.aio.Server, addr: str) -> int:
+        port = server.add_insecure_port(addr)
+        if port == 0:
+            raise OSError(f"cannot listen on {addr} (gRPC)")
+        return port
+
+    async def _serve_http(self, handler: Any, addr: str) -> int:
+        runner = (web.AppRunner(handler, access_log=None) if isinstance(handler, web.Application)
+                  else web.ServerRunner(handler))
+        await runner.setup()
+        host, port = split_addr(addr)
+        site = web.TCPSite(runner, host, port, reuse_address=True, backlog=4096)
+        await site.start()
+        self._runners = [*getattr(self, "_runners", []), runner]
+        return runner.addresses[-1][1]
+
+    def status(self) -> dict[str, Any]:
+        front = self.front
+        return {"ready": self.state.ready, "draining": self.state.draining,
+                "gateway": {"checks_held": self.driver.waiting,
+                            "open_tickets": front.open_tickets(),
+                            "access_log_streams": self.access_log.streams,
+                            "last_access_log": _entry_json(self.access_log.last),
+                            **front.counts},
+                "policy": self.reloads.status(self.policy.version),
+                **self.history.enrich(self.driver.status())}
+
+    async def reload(self, trigger: str = "sighup") -> bool:
+        """Load the policy file again and apply it; False (and the old policy) if it is bad."""
+        if self.config.policy_path is None:
+            log.info("SIGHUP: no policy file to reload (running the packaged default)")
+            return False
+        async with self._reload_lock:
+            try:
+                policy = with_backends(load_policy_file(self.config.policy_path),
+                                       self.config.metrics_urls)
+                self.driver.replace_policy(policy)
+            except Exception as exc:
+                log.error("policy reload failed, keeping the current policy: %s", exc)
+                self.reloads.failed(trigger, exc, self.policy.version)
+                return False
+            self.policy = policy
+            await self.scraper.start(policy)
+            self.reloads.applied(trigger, policy.version)
+            log.info("policy reloaded (%s): %s", trigger, policy.version or "-")
+            return True
+
+    async def drain(self, timeout_s: float) -> None:
+        """New requests get 503 draining; held and in-flight ones may finish until the
+        deadline."""
+        self.state.draining = True
+        self.front.admission.draining = True
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        while (self.driver.waiting or self.front.open_tickets()) and loop.time() < end:
+            await asyncio.sleep(0.05)
+        if self.driver.waiting or self.front.open_tickets():
+            log.warning("drain deadline: %d held, %d in flight", self.driver.waiting,
+                        self.front.open_tickets())
+
+    async def stop(self) -> None:
+        if self.watcher is not None:
+            await self.watcher.stop()
+        await self.history.stop()
+        await self.data_grpc.stop(0.5)
+        await self.admin_grpc.stop(0.5)
+        await self.scraper.stop()
+        await self.driver.stop()
+        for runner in getattr(self, "_runners", []):
+            await runner.cleanup()
+
+
+def _entry_json(entry: Any) -> dict[str, Any] | None:
+    if entry is None:
+        return None
+    out = dataclasses.asdict(entry)
+    out["flags"] = sorted(entry.flags)
+    return out

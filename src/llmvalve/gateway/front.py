@@ -1,0 +1,455 @@
+"""The control plane's request path, sans-IO: what every adapter calls, the simulator included.
+
+One HTTP request, as the gateway sees it (Envoy's authorization check, then its access log):
+
+    check(Check)       → Go (a ticket and where to send it) | Wait | Answer (a reply to send)
+    poll(now)          → the Go or Answer of requests that waited
+    client_left(id)    the check was cancelled: the client went away while it waited
+    access_log(entry)  the request ended: its ticket is released with the outcome the entry
+                       gives, and the entry (joined to the ticket) is a sample for the limiter
+    reconcile / reclaim  slots whose access-log entry never came (see `Reconciler`)
+
+The path of one request, in this order: classify (API key → tenant, clamped class; 401),
+read the body when the policy inspects bodies (400), choose the pool by model (404, 403),
+estimate the cost (gateway/request_facts.py), `Admission.submit`. A rejection with a feature
+fallback becomes a static answer or a re-route into the fallback model's pool.
+
+Lifecycle of a check id (Envoy's `%UNIQUE_ID%` in `x-llmvalve-id`, also logged with the
+request, so the access log joins on it). `TRANSITIONS` is the whole table; an event a request's
+phase does not expect is ignored and counted (`ignored`):
+
+    (new)    --check-->    WAITING | OPEN | (answered: forgotten)
+    WAITING  --decided-->  OPEN (Go) | (answered: forgotten)
+    WAITING  --left-->     (forgotten: dequeued)
+    OPEN     --logged-->   (released with the entry's outcome, sampled, forgotten)
+    OPEN     --left-->     ENDED (released IGNORE: the Go never reached Envoy)
+    OPEN     --lost-->     ENDED (released: lease expired or reconciled)
+    ENDED    --logged-->   (sampled if it still says something; forgotten)
+
+ENDED ids are kept in a bounded book (`RECENT_MAX` ids, `RECENT_TTL_S`) so a late entry still
+finds its ticket; an entry that matches no admitted request is counted (`unmatched`) and never
+reaches the limiter: a forged entry cannot steer it.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from llmvalve.core.admission import Admission
+from llmvalve.core.classify import AuthFailure, Classified, Classifier, Unauthorized
+from llmvalve.core.outcomes import outcome_of
+from llmvalve.core.policy import FallbackSpec, Policy
+from llmvalve.core.types import (
+    Admit,
+    BackendSnapshot,
+    Outcome,
+    Queued,
+    Reason,
+    Reject,
+    RequestInfo,
+    Sample,
+    Ticket,
+)
+from llmvalve.gateway import replies, request_facts
+from llmvalve.gateway.reconcile import Reconciler
+from llmvalve.gateway.replies import Reply
+
+RECENT_MAX = 65_536
+RECENT_TTL_S = 600.0
+# The control plane's own overload: a check that reaches it this late (seconds since Envoy got
+# the request) is shed at once, the top class last (rank r of the classes: TOP_LAG_S / 2^r).
+TOP_LAG_S = 1.0
+CLIENT_LEFT = frozenset({"DC", "DR"})  # %RESPONSE_FLAGS%: the downstream went away
+FALLBACK_CLUSTER = "llmvalve_fallback"  # the control plane itself serves static fallbacks
+DIRECT_CLUSTER = "llm_direct"  # ORIGINAL_DST: the backend the core picked, by address
+
+Headers = tuple[tuple[str, str], ...]
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"
+    OPEN = "open"
+    ENDED = "ended"
+
+
+class Event(enum.Enum):
+    DECIDED = "decided"
+    LEFT = "left"
+    LOGGED = "logged"
+    LOST = "lost"
+
+
+# (phase, event) → the phase after it (None: forgotten). Pairs not listed are ignored.
+TRANSITIONS: dict[tuple[Phase, Event], Phase | None] = {
+    (Phase.WAITING, Event.DECIDED): Phase.OPEN,
+    (Phase.WAITING, Event.LEFT): None,
+    (Phase.OPEN, Event.LOGGED): None,
+    (Phase.OPEN, Event.LEFT): Phase.ENDED,
+    (Phase.OPEN, Event.LOST): Phase.ENDED,
+    (Phase.ENDED, Event.LOGGED): None,
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One HTTP request as Envoy's authorization check shows it."""
+
+    check_id: str  # x-llmvalve-id (Envoy's %UNIQUE_ID%): the access-log join key
+    headers: Mapping[str, str]  # lower-case names
+    body: bytes | None = None  # sent when Envoy forwards it (ext_authz with_request_body)
+    body_complete: bool = True  # False: Envoy cut it at max_request_bytes
+    path: str = ""
+    age_s: float = 0.0  # how long before the check the gateway's proxy received the request
+
+
+@dataclass(frozen=True)
+class Record:
+    """What a decision was, for the metrics and the decision log (never a key or a body)."""
+
+    decision: str  # admitted, rejected, dropped, fallback_static, fallback_reroute, unauthorized…
+    klass: str
+    reason: str = ""
+    tenant: str = ""
+    wait_s: float = 0.0
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Go:
+    """Let it through to `cluster` (with `address` for the picked backend) with these
+    upstream headers; `client_headers` go on the response."""
+
+    check_id: str
+    ticket: Ticket | None  # None: a static fallback served by the control plane itself
+    cluster: str
+    address: str | None
+    headers: Headers
+    client_headers: Headers
+    record: Record
+
+
+@dataclass(frozen=True)
+class Wait:
+    check_id: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    check_id: str
+    reply: Reply
+    record: Record
+
+
+Verdict = Go | Wait | Answer
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """An access-log entry, reduced to what the gateway uses."""
+
+    check_id: str
+    status: int | None = None
+    flags: frozenset[str] = frozenset()
+    ttft_s: float | None = None  # request sent upstream → first response body byte
+    upstream_s: float | None = None
+    streamed: bool = False  # the response was SSE: the first body byte is the first token
+
+
+@dataclass(frozen=True)
+class Joined:
+    """An access-log entry joined to its ticket."""
+
+    ticket: Ticket
+    outcome: Outcome
+    sample: Sample | None  # None: nothing for the limiter (cancelled, or not a latency)
+    klass: str
+    released: bool  # this entry closed the ticket (else it had been closed before)
+    client_left: bool = False  # the client went away before the answer was complete
+    ttft_s: float | None = None  # the client's first body byte (streamed or not), for SLOs
+
+
+@dataclass
+class _Waiting:
+    info: RequestInfo
+    classified: Classified
+    klass: str
+    model: str | None
+    stream: bool | None
+
+
+class Front:
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+        self.policy = admission.policy
+        self.classifier = Classifier(self.policy)
+        self.addresses = request_facts.backend_addresses(self.policy)
+        self.reconciler = Reconciler()
+        self._waiting: dict[str, _Waiting] = {}
+        self._ended: collections.OrderedDict[str, tuple[Ticket, float]] = (
+            collections.OrderedDict())
+        self.counts = collections.Counter({k: 0 for k in (
+            "released", "joined", "late", "unmatched", "ignored", "reclaimed", "reconciled")})
+
+    # ---- the check ---------------------------------------------------------------------------
+    def check(self, check: Check, now: float) -> Verdict:
+        policy, spec = self.policy, self.policy.requests
+        if self._phase(check.check_id) is not None:  # Envoy's ids are unique: a bad caller
+            return Answer(check.check_id, replies.bad_request(
+                f"x-llmvalve-id {check.check_id!r} is already in use"),
+                Record("bad_request", "", "duplicate_id"))
+        headers = check.headers
+        classified = self.classifier.classify(headers.get("authorization"),
+                                              headers.get(spec.priority_header))
+        if isinstance(classified, Unauthorized):
+            code = ("missing_api_key" if classified.reason is AuthFailure.MISSING_KEY
+                    else "invalid_api_key")
+            return Answer(check.check_id, replies.unauthorized(classified.message, code),
+                          Record("unauthorized", "", "unauthorized"))
+        klass = self._class_name(classified.priority)
+        facts = None
+        if policy.inspects_bodies and check.body is not None and check.body_complete:
+            facts = request_facts.parse_body(check.body)
+            if isinstance(facts, str):
+                return Answer(check.check_id, replies.bad_request(facts),
+                              Record("bad_request", klass, "bad_request", classified.tenant))
+        model = (facts.model if facts is not None and facts.model
+                 else headers.get(spec.model_header) or None)
+        pool = policy.pool_for_model(model)
+        if pool is None:
+            return Answer(check.check_id, replies.model_not_found(model or ""),
+                          Record("model_not_found", klass, "model_not_found",
+                                 classified.tenant))
+        if not policy.tenant_may_use(classified.tenant, model):
+            return Answer(check.check_id, replies.model_not_allowed(model or ""),
+                          Record("model_not_allowed", klass, "model_not_allowed",
+                                 classified.tenant))
+        size = max(request_facts.content_length(headers), len(check.body or b""))
+        est = request_facts.estimate(spec, size, facts)
+        deadline_ms = request_facts.deadline_ms(headers, spec.deadline_header)
+        info = RequestInfo(
+            request_id=check.check_id, tenant=classified.tenant, priority=classified.priority,
+            cost_tokens=0.0, prompt_tokens=est.prompt_tokens, max_tokens=est.max_tokens,
+            deadline=None if deadline_ms is None else now + deadline_ms / 1000.0,
+            feature=headers.get(spec.feature_header), pool=pool.name)
+        stream = facts.stream if facts is not None else request_facts.stream_hint(headers)
+        waiting = _Waiting(info, classified, klass, model, stream)
+        if check.age_s > TOP_LAG_S / 2 ** policy.priorities.index(classified.priority):
+            return self._verdict(waiting, self.admission.shed(
+                info, Reason.GATEWAY_OVERLOADED, now, floor_s=check.age_s), now, queued=False)
+        decision = self.admission.submit(info, now)
+        if isinstance(decision, Queued):
+            self._waiting[check.check_id] = waiting
+            return Wait(check.check_id)
+        return self._verdict(waiting, decision, now, queued=False)
+
+    def poll(self, now: float) -> list[Verdict]:
+        """The decisions for requests that waited (each one's id is no longer WAITING)."""
+        out: list[Verdict] = []
+        for decision in self.admission.poll(now):
+            waiting = self._waiting.pop(decision.request_id, None)
+            if waiting is None:  # not ours to answer (cannot happen: every Queued is kept)
+                if isinstance(decision, Admit):
+                    self._release(decision.ticket, Outcome.IGNORE, now)
+                continue
+            out.append(self._verdict(waiting, decision, now, queued=True))
+        return out
+
+    def next_deadline(self) -> float | None:
+        return self.admission.next_deadline()
+
+    def client_left(self, check_id: str, now: float) -> Record | None:
+        """The check was cancelled (the client went away) before Envoy got its answer."""
+        phase = self._advance(check_id, Event.LEFT)
+        if phase is Phase.WAITING:
+            waiting = self._waiting.pop(check_id)
+            self.admission.cancel(check_id, now)
+            return Record("cancelled_in_queue", waiting.klass, "cancelled",
+                          waiting.info.tenant)
+        if phase is Phase.OPEN:  # decided Go, but the answer never left
+            ticket = self.admission.ticket(check_id)
+            assert ticket is not None
+            self._end(ticket, Outcome.IGNORE, now)
+            return Record("cancelled_in_flight", self._class_name(ticket.priority),
+                          "cancelled", ticket.tenant)
+        return None
+
+    # ---- the end -----------------------------------------------------------------------------
+    def access_log(self, entry: LogEntry, now: float) -> Joined | None:
+        phase = self._advance(entry.check_id, Event.LOGGED)
+        if phase is Phase.OPEN:
+            ticket = self.admission.ticket(entry.check_id)
+            self.counts["joined"] += 1
+        elif phase is Phase.ENDED:
+            ticket = self._ended.pop(entry.check_id)[0]
+            self.counts["late"] += 1
+        else:
+            return None
+        assert ticket is not None
+        outcome = outcome_of(entry.status, entry.flags)
+        released = phase is Phase.OPEN
+        if released:
+            self._release(ticket, outcome, now)
+        sample = None
+        if outcome is not Outcome.IGNORE:
+            sample = Sample(entry.check_id, ticket.pool, outcome,
+                            ttft_s=entry.ttft_s if entry.streamed else None,
+                            duration_s=entry.upstream_s, prompt_tokens=ticket.prompt_tokens)
+            self.admission.observe(sample, now, ticket.epoch)
+        return Joined(ticket, outcome, sample, self._class_name(ticket.priority), released,
+                      bool(entry.flags & CLIENT_LEFT), entry.ttft_s)
+
+    def reclaim(self, now: float) -> list[Ticket]:
+        """Release (DROPPED) tickets past their pool's lease timeout."""
+        tickets = self.admission.expired_leases(now)
+        for ticket in tickets:
+            self._end(ticket, Outcome.DROPPED, now)
+        self.counts["reclaimed"] += len(tickets)
+        return tickets
+
+    def on_snapshot(self, pool: str, snap: BackendSnapshot, now: float) -> None:
+        self.admission.on_snapshot(pool, snap, now)
+        self.reconciler.observe(pool, snap)
+
+    def reconcile(self, now: float) -> list[Ticket]:
+        """Release (IGNORE) the slots the backends say are not in flight any more."""
+        lost = self.reconciler.lost(self.admission, now)
+        for ticket in lost:
+            self._end(ticket, Outcome.IGNORE, now)
+        self.counts["reconciled"] += len(lost)
+        return lost
+
+    # ---- policy ------------------------------------------------------------------------------
+    def replace_policy(self, policy: Policy, now: float) -> None:
+        self.admission.replace_policy(policy, now)
+        self.policy = policy
+        self.classifier = Classifier(policy)
+        self.addresses = request_facts.backend_addresses(policy)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def open_tickets(self) -> int:
+        return sum(len(p.tickets) for p in self.admission.pools.values())
+
+    # ---- internals ---------------------------------------------------------------------------
+    def _verdict(self, waiting: _Waiting, decision: Admit | Reject, now: float,
+                 queued: bool) -> Go | Answer:
+        if isinstance(decision, Admit):
+            return self._go(waiting, decision.ticket, decision.wait_s)
+        return self._rejected(waiting, decision, now, queued)
+
+    def _go(self, waiting: _Waiting, ticket: Ticket, wait_s: float,
+            extra: Headers = ()) -> Go:
+        pool = self.policy.pool(ticket.pool)
+        cluster = pool.cluster if pool is not None else ""
+        address = self.addresses.get(ticket.backend)
+        if address is not None:
+            cluster = DIRECT_CLUSTER
+        record = Record("fallback_reroute" if extra else "admitted", waiting.klass,
+                        dict(extra).get("x-llmvalve-reason", ""), ticket.tenant, wait_s)
+        return Go(ticket.request_id, ticket, cluster, address,
+                  (*self._identity(waiting, ticket.pool, wait_s), *extra),
+                  self._client_headers(waiting.klass, wait_s), record)
+
+    def _identity(self, waiting: _Waiting, pool: str, wait_s: float) -> Headers:
+        priority = str(waiting.classified.priority)
+        headers = [("x-llmvalve-class", waiting.klass), ("x-llmvalve-priority", priority),
+                   ("x-llmvalve-tenant", waiting.classified.tenant),
+                   ("x-llmvalve-queue-wait-ms", str(round(wait_s * 1000))),
+                   ("x-llmvalve-pool", pool)]
+        priority_header = self.policy.requests.priority_header
+        if priority_header != "x-llmvalve-priority":
+            headers.append((priority_header, priority))
+        return tuple(headers)
+
+    @staticmethod
+    def _client_headers(klass: str, wait_s: float) -> Headers:
+        return (("x-llmvalve-class", klass),
+                ("x-llmvalve-queue-wait-ms", str(round(wait_s * 1000))))
+
+    def _rejected(self, waiting: _Waiting, reject: Reject, now: float,
+                  queued: bool) -> Go | Answer:
+        fallback: FallbackSpec | None = reject.fallback
+        record = Record("dropped" if queued else "rejected", waiting.klass,
+                        reject.reason.value, waiting.info.tenant, reject.wait_s,
+                        reject.retry_after_s)
+        if fallback is not None and fallback.kind == "static":
+            headers: Headers = (("x-llmvalve-fallback", "static"),
+                                ("x-llmvalve-reason", reject.reason.value),
+                                ("x-llmvalve-fallback-feature", waiting.info.feature or ""))
+            return Go(waiting.info.request_id, None, FALLBACK_CLUSTER, None, headers, (),
+                      Record("fallback_static", waiting.klass, reject.reason.value,
+                             waiting.info.tenant, reject.wait_s, reject.retry_after_s))
+        if fallback is not None and fallback.kind == "reroute":
+            rerouted = self._reroute(waiting, reject, fallback, now)
+            if rerouted is not None:
+                return rerouted
+        return Answer(waiting.info.request_id, replies.shed(reject, waiting.klass), record)
+
+    def _reroute(self, waiting: _Waiting, reject: Reject, fallback: FallbackSpec,
+                 now: float) -> Go | None:
+        """Into the fallback model's pool (admitted there, or not at all); to a bare cluster
+        when no pool serves that model."""
+        extra: Headers = (("x-llmvalve-fallback", "reroute"),
+                          ("x-llmvalve-reason", reject.reason.value))
+        if fallback.model:
+            extra = (*extra, ("x-llmvalve-rewrite-model", fallback.model))
+        target = self.policy.pool_serving(fallback.model) if fallback.model else None
+        if target is None or target.name == waiting.info.pool:
+            if not fallback.cluster:
+                return None
+            return Go(waiting.info.request_id, None, fallback.cluster, None,
+                      (*self._identity(waiting, waiting.info.pool, reject.wait_s), *extra),
+                      self._client_headers(waiting.klass, reject.wait_s),
+                      Record("fallback_reroute", waiting.klass, reject.reason.value,
+                             waiting.info.tenant, reject.wait_s))
+        info = replace(waiting.info, pool=target.name, feature=None)
+        decision = self.admission.submit(info, now)
+        if not isinstance(decision, Admit):  # no room there either: not queued twice
+            if isinstance(decision, Queued):
+                self.admission.cancel(info.request_id, now)
+            return None
+        return self._go(waiting, decision.ticket, reject.wait_s, extra)
+
+    def _phase(self, check_id: str) -> Phase | None:
+        if check_id in self._waiting:
+            return Phase.WAITING
+        if self.admission.ticket(check_id) is not None:
+            return Phase.OPEN
+        if check_id in self._ended:
+            return Phase.ENDED
+        return None
+
+    def _advance(self, check_id: str, event: Event) -> Phase | None:
+        """The phase `event` applies to, or None (counted) when the table has no such move."""
+        phase = self._phase(check_id)
+        if phase is None:
+            self.counts["unmatched" if event is Event.LOGGED else "ignored"] += 1
+            return None
+        if (phase, event) not in TRANSITIONS:
+            self.counts["ignored"] += 1
+            return None
+        return phase
+
+    def _release(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
+        self.admission.release(ticket, outcome, now)
+        self.counts["released"] += 1
+
+    def _end(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
+        """Released before its access-log entry: keep it for the entry to find."""
+        self._release(ticket, outcome, now)
+        self._ended[ticket.request_id] = (ticket, now)
+        while self._ended and (len(self._ended) > RECENT_MAX
+                               or next(iter(self._ended.values()))[1] < now - RECENT_TTL_S):
+            self._ended.popitem(last=False)
+
+    def _class_name(self, priority: int) -> str:
+        try:
+            return self.policy.queue(priority).name
+        except KeyError:
+            return f"p{priority}"
+

@@ -1,0 +1,61 @@
+"""What the scenario's backends can serve of its own request mix, and so its load factor.
+
+The scenario's requests (same lengths, same classes) are replayed as a steady Poisson stream
+at several times their mean rate, without capacity events, cancellations or retries, under
+each fixed limit of the oracle sweep and under `none`. The capacity is the highest rate of
+output tokens of requests completed while traffic flows (300 s, so that long answers finish
+inside the window). The load factor is the scenario's mean offered output tokens per second
+over that capacity (the mix is the same, so it is also the ratio of request rates): 1.0 means
+the backends could just keep up on average; bursts may still overload them.
+`llmvalve simulate --capacity` prints it; scenario descriptions quote it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from llmvalve.sim.harness import Simulation
+from llmvalve.sim.runner import default_policy
+from llmvalve.sim.scenario import RetrySpec, Scenario
+from llmvalve.sim.workload import Job, generate
+
+OVERLOAD = 4.0  # the replay's rate, in multiples of the scenario's mean rate
+
+
+def measure(sc: Scenario, seed: int | None = None, duration_s: float = 300.0) -> dict:
+    seed = sc.seed if seed is None else seed
+    jobs = generate(sc, 1.0, seed)
+    if not jobs:
+        return {"offered_req_s": 0.0, "capacity_req_s": 0.0, "load_factor": 0.0}
+    offered = len(jobs) / sc.duration_s
+    rng = random.Random(f"capacity:{seed}")
+    rate = OVERLOAD * offered
+    replay, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= duration_s:
+            break
+        j = jobs[rng.randrange(len(jobs))]
+        cls = replace(j.cls, retry=RetrySpec(), cancel_prob=0.0)
+        replay.append(Job(len(replay), t, cls, j.priority, j.tenant, j.prompt_tokens,
+                          j.output_tokens, j.max_tokens, None))
+    steady = replace(sc, events=(), duration_s=duration_s)
+    policy = sc.policy or default_policy()
+    best: dict = {"capacity_tok_s": 0.0}
+    for c in [f"static:{n}" for n in sc.oracle_sweep] + ["none"]:
+        run = Simulation(steady, policy, c, replay, seed).run()
+        # from a tenth of the way in, so the pool is already full
+        t0 = 0.1 * duration_s
+        done = [s for s in run.jobs if s.status == "completed"
+                and s.finished_at is not None and t0 <= s.finished_at <= duration_s]
+        tok_s = sum(s.output_tokens for s in done) / (duration_s - t0)
+        if tok_s > best["capacity_tok_s"]:
+            best = {"capacity_tok_s": tok_s, "capacity_req_s": len(done) / (duration_s - t0),
+                    "at": c}
+    out_tok = sum(j.output_tokens for j in jobs) / sc.duration_s
+    cap = best["capacity_tok_s"]
+    return {"offered_req_s": round(offered, 3), "offered_tok_s": round(out_tok, 1),
+            "capacity_req_s": round(best.get("capacity_req_s", 0.0), 3),
+            "capacity_tok_s": round(cap, 1), "best_at": best.get("at"),
+            "load_factor": round(out_tok / cap, 2) if cap else None}

@@ -1,0 +1,76 @@
+"""The simulated gateway: a job becomes what Envoy would show the control plane, and the
+control plane is the production `Front` (gateway/front.py), unchanged.
+
+What production sees, and so what the simulation feeds the front:
+- the check: the client's API key (one per tenant of the workload: classification runs as in
+  production), its requested class, the body's size (`x-llmvalve-content-length`), and the body
+  itself when the policy inspects bodies (a chat request whose text is `bytes_per_token` bytes
+  per prompt token, as the policy assumes of real text);
+- the access-log entry, `als_delay_s` after the request ends: its status, the client-left flag
+  of a cancelled request, the backend's time to first body byte (a first token only when the
+  answer streams) and the upstream duration. Never the answer's length: production does not
+  see it per request (the pool's mean answer length comes from the scraped metrics);
+- scrapes: each backend's metrics, reduced as `core.signals` reduces a /metrics page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from llmvalve.core.policy import Policy, TenantSpec
+from llmvalve.core.policy_load import hash_api_key
+from llmvalve.gateway.front import Answer, Check, LogEntry
+from llmvalve.sim.workload import Job
+
+KEY_PREFIX = "sim-key:"
+# The bytes of a chat request around its prompt text: {"model": …, "messages": [{"role": …}]}.
+ENVELOPE_BYTES = 120
+
+
+def sim_policy(policy: Policy, jobs: list[Job]) -> Policy:
+    """`policy` with an API key for every tenant of the workload, allowed the classes its
+    traffic asks for; tenants the policy already names keep their other settings."""
+    wanted: dict[str, int] = {}
+    for job in jobs:
+        wanted[job.tenant] = min(job.priority, wanted.get(job.tenant, job.priority))
+    known = {t.name: t for t in policy.tenants}
+    tenants = [dataclasses.replace(known.get(name, TenantSpec(name)),
+                                   api_key_hashes=(hash_api_key(KEY_PREFIX + name),),
+                                   max_priority=top, default_priority=top)
+               for name, top in wanted.items()]
+    tenants += [t for name, t in known.items() if name not in wanted]
+    return dataclasses.replace(policy, tenants=tuple(tenants), anonymous=None)
+
+
+def check_of(job: Job, check_id: str, policy: Policy, stream: bool) -> Check:
+    spec = policy.requests
+    text_bytes = round(job.prompt_tokens * spec.bytes_per_token)
+    headers = {"authorization": f"Bearer {KEY_PREFIX}{job.tenant}",
+               spec.priority_header: str(job.priority),
+               "x-llmvalve-content-length": str(text_bytes + ENVELOPE_BYTES)}
+    model = getattr(job, "model", None)
+    if model:
+        headers[spec.model_header] = model
+    body = None
+    if policy.inspects_bodies:
+        doc = {"model": model or "sim", "max_tokens": job.max_tokens, "stream": stream,
+               "messages": [{"role": "user", "content": "x" * text_bytes}]}
+        body = json.dumps(doc).encode()
+    return Check(check_id, headers, body)
+
+
+def log_entry(check_id: str, status: int | None, *, sent_at: float, first_token_at: float | None,
+              ended_at: float, streamed: bool, client_left: bool = False,
+              failed: bool = False) -> LogEntry:
+    flags = frozenset({"DC"} if client_left else {"UC"} if failed else set())
+    return LogEntry(check_id, status, flags,
+                    ttft_s=None if first_token_at is None else first_token_at - sent_at,
+                    upstream_s=ended_at - sent_at, streamed=streamed)
+
+
+def retry_after_s(answer: Answer) -> float | None:
+    for key, value in answer.reply.headers:
+        if key == "retry-after-ms":
+            return int(value) / 1000.0
+    return None

@@ -1,0 +1,483 @@
+"""Reads a scenario's YAML with the policy loader's node reader, so a scenario gets the policy's
+care: every problem is one line naming the file, the line and the key (`file:line: field:
+message`), all problems are reported at once, and an unknown key is an error with the closest
+known key suggested. Relative paths (traces, a policy file) resolve against the scenario's
+folder. Priorities are checked against the scenario's policy, backend indices against the
+backend count, profiles against the known engine profiles.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from llmvalve.core.policy import Policy
+from llmvalve.core.policy_load import (
+    NodeFields,
+    NodeReader,
+    PolicyError,
+    PolicyIssue,
+    compose_document,
+    load_policy,
+    load_policy_file,
+)
+from llmvalve.engine.profiles import PROFILES
+from llmvalve.sim.scenario import (
+    CapacityEvent,
+    Dist,
+    OnOff,
+    RetrySpec,
+    Scenario,
+    ScenarioError,
+    TraceSpec,
+    TrafficClass,
+)
+
+TOP_KEYS = ("name", "description", "duration", "seed", "backends", "events", "gateways",
+            "metrics", "policy", "controllers", "oracleSweep", "sweepLoads", "classes", "expect")
+BACKEND_KEYS = ("count", "profile", "maxNumSeqs", "kvBlocks", "maxBatchedTokens")
+PROFILE_OVERRIDES = {"maxNumSeqs": "max_num_seqs", "kvBlocks": "num_gpu_blocks",
+                     "maxBatchedTokens": "max_num_batched_tokens"}
+EVENT_KEYS = ("at", "backend", "slowdown", "leave", "rejoin", "kvBlocks")
+CLASS_KEYS = ("name", "priority", "tenant", "rate", "prompt", "output", "maxTokens", "stream",
+              "cancel", "retry", "trace")
+DIST_KEYS = ("mean", "cv", "min", "max")
+TRACE_KEYS = ("file", "speed", "start", "split", "tenants")
+ONOFF_KEYS = ("onRate", "offRate", "onFor", "offFor")
+EXPECT_KEYS = ("doNoHarm", "p0WithinShare")
+RETRY_MODES = ("none", "jitter", "immediate")
+SHIPPED_TRACES = ("azure-conv",)
+_CONTROLLER_RE = re.compile(r"none|seed|adaptive|static(:[1-9][0-9]*)?")
+_DEFAULT_SPLIT = {0: 0.2, 1: 0.4, 2: 0.4}
+
+
+class _Ctx:
+    """What the section readers share: the reader, the policy's priorities, the base folder."""
+
+    def __init__(self, r: NodeReader, priorities: tuple[int, ...], base: Path | None) -> None:
+        self.r = r
+        self.priorities = priorities
+        self.base = base
+
+    def priority(self, node: Node, field: str) -> int | None:
+        p = self.r.integer(node, field)
+        if p is not None and p not in self.priorities:
+            self.r.error(node, field, f"unknown priority {p}; the policy's classes are "
+                         f"{', '.join(str(x) for x in self.priorities)}")
+            return None
+        return p
+
+    def by_priority(self, node: Node, field: str) -> list[tuple[Node, Node]]:
+        """The (key, value) pairs of a mapping keyed by priority."""
+        if not isinstance(node, MappingNode):
+            self.r.type_error(node, field, "a mapping of priority → value")
+            return []
+        seen: set[str] = set()
+        out = []
+        for k, v in node.value:
+            if k.value in seen:
+                self.r.error(k, field, f"duplicate priority {k.value}")
+            seen.add(k.value)
+            out.append((k, v))
+        return out
+
+    def pair(self, node: Node, field: str) -> list[Node] | None:
+        items = self.r.seq(node, field)
+        if items is not None and len(items) != 2:
+            self.r.error(node, field, f"expected a [from, to] pair, got {len(items)} items")
+            return None
+        return items
+
+
+def _profile(c: _Ctx, b: NodeFields) -> tuple[str, tuple[tuple[str, int], ...]]:
+    name = b.string("profile", "small")
+    if name not in PROFILES:
+        c.r.error(b.get("profile"), b.field("profile"),
+                  f"unknown engine profile {name!r}; known: {', '.join(PROFILES)}")
+        name = "small"
+    overrides = []
+    for key, attr in PROFILE_OVERRIDES.items():
+        if b.has(key):
+            value = b.integer(key, 0, ge=1)
+            if value >= 1:
+                overrides.append((attr, value))
+    return name, tuple(overrides)
+
+
+def _backend_indices(c: _Ctx, node: Node | None, field: str, count: int,
+                     where: Node | None) -> list[int]:
+    hint = (f"expected a backend index (0..{count - 1}) or a list of them; for every backend "
+            f"write backend: [{', '.join(str(i) for i in range(count))}]")
+    if node is None:
+        c.r.error(where, field, "missing (required): " + hint)
+        return []
+    items = node.value if isinstance(node, SequenceNode) else [node]
+    out = []
+    for item in items:
+        v = c.r.scalar(item) if isinstance(item, ScalarNode) else item
+        if isinstance(v, bool) or not isinstance(v, int):
+            c.r.error(item, field, f"{hint}; got {v!r}" if isinstance(item, ScalarNode)
+                      else hint)
+        elif not 0 <= v < count:
+            c.r.error(item, field, f"backend {v} is out of range: there are {count} backends "
+                      f"(0..{count - 1})")
+        else:
+            out.append(v)
+    return out
+
+
+def _events(c: _Ctx, top: NodeFields, count: int) -> tuple[CapacityEvent, ...]:
+    node = top.get("events")
+    items = c.r.seq(node, "events") if node is not None else []
+    out = []
+    for i, item in enumerate(items or []):
+        e = c.r.fields(item, f"events[{i}]", EVENT_KEYS, required=True)
+        if e.node is None:
+            continue
+        at = e.require("at")
+        at_s = c.r.duration(at, e.field("at"), allow_zero=True) if at is not None else None
+        backends = _backend_indices(c, e.get("backend"), e.field("backend"), count, e.node)
+        slowdown = e.number("slowdown", 0.0, gt=0) if e.has("slowdown") else None
+        kv = e.integer("kvBlocks", 0, ge=1) if e.has("kvBlocks") else None
+        leave, rejoin = e.boolean("leave", False), e.boolean("rejoin", False)
+        if not (e.has("slowdown") or e.has("kvBlocks") or leave or rejoin):
+            c.r.error(e.node, f"events[{i}]", "an event does something: slowdown, kvBlocks, "
+                      "leave: true or rejoin: true")
+        if at_s is None:
+            continue
+        out.extend(CapacityEvent(at_s, b, slowdown or None, leave, rejoin, kv or None)
+                   for b in backends)
+    return tuple(out)
+
+
+def _dist(c: _Ctx, node: Node | None, field: str, default: Dist) -> Dist:
+    if node is None:
+        return default
+    if isinstance(node, ScalarNode):
+        mean = c.r.number(node, field, gt=0)
+        return default if mean is None else Dist(mean)
+    d = c.r.fields(node, field, DIST_KEYS)
+    if d.node is None:
+        return default
+    mean = d.require("mean")
+    m = c.r.number(mean, d.field("mean"), gt=0) if mean is not None else None
+    out = Dist(m or default.mean, d.number("cv", 0.0, ge=0), d.integer("min", 1, ge=1),
+               d.integer("max", 1_000_000, ge=1))
+    if out.min > out.max:
+        c.r.error(d.get("min"), d.field("min"), f"min {out.min} is above max {out.max}")
+    return out
+
+
+def _points(c: _Ctx, node: Node, field: str, ramp: bool) -> tuple[tuple[float, float], ...]:
+    items = c.r.seq(node, field)
+    out: list[tuple[float, float]] = []
+    for j, item in enumerate(items or []):
+        f = f"{field}[{j}]"
+        pair = c.pair(item, f)
+        if pair is None:
+            continue
+        t = c.r.duration(pair[0], f, allow_zero=True)
+        r = c.r.number(pair[1], f, ge=0)
+        if t is None or r is None:
+            continue
+        if out and (t < out[-1][0] or (t == out[-1][0] and not ramp)):
+            c.r.error(item, f, f"times must increase: {t:g} s after {out[-1][0]:g} s"
+                      + ("" if ramp else " (a ramp may repeat a time for a jump)"))
+            continue
+        out.append((t, r))
+    if items is not None and not out:
+        c.r.error(node, field, "no rate points")
+    return tuple(out)
+
+
+def _on_off(c: _Ctx, node: Node, field: str) -> OnOff | None:
+    f = c.r.fields(node, field, ONOFF_KEYS)
+    if f.node is None:
+        return None
+    on = f.require("onRate")
+    on_rate = c.r.number(on, f.field("onRate"), ge=0) if on is not None else None
+
+    def span(key: str) -> tuple[float, float]:
+        n = f.get(key)
+        if n is None:
+            c.r.error(f.node, f.field(key), "missing (required): a duration or a [min, max] "
+                      "range of durations")
+            return (1.0, 1.0)
+        if isinstance(n, SequenceNode):
+            pair = c.pair(n, f.field(key))
+            lo, hi = ([c.r.duration(x, f.field(key)) for x in pair] if pair else [None, None])
+        else:
+            lo = hi = c.r.duration(n, f.field(key))
+        if lo is None or hi is None:
+            return (1.0, 1.0)
+        if lo > hi:
+            c.r.error(n, f.field(key), f"range [{lo:g} s, {hi:g} s] runs backwards")
+        return (lo, hi)
+
+    on_for, off_for = span("onFor"), span("offFor")
+    if on_rate is None:
+        return None
+    return OnOff(on_rate, f.number("offRate", 0.0, ge=0), on_for, off_for)
+
+
+def _rate(c: _Ctx, node: Node | None, field: str
+          ) -> tuple[tuple[tuple[float, float], ...], bool, OnOff | None]:
+    """A number, a list of [time, req/s] steps, {ramp: [[time, req/s], ...]} (linear between
+    points) or {onOff: {...}} (bursts)."""
+    if node is None:
+        return ((0.0, 0.0),), False, None
+    if isinstance(node, ScalarNode):
+        r = c.r.number(node, field, ge=0)
+        return ((0.0, r or 0.0),), False, None
+    if isinstance(node, SequenceNode):
+        return _points(c, node, field, ramp=False), False, None
+    f = c.r.fields(node, field, ("ramp", "onOff"))
+    if f.has("ramp") == f.has("onOff"):
+        c.r.error(node, field, "a rate mapping has exactly one of ramp: [[time, req/s], ...] "
+                  "or onOff: {onRate, offRate, onFor, offFor}")
+        return ((0.0, 0.0),), False, None
+    if f.has("ramp"):
+        ramp = f.get("ramp")
+        return ((_points(c, ramp, f.field("ramp"), ramp=True) if ramp is not None else ()),
+                True, None)
+    on_off_node = f.get("onOff")
+    on_off = _on_off(c, on_off_node, f.field("onOff")) if on_off_node is not None else None
+    return (), False, on_off
+
+
+def _resolve(c: _Ctx, node: Node, field: str, value: str, what: str) -> str | None:
+    path = Path(value)
+    if not path.is_absolute() and c.base is not None:
+        path = c.base / path
+    if not path.is_file():
+        c.r.error(node, field, f"no {what} file {str(path)!r}")
+        return None
+    return str(path)
+
+
+def _trace(c: _Ctx, node: Node, field: str) -> TraceSpec | None:
+    t = c.r.fields(node, field, TRACE_KEYS, required=True)
+    if t.node is None:
+        return None
+    file_node = t.require("file")
+    file = c.r.string(file_node, t.field("file")) if file_node is not None else None
+    if file is not None and file not in SHIPPED_TRACES:
+        file = _resolve(c, file_node, t.field("file"), file, "trace")  # type: ignore[arg-type]
+    split = dict(_DEFAULT_SPLIT)
+    split_node = t.get("split")
+    if split_node is not None:
+        split = {}
+        for k, v in c.by_priority(split_node, t.field("split")):
+            p = c.priority(k, t.field("split"))
+            share = c.r.number(v, f"{t.field('split')}.{k.value}", ge=0, le=1)
+            if p is not None and share is not None:
+                split[p] = share
+        if split and abs(sum(split.values()) - 1.0) > 1e-6:
+            c.r.error(split_node, t.field("split"),
+                      f"shares must add up to 1, got {sum(split.values()):g}")
+    tenants = _trace_tenants(c, t.get("tenants"), t.field("tenants"))
+    if file is None:
+        return None
+    return TraceSpec(file=file, speed=t.number("speed", 1.0, gt=0),
+                     start_s=t.duration("start", 0.0, allow_zero=True),
+                     split=tuple(sorted(split.items())), tenants=tenants)
+
+
+def _trace_tenants(c: _Ctx, node: Node | None, field: str
+                   ) -> tuple[tuple[int, tuple[tuple[str, float], ...]], ...]:
+    """priority → a tenant, a list of tenants (equal shares) or {tenant: share}."""
+    if node is None:
+        return ()
+    out = []
+    for k, v in c.by_priority(node, field):
+        p = c.priority(k, field)
+        f = f"{field}.{k.value}"
+        names: list[tuple[str, float]] = []
+        if isinstance(v, ScalarNode):
+            name = c.r.string(v, f)
+            names = [(name, 1.0)] if name else []
+        elif isinstance(v, SequenceNode):
+            for i, item in enumerate(v.value):
+                name = c.r.string(item, f"{f}[{i}]")
+                if name:
+                    names.append((name, 1.0))
+        elif isinstance(v, MappingNode):
+            for kn, vn in v.value:
+                name = c.r.string(kn, f)
+                share = c.r.number(vn, f"{f}.{kn.value}", gt=0)
+                if name and share:
+                    names.append((name, share))
+        if not names:
+            c.r.error(v, f, "expected a tenant, a list of tenants or {tenant: share}")
+        elif p is not None:
+            total = sum(w for _, w in names)
+            out.append((p, tuple((n, w / total) for n, w in names)))
+    return tuple(out)
+
+
+def _retry(c: _Ctx, node: Node | None, field: str) -> RetrySpec:
+    r = c.r.fields(node, field, ("mode", "maxAttempts", "base", "cap"))
+    mode_node = r.get("mode")
+    mode = (c.r.choice(mode_node, r.field("mode"), RETRY_MODES, "retry mode")
+            if mode_node is not None else None)
+    return RetrySpec(mode or "none", r.integer("maxAttempts", 3, ge=1),
+                     r.duration("base", 1.0), r.duration("cap", 30.0))
+
+
+def _cancel(c: _Ctx, node: Node | None, field: str) -> tuple[float, tuple[float, float]]:
+    f = c.r.fields(node, field, ("prob", "after"))
+    prob = f.number("prob", 0.0, ge=0, le=1)
+    after = (0.5, 5.0)
+    after_node = f.get("after")
+    if after_node is not None:
+        pair = c.pair(after_node, f.field("after"))
+        got = [c.r.duration(x, f.field("after"), allow_zero=True) for x in pair or []]
+        if len(got) == 2 and None not in got:
+            after = (got[0], got[1])  # type: ignore[assignment]
+            if after[0] > after[1]:
+                c.r.error(after_node, f.field("after"), "range runs backwards")
+    return prob, after
+
+
+def _class(c: _Ctx, node: Node, i: int) -> TrafficClass | None:
+    path = f"classes[{i}]"
+    f = c.r.fields(node, path, CLASS_KEYS, required=True)
+    if f.node is None:
+        return None
+    name = f.string("name", f"class{i}")
+    prio_node = f.get("priority")
+    priority = c.priority(prio_node, f.field("priority")) if prio_node is not None else None
+    if prio_node is None and 0 not in c.priorities and not f.has("trace"):
+        c.r.error(f.node, f.field("priority"), "missing: the policy has no priority 0")
+    trace_node = f.get("trace")
+    trace = _trace(c, trace_node, f.field("trace")) if trace_node is not None else None
+    if trace_node is not None and f.has("rate"):
+        c.r.error(f.key_node("rate"), f.field("rate"), "a trace sets its own arrival times; "
+                  "use trace.speed to scale them")
+    rate, ramp, on_off = _rate(c, f.get("rate"), f.field("rate"))
+    prob, after = _cancel(c, f.get("cancel"), f.field("cancel"))
+    return TrafficClass(
+        name=name, priority=priority if priority is not None else 0,
+        tenant=f.string("tenant", name), rate=rate, ramp=ramp, on_off=on_off,
+        prompt=_dist(c, f.get("prompt"), f.field("prompt"), Dist(500, 0.5)),
+        output=_dist(c, f.get("output"), f.field("output"), Dist(150, 0.5)),
+        max_tokens=f.integer("maxTokens", 0, ge=1) if f.has("maxTokens") else 0,
+        stream=f.boolean("stream", True), cancel_prob=prob, cancel_after_s=after,
+        retry=_retry(c, f.get("retry"), f.field("retry")), trace=trace)
+
+
+def _policy(c: _Ctx, node: Node | None, text: str, source: str) -> Policy | None:
+    if node is None:
+        return None
+    if isinstance(node, ScalarNode):
+        value = c.r.string(node, "policy")
+        if value is None or value == "default":
+            return None
+        path = _resolve(c, node, "policy", value, "policy")
+        if path is None:
+            return None
+        try:
+            return load_policy_file(path)
+        except (PolicyError, OSError) as exc:
+            c.r.error(node, "policy", f"policy {path!r} is invalid: {exc}".splitlines()[0])
+            return None
+    if not isinstance(node, MappingNode):
+        c.r.type_error(node, "policy", "'default', a policy file path or a mapping")
+        return None
+    # The mapping's own text, at its own lines, so the policy's errors name the scenario's lines.
+    start, end = node.start_mark, node.end_mark
+    snippet = "\n" * start.line + " " * start.column + text[start.index:end.index]
+    try:
+        return load_policy(snippet, source)
+    except PolicyError as exc:
+        c.r.issues.extend(PolicyIssue(i.source, i.line, f"policy.{i.field}", i.message)
+                          for i in exc.errors)
+        return None
+
+
+def _controllers(c: _Ctx, top: NodeFields, default: tuple[str, ...]) -> tuple[str, ...]:
+    node = top.get("controllers")
+    if node is None:
+        return default
+    out = []
+    for i, item in enumerate(c.r.seq(node, "controllers") or []):
+        name = c.r.string(item, f"controllers[{i}]")
+        if name is not None and not _CONTROLLER_RE.fullmatch(name):
+            c.r.error(item, f"controllers[{i}]", f"unknown controller {name!r}; "
+                      "allowed: none, static, static:N, seed, adaptive")
+        elif name is not None:
+            out.append(name)
+    return tuple(out) or default
+
+
+def _numbers(c: _Ctx, top: NodeFields, key: str, integer: bool) -> tuple | None:
+    node = top.get(key)
+    if node is None:
+        return None
+    out = []
+    for i, item in enumerate(c.r.seq(node, key) or []):
+        v = (c.r.integer(item, f"{key}[{i}]", ge=1) if integer
+             else c.r.number(item, f"{key}[{i}]", gt=0))
+        if v is not None:
+            out.append(v)
+    return tuple(out)
+
+
+def _expect(c: _Ctx, top: NodeFields) -> dict:
+    e = top.sub("expect", EXPECT_KEYS)
+    return {k: e.boolean(k, False) for k in EXPECT_KEYS if e.has(k)}
+
+
+def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario:
+    """YAML text → `Scenario`; raises `ScenarioError` listing every problem, one per line."""
+    issues: list[PolicyIssue] = []
+    r = NodeReader(source, 0, issues)
+    root = compose_document(text, r, "scenario")
+    if root is None or not isinstance(root, MappingNode):
+        if root is not None:
+            r.type_error(root, "scenario", "a mapping")
+        raise ScenarioError("\n".join(str(i) for i in issues))
+    r.prepare(root)
+    top = r.fields(root, "", TOP_KEYS)
+    c = _Ctx(r, (0, 1, 2), base)
+    policy = _policy(c, top.get("policy"), text, source)
+    if policy is not None:
+        c.priorities = policy.priorities
+    else:
+        from llmvalve.sim.runner import default_policy
+
+        c.priorities = default_policy().priorities
+    b = top.sub("backends", BACKEND_KEYS)
+    count = b.integer("count", 2, ge=1)
+    profile, overrides = _profile(c, b)
+    defaults = Scenario(name="", duration_s=0.0, classes=())
+    classes = []
+    class_node = top.get("classes")
+    class_nodes = r.seq(class_node, "classes") if class_node is not None else []
+    for i, node in enumerate(class_nodes or []):
+        cls = _class(c, node, i)
+        if cls is not None:
+            classes.append(cls)
+    if class_nodes == []:
+        r.error(top.key_node("classes"), "classes", "no traffic classes")
+    m = top.sub("metrics", ("scrapeInterval", "alsDelay"))
+    sc = Scenario(
+        name=top.string("name", Path(source).stem),
+        description=top.string("description", "", nonempty=False).strip(),
+        duration_s=top.duration("duration", 120.0),
+        seed=top.integer("seed", 1),
+        backends=count, profile=profile, profile_overrides=overrides,
+        events=_events(c, top, count),
+        gateways=top.integer("gateways", 1, ge=1),
+        scrape_interval_s=m.duration("scrapeInterval", 0.5),
+        als_delay_s=m.duration("alsDelay", 0.05, allow_zero=True),
+        policy=policy,
+        controllers=_controllers(c, top, defaults.controllers),
+        oracle_sweep=_numbers(c, top, "oracleSweep", True) or defaults.oracle_sweep,
+        sweep_loads=_numbers(c, top, "sweepLoads", False) or (),
+        classes=tuple(classes), extra=_expect(c, top))
+    if issues:
+        raise ScenarioError("\n".join(str(i) for i in sorted(issues, key=lambda i: i.line)))
+    return sc

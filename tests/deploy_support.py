@@ -1,0 +1,202 @@
+"""What the deployment tests share: the metrics a control plane really exports, and a PromQL
+checker that names what is wrong (an unknown metric, a label the metric does not carry, an
+undefined dashboard variable).
+
+The exported set is read from the registry a `ControlPlane` serves on /metrics, never from a
+hand list. Some families only appear with data (a pool's override, a scraped backend's
+signals, the limiter fields of each controller), so the registry is exercised through the
+public hooks the driver calls: a decision of each kind, an access-log join, a scrape, an
+override, an admin refusal; once per controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import prometheus_client
+import promql_parser
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "kubernetes"
+K8S_SIM = DEPLOY / "kubernetes-sim"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "llmvalve.json"
+# Labels Prometheus adds to every scraped series, whatever the scrape config.
+TARGET_LABELS = frozenset({"job", "instance"})
+# Grafana's own interval macros, and a duration that parses in their place.
+GRAFANA_MACROS = {"__rate_interval": "1m", "__interval": "1m", "__range": "1h"}
+CONTROLLERS = ("adaptive", "static:10", "seed")
+
+
+def load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def load_all(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def clusters(cfg: dict) -> dict[str, list[tuple[str, int]]]:
+    """Envoy bootstrap: cluster name → its (host, port) endpoints."""
+    out = {}
+    for c in cfg["static_resources"]["clusters"]:
+        eps = []
+        for group in (c.get("load_assignment") or {}).get("endpoints", []):
+            for ep in group["lb_endpoints"]:
+                sa = ep["endpoint"]["address"]["socket_address"]
+                eps.append((sa["address"], sa["port_value"]))
+        out[c["name"]] = eps
+    return out
+
+
+def serve_args(argv: list[str]):
+    """A `llmvalve serve` command line, parsed by the real parser."""
+    from llmvalve.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    assert args.command == "serve"
+    return args
+
+
+# -- what the control plane exports -------------------------------------------------------------
+def _exercise(plane) -> None:
+    from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
+    from llmvalve.gateway.front import Joined, Record
+
+    metrics, now = plane.metrics, plane.driver.clock()
+    pool = plane.policy.pools[0].name
+    klass = plane.policy.queues[0].name
+    plane.front.admission.set_override(pool, 100.0, now + 60.0, now)
+    metrics.scraped(pool, BackendSnapshot(
+        "backend-0", now, True, running=1, waiting=1, kv_usage=0.5, kv_capacity_tokens=1000,
+        itl_p90_s=0.05, itl_mean_s=0.05, queue_time_p90_s=0.1, ttft_p90_s=0.1,
+        output_tokens_mean=100.0))
+    metrics.record(Record("admitted", klass, "", "t", wait_s=0.1))
+    metrics.record(Record("rejected", klass, "queue_full", "t", retry_after_s=2.0))
+    ticket = Ticket("r1", pool, 0, "t", 10.0, now, 0)
+    metrics.joined(Joined(ticket, Outcome.SUCCESS, Sample("r1", pool, Outcome.SUCCESS,
+                                                          ttft_s=0.2), klass, True))
+    metrics.admin_refused("grpc")
+
+
+async def _exposition(controller: str) -> str:
+    from llmvalve.core.policy_load import load_policy_file
+    from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
+
+    policy = load_policy_file(K8S / "policy-configmap.yaml")
+    plane = ControlPlane(policy, ControlPlaneConfig(
+        controller=controller, metrics_urls=("http://backend-0.backend:8000/metrics",)))
+    _exercise(plane)
+    return prometheus_client.generate_latest(plane.metrics.registry).decode()
+
+
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+            "gauge": ("",), "summary": ("_sum", "_count", ""), "info": ("_info",)}
+
+
+def exported_series() -> dict[str, frozenset[str] | None]:
+    """Series name → its label names (None: the family had no sample to show its labels)."""
+    series: dict[str, set[str] | None] = {}
+    for controller in CONTROLLERS:
+        text = asyncio.run(_exposition(controller))
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = series.setdefault(sample.name, set())
+                if labels is not None:
+                    labels.update(sample.labels)
+            if not family.samples:
+                for suffix in SUFFIXES.get(family.type, ("",)):
+                    series.setdefault(family.name + suffix, None)
+    return {k: (frozenset(v) if v is not None else None) for k, v in series.items()}
+
+
+# -- PromQL checks ------------------------------------------------------------------------------
+@dataclass
+class Problems:
+    items: list[str] = field(default_factory=list)
+
+    def add(self, where: str, what: str) -> None:
+        self.items.append(f"{where}: {what}")
+
+
+def substitute(expr: str, variables: dict[str, str]) -> tuple[str, set[str]]:
+    """Grafana's `$name`, `${name}`, `${name:fmt}` and `[[name]]` → a value that parses;
+    returns the text and the names it found."""
+    found: set[str] = set()
+
+    def value(match: re.Match) -> str:
+        name = next(g for g in match.groups() if g)
+        found.add(name)
+        return GRAFANA_MACROS.get(name, variables.get(name, f"__undefined_{name}__"))
+
+    text = re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]", value, expr)
+    return text, found
+
+
+def _selectors(node) -> list:
+    out: list = []
+
+    def visit(n):
+        if isinstance(n, promql_parser.VectorSelector):
+            out.append(n)
+
+    promql_parser.walk(node, visit)
+    return out
+
+
+def _labels_of(selectors, exported) -> set[str] | None:
+    """The labels the selected series can carry (None: unknown for one of them)."""
+    labels = set(TARGET_LABELS)
+    for s in selectors:
+        known = exported.get(s.name)
+        if known is None:
+            return None
+        labels |= known
+        if s.name.endswith("_bucket"):
+            labels.add("le")
+    return labels
+
+
+def check_promql(where: str, expr: str, exported, problems: Problems) -> None:
+    """Every metric the expression names is exported; every label it matches on, groups by
+    or joins on is one those series carry (or one Prometheus adds: job, instance)."""
+    try:
+        ast = promql_parser.parse(expr)
+    except ValueError as exc:
+        problems.add(where, f"does not parse: {exc} in {expr!r}")
+        return
+
+    def visit(n):
+        if isinstance(n, promql_parser.VectorSelector):
+            if n.name not in exported:
+                problems.add(where, f"metric {n.name!r} is not exported by the control plane")
+                return
+            known = _labels_of([n], exported)
+            for m in n.matchers.matchers:
+                if known is not None and m.name not in known:
+                    problems.add(where, f"{n.name} has no label {m.name!r} "
+                                        f"(it has {sorted(known)})")
+        elif isinstance(n, promql_parser.AggregateExpr) and n.modifier is not None:
+            _check_grouping(where, n.modifier.labels, n.expr, exported, problems)
+        elif isinstance(n, promql_parser.BinaryExpr) and n.modifier is not None \
+                and n.modifier.matching is not None:
+            for side in (n.lhs, n.rhs):
+                _check_grouping(where, n.modifier.matching.labels, side, exported, problems)
+
+    promql_parser.walk(ast, visit)
+
+
+def _check_grouping(where, labels, node, exported, problems: Problems) -> None:
+    selectors = _selectors(node)
+    if not selectors or any(s.name not in exported for s in selectors):
+        return  # no series below (vector(0)…), or already reported as unknown
+    known = _labels_of(selectors, exported)
+    for label in labels:
+        if known is not None and label not in known:
+            problems.add(where, f"groups or joins on {label!r}, which none of "
+                                f"{sorted({s.name for s in selectors})} carry")

@@ -1,0 +1,265 @@
+"""deploy/kubernetes (and the sim overlay deploy/kubernetes-sim) render with kustomize and every
+object validates against Kubernetes' own JSON schemas (kubernetes-validate, strict: an unknown
+or misspelt field fails), at the oldest and the newest version we claim. Then what the schemas
+cannot see: the HPA, PDB and NetworkPolicy select the gateway pods and name ports that exist,
+the sim backends are what Envoy and the scraper expect, compose.yaml is valid Compose.
+
+kubectl (for `kubectl kustomize`) may be absent: those tests skip and say so; the source
+manifests are validated one by one all the same. No cluster and no network: the schemas ship
+inside the kubernetes-validate and check-jsonschema wheels."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+from importlib import resources
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from deploy_support import K8S, K8S_SIM, ROOT, clusters, load, load_all, serve_args
+from llmvalve.cli import build_parser
+
+# ContainerResource metrics in the HPA are GA from 1.30 (beta, on by default, from 1.27).
+K8S_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
+# Objects whose kind Kubernetes' schemas do not know (CRDs); checked by hand elsewhere.
+NOT_IN_CORE_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+
+
+def kustomize(path: Path) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: `kubectl kustomize` cannot render here (the "
+                    "source manifests are still validated one by one)")
+    done = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def schema_errors(doc: dict, version: str) -> str | None:
+    if (doc["apiVersion"], doc["kind"]) in NOT_IN_CORE_SCHEMAS:
+        return None
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        path = "/".join(str(p) for p in exc.path)
+        return f"{doc['kind']}/{doc['metadata']['name']} at {path or '/'}: {exc.message}"
+    except kubernetes_validate.SchemaNotFoundError as exc:
+        return exc.message
+    return None
+
+
+def source_manifests() -> list[tuple[str, dict]]:
+    """Every object in deploy/kubernetes and deploy/kubernetes-sim, as written."""
+    out = []
+    for base in (K8S, K8S_SIM):
+        for path in sorted(base.rglob("*.yaml")):
+            if path.name in ("kustomization.yaml", "envoy.yaml") or "adapter" in path.name:
+                continue
+            out += [(str(path.relative_to(ROOT)), d) for d in load_all(path)]
+    return out
+
+
+# -- rendering and schema validation ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rendered() -> list[dict]:
+    return kustomize(K8S)
+
+
+@pytest.fixture(scope="module")
+def rendered_sim() -> list[dict]:
+    return kustomize(K8S_SIM)
+
+
+def by_kind(docs: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for d in docs:
+        out.setdefault(d["kind"], []).append(d)
+    return out
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_rendered_base_validates_against_the_kubernetes_schemas(rendered, version):
+    kinds = by_kind(rendered)
+    for kind in ("Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler",
+                 "PodDisruptionBudget", "NetworkPolicy", "Namespace"):
+        assert kind in kinds, f"kubectl kustomize deploy/kubernetes renders no {kind}"
+    errors = [e for d in rendered if (e := schema_errors(d, version))]
+    assert not errors, "\n".join(errors)
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_rendered_sim_overlay_validates_against_the_kubernetes_schemas(rendered_sim, version):
+    assert "StatefulSet" in by_kind(rendered_sim)
+    errors = [e for d in rendered_sim if (e := schema_errors(d, version))]
+    assert not errors, "\n".join(errors)
+
+
+def test_every_source_manifest_validates_even_without_kubectl():
+    manifests = source_manifests()
+    assert len(manifests) >= 12
+    errors = [f"{path}: {e}" for path, d in manifests for v in K8S_VERSIONS
+              if (e := schema_errors(d, v))]
+    assert not errors, "\n".join(errors)
+
+
+def test_the_schema_check_catches_a_misspelt_and_a_missing_field():
+    hpa = load(K8S / "hpa.yaml")
+    typo = copy.deepcopy(hpa)
+    typo["spec"]["minReplica"] = typo["spec"].pop("minReplicas")
+    assert "'minReplica' was unexpected" in schema_errors(typo, K8S_VERSIONS[0])
+    missing = copy.deepcopy(hpa)
+    del missing["spec"]["scaleTargetRef"]
+    assert "'scaleTargetRef' is a required property" in schema_errors(missing, K8S_VERSIONS[0])
+
+
+def test_overlay_keeps_the_base_unchanged(rendered, rendered_sim):
+    # The overlay only adds the simulated backends: every base object renders the same.
+    sim = {(d["kind"], d["metadata"]["name"]): d for d in rendered_sim}
+    for d in rendered:
+        assert sim[(d["kind"], d["metadata"]["name"])] == d
+
+
+# -- what the schemas cannot see ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def deployment() -> dict:
+    return load(K8S / "deployment.yaml")
+
+
+def pod_labels(deployment: dict) -> dict:
+    return deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def ports_by_name(deployment: dict) -> dict[str, tuple[str, int]]:
+    return {p["name"]: (c["name"], p["containerPort"])
+            for c in deployment["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
+
+
+def test_hpa_scales_the_gateway_on_llmvalve_cpu_and_request_rate(deployment):
+    hpa = load(K8S / "hpa.yaml")
+    spec = hpa["spec"]
+    target = spec["scaleTargetRef"]
+    assert (target["apiVersion"], target["kind"], target["name"]) == (
+        deployment["apiVersion"], deployment["kind"], deployment["metadata"]["name"])
+    assert 2 <= spec["minReplicas"] < spec["maxReplicas"]
+    # The HPA owns the replica count: a count in the Deployment resets it on every apply.
+    assert "replicas" not in deployment["spec"]
+    by_type = {m["type"]: m for m in spec["metrics"]}
+    assert set(by_type) == {"ContainerResource", "Pods"}
+    cpu = by_type["ContainerResource"]["containerResource"]
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert cpu["name"] == "cpu" and cpu["container"] in containers
+    # The target sits below the container's CPU limit, or it could never be reached.
+    limit = containers[cpu["container"]]["resources"]["limits"]["cpu"]
+    assert millicores(cpu["target"]["averageValue"]) < millicores(limit)
+    assert by_type["Pods"]["pods"]["target"]["type"] == "AverageValue"
+
+
+def millicores(value) -> int:
+    text = str(value)
+    return int(text[:-1]) if text.endswith("m") else int(float(text) * 1000)
+
+
+def test_pdb_leaves_room_to_evict_a_gateway_pod(deployment):
+    pdb = load(K8S / "pdb.yaml")
+    hpa = load(K8S / "hpa.yaml")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels(deployment).items()
+    # minAvailable at or above the smallest replica count would block every node drain.
+    assert pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]
+
+
+def test_networkpolicy_admits_callers_to_envoy_and_monitoring_to_metrics_only(deployment):
+    policy = load(K8S / "networkpolicy.yaml")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels(deployment).items()
+    assert policy["policyTypes"] == ["Ingress"]
+    named = ports_by_name(deployment)
+    allowed: dict[str, list[dict]] = {}
+    for rule in policy["ingress"]:
+        assert rule.get("from"), "a rule without `from` admits every source"
+        for port in rule["ports"]:
+            # Named ports: a changed port number needs no edit here.
+            assert isinstance(port["port"], str) and port["port"] in named, port
+            allowed.setdefault(port["port"], []).extend(rule["from"])
+    # Envoy's listener and the admin HTTP port; nothing of the control plane's gRPC port.
+    assert set(allowed) == {"http", "admin"}
+    assert named["http"][0] == "envoy" and named["admin"][0] == "llmvalve"
+    [callers] = allowed["http"]
+    assert callers["namespaceSelector"]["matchLabels"] == {"llmvalve/gateway-client": "true"}
+    [monitoring] = allowed["admin"]
+    assert monitoring["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"}
+    assert "podSelector" not in callers and "ipBlock" not in callers
+
+
+def test_prometheus_annotations_name_the_admin_port(deployment):
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert int(annotations["prometheus.io/port"]) == ports_by_name(deployment)["admin"][1]
+
+
+def test_docs_quote_the_hpa_and_pdb_as_shipped():
+    docs = (ROOT / "docs" / "deployment.md").read_text()
+    hpa = load(K8S / "hpa.yaml")["spec"]
+    targets = {m["type"]: m for m in hpa["metrics"]}
+    cpu = targets["ContainerResource"]["containerResource"]["target"]["averageValue"]
+    rate = targets["Pods"]["pods"]["target"]["averageValue"]
+    for figure in (f"{hpa['minReplicas']} to {hpa['maxReplicas']}", f"`{cpu}`",
+                   f"{rate} decisions/s", "llmvalve/gateway-client=true"):
+        assert figure in docs, f"docs/deployment.md does not say {figure!r}"
+
+
+# -- the simulated backends ---------------------------------------------------------------------
+def test_sim_backends_are_what_envoy_and_the_scraper_expect(deployment):
+    envoy_cfg = load(ROOT / "envoy" / "envoy.yaml")
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in load_all(K8S_SIM / "sim-backends.yaml")}
+    [(backend_host, backend_port)] = clusters(envoy_cfg)["llm_backends"]
+    [(fallback_host, fallback_port)] = clusters(envoy_cfg)["fallback_model"]
+    assert docs[("Service", backend_host)]["spec"]["clusterIP"] == "None"
+    for host, port in ((backend_host, backend_port), (fallback_host, fallback_port)):
+        assert docs[("Service", host)]["spec"]["ports"][0]["port"] == port
+    [statefulset] = [d for (kind, _), d in docs.items() if kind == "StatefulSet"]
+    assert statefulset["spec"]["serviceName"] == backend_host
+    pods = {f"{statefulset['metadata']['name']}-{i}.{backend_host}:{backend_port}"
+            for i in range(statefulset["spec"]["replicas"])}
+    [cp] = [c for c in deployment["spec"]["template"]["spec"]["containers"]
+            if c["name"] == "llmvalve"]
+    assert {urlsplit(u).netloc for u in serve_args(cp["args"]).metrics_url} == pods
+    for d in docs.values():
+        if d["kind"] not in ("StatefulSet", "Deployment"):
+            continue
+        [c] = d["spec"]["template"]["spec"]["containers"]
+        assert c["image"] == cp["image"]  # the llmvalve image runs `llmvalve sim-backend`
+        args = build_parser().parse_args(c["args"])
+        assert args.command == "sim-backend" and args.host == "0.0.0.0"
+        service = docs[("Service", backend_host if d["kind"] == "StatefulSet"
+                        else fallback_host)]
+        assert service["spec"]["selector"].items() <= \
+            d["spec"]["template"]["metadata"]["labels"].items()
+        assert {p["containerPort"] for p in c["ports"]} == {args.port}
+
+
+# -- compose ------------------------------------------------------------------------------------
+def compose_schema() -> dict:
+    """The Compose specification's JSON schema (compose-spec/compose-spec, Apache-2.0) as the
+    check-jsonschema wheel vendors it, its licence in that package's vendor/licenses/."""
+    vendor = resources.files("check_jsonschema.builtin_schemas.vendor")
+    return json.loads(vendor.joinpath("compose-spec.json").read_text())
+
+
+def test_compose_file_validates_against_the_compose_specification():
+    schema = compose_schema()
+    validator = jsonschema.Draft202012Validator(schema)
+    compose = load(ROOT / "compose.yaml")
+    errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(compose)]
+    assert not errors, "\n".join(errors)
+    # ... and the check bites: a misspelt service key is refused.
+    broken = copy.deepcopy(compose)
+    broken["services"]["llmvalve"]["healthchek"] = broken["services"]["llmvalve"].pop(
+        "healthcheck")
+    assert any("healthchek" in e.message for e in validator.iter_errors(broken))

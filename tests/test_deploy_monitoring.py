@@ -1,0 +1,279 @@
+"""The Grafana dashboard, the Prometheus scrape configs, the ServiceMonitor and the
+prometheus-adapter rule name only what the control plane exports, and find it where the
+deployments put it (ports, paths, labels). No Prometheus, Grafana or cluster here: the files
+are parsed; `promtool check config` runs when promtool is installed."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from urllib.parse import urlsplit
+
+import pytest
+
+from deploy_support import (
+    DASHBOARD,
+    DEPLOY,
+    K8S,
+    ROOT,
+    TARGET_LABELS,
+    Problems,
+    check_promql,
+    exported_series,
+    load,
+    substitute,
+)
+from llmvalve.cli import build_parser
+
+PROMETHEUS = DEPLOY / "prometheus"
+GRAFANA = DEPLOY / "grafana"
+
+
+@pytest.fixture(scope="module")
+def exported():
+    return exported_series()
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def variables(dashboard: dict) -> dict[str, str]:
+    """Dashboard variable → a value that makes a PromQL regex matcher parse."""
+    return {v["name"]: ".*" for v in dashboard["templating"]["list"]}
+
+
+def panels(dashboard: dict):
+    for panel in dashboard["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def expressions(dashboard: dict):
+    """(where, expr) for every PromQL query of the dashboard: panels' targets."""
+    for panel in panels(dashboard):
+        for target in panel.get("targets", []):
+            yield f"panel {panel['title']!r} {target['refId']}", target["expr"]
+
+
+# -- the exported set itself --------------------------------------------------------------------
+def test_the_exported_set_is_read_from_the_running_registry(exported):
+    # Families that only show with data are there (a scraped backend, an override, the
+    # adaptive limiter's fields), with their labels; histograms bring their suffixes.
+    assert exported["llmvalve_backend_kv_usage"] == {"pool", "backend"}
+    assert exported["llmvalve_pool_override"] == {"pool"}
+    assert "llmvalve_limiter_pressure" in exported
+    assert {"class", "decision", "reason", "tenant"} <= exported["llmvalve_decisions_total"]
+    assert {f"llmvalve_queue_wait_seconds{s}" for s in ("_bucket", "_sum", "_count")} <= \
+        exported.keys()
+    assert "llmvalve_queue_wait_seconds" not in exported  # a histogram has no bare series
+    assert "llmvalve_policy_reloads_total" in exported  # registered outside GatewayMetrics
+
+
+# -- the dashboard ------------------------------------------------------------------------------
+def test_every_dashboard_query_names_only_exported_metrics_and_labels(dashboard, exported):
+    problems = Problems()
+    queries = list(expressions(dashboard))
+    assert len(queries) >= 30
+    for where, expr in queries:
+        text, _ = substitute(expr, variables(dashboard))
+        check_promql(where, text, exported, problems)
+    assert not problems.items, "\n".join(problems.items)
+
+
+def test_the_dashboard_covers_what_an_operator_watches(dashboard, exported):
+    used = set()
+    for _, expr in expressions(dashboard):
+        used |= set(re.findall(r"llmvalve_\w+", expr))
+    wanted = {
+        "limits": "llmvalve_pool_limit", "in flight": "llmvalve_pool_inflight",
+        "KV usage": "llmvalve_backend_kv_usage", "queue depth": "llmvalve_queue_depth",
+        "queue wait": "llmvalve_queue_wait_seconds_bucket",
+        "admitted and shed": "llmvalve_decisions_total",
+        "Retry-After": "llmvalve_retry_after_seconds_bucket",
+        "SLO attainment": "llmvalve_slo_attainment", "breaker": "llmvalve_breaker_state",
+        "reloads": "llmvalve_policy_reloads_total"}
+    missing = {what: name for what, name in wanted.items() if name not in used}
+    assert not missing, f"the dashboard shows nothing of {missing}"
+
+
+def test_dashboard_variables_are_defined_and_used_as_regexes(dashboard, exported):
+    defined = variables(dashboard)
+    problems = Problems()
+    for where, expr in expressions(dashboard):
+        _, names = substitute(expr, defined)
+        for name in names - defined.keys() - {"__rate_interval", "__interval", "__range"}:
+            problems.add(where, f"uses ${name}, which is not a dashboard variable")
+        # A multi-value variable expands to a|b: only a regex matcher takes that.
+        for match in re.finditer(r'(\w+)\s*(=~|!~|=|!=)\s*"\$(\w+)"', expr):
+            if match.group(2) not in ("=~", "!~"):
+                problems.add(where, f"{match.group(0)}: use =~ with a multi-value variable")
+    for v in dashboard["templating"]["list"]:
+        if v["type"] == "datasource":
+            assert v["query"] == "prometheus"
+            continue
+        # label_values(metric{…}, label): the metric and the label exist.
+        m = re.fullmatch(r"label_values\((\w+)(\{.*\})?,\s*(\w+)\)", v["query"]["query"])
+        assert m, v["query"]
+        metric, _, label = m.groups()
+        assert metric in exported, f"variable {v['name']}: {metric} is not exported"
+        assert label in exported[metric] | TARGET_LABELS, f"variable {v['name']}: {label}"
+    assert not problems.items, "\n".join(problems.items)
+
+
+def test_dashboard_layout_and_data_source(dashboard):
+    ids = [p["id"] for p in panels(dashboard)]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    assert dashboard["uid"] and dashboard["schemaVersion"] >= 36
+    cells: dict[tuple[int, int], str] = {}
+    for p in panels(dashboard):
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, f"{p['title']} is wider than the grid"
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = p["title"]
+        if p["type"] != "row":
+            # Every query goes to the data source the user picks, never a fixed uid.
+            assert p["datasource"]["uid"] == "${datasource}", p["title"]
+            assert all(t["datasource"]["uid"] == "${datasource}" for t in p["targets"])
+            assert p["targets"], f"{p['title']} has no query"
+
+
+def test_the_checker_names_an_unknown_metric_and_a_wrong_label(exported):
+    problems = Problems()
+    check_promql("a", 'sum by (klass) (rate(llmvalve_decisions_total[5m]))', exported,
+                 problems)
+    check_promql("b", 'llmvalve_queue_length{pool="x"}', exported, problems)
+    check_promql("c", 'llmvalve_pool_limit{class="x"}', exported, problems)
+    check_promql("d", 'rate(llmvalve_decisions_total{', exported, problems)
+    assert len(problems.items) == 4, problems.items
+    assert "groups or joins on 'klass'" in problems.items[0]
+    assert "'llmvalve_queue_length' is not exported" in problems.items[1]
+    assert "llmvalve_pool_limit has no label 'class'" in problems.items[2]
+    assert "does not parse" in problems.items[3]
+
+
+# -- Grafana provisioning and compose's monitoring profile --------------------------------------
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return load(ROOT / "compose.yaml")
+
+
+def mounts(service: dict) -> dict[str, str]:
+    """container path → host path (relative to the repository)."""
+    return {v.split(":")[1]: v.split(":")[0].removeprefix("./") for v in service["volumes"]}
+
+
+def test_grafana_provisioning_loads_the_dashboard_from_compose_mounts(compose):
+    grafana = compose["services"]["grafana"]
+    assert grafana["profiles"] == ["monitoring"]
+    m = mounts(grafana)
+    assert ROOT / m["/etc/grafana/provisioning"] == GRAFANA / "provisioning"
+    [provider] = load(GRAFANA / "provisioning" / "dashboards" / "llmvalve.yaml")["providers"]
+    assert provider["type"] == "file"
+    assert ROOT / m[provider["options"]["path"]] == DASHBOARD.parent
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == f"{provider['options']['path']}/{DASHBOARD.name}"
+    # The data source is compose's Prometheus, on the port it listens on.
+    [source] = load(GRAFANA / "provisioning" / "datasources" / "prometheus.yaml")["datasources"]
+    url = urlsplit(source["url"])
+    assert source["type"] == "prometheus" and url.hostname in compose["services"]
+    assert f"{url.port}:{url.port}" in compose["services"][url.hostname]["ports"]
+
+
+def test_compose_prometheus_scrapes_the_control_plane_admin_port(compose):
+    prometheus = compose["services"]["prometheus"]
+    config_path = prometheus["command"][0].split("=", 1)[1]
+    assert ROOT / mounts(prometheus)[config_path] == PROMETHEUS / "prometheus.yml"
+    [job] = load(PROMETHEUS / "prometheus.yml")["scrape_configs"]
+    [target] = job["static_configs"][0]["targets"]
+    host, port = target.split(":")
+    args = build_parser().parse_args(compose["services"][host]["command"])
+    assert int(port) == int(args.admin.rpartition(":")[2])
+    assert job["metrics_path"] == "/metrics"
+
+
+@pytest.mark.parametrize("name", ["prometheus.yml", "kubernetes-scrape.yml"])
+def test_promtool_accepts_the_scrape_configs(name):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("no promtool (apt-get install prometheus); the files are checked by hand "
+                    "in the other tests")
+    done = subprocess.run([promtool, "check", "config", "--syntax-only",
+                           str(PROMETHEUS / name)], capture_output=True, text=True, timeout=60)
+    if "field kubernetes_sd_configs not found" in done.stdout + done.stderr:
+        pytest.skip("this promtool is built without Kubernetes service discovery (Debian's "
+                    "prometheus package leaves it out)")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# -- Kubernetes: scrape config, ServiceMonitor, adapter rule ------------------------------------
+def gateway_pod() -> dict:
+    return load(K8S / "deployment.yaml")["spec"]["template"]
+
+
+def port_names(pod: dict) -> set[str]:
+    return {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+
+
+def test_kubernetes_scrape_job_keeps_the_gateway_pods_admin_port():
+    [job] = load(PROMETHEUS / "kubernetes-scrape.yml")["scrape_configs"]
+    rules = {tuple(r["source_labels"]): r for r in job["relabel_configs"]}
+    pod = gateway_pod()
+    name_rule = rules[("__meta_kubernetes_pod_label_app_kubernetes_io_name",)]
+    assert name_rule["action"] == "keep"
+    assert name_rule["regex"] == pod["metadata"]["labels"]["app.kubernetes.io/name"]
+    port_rule = rules[("__meta_kubernetes_pod_container_port_name",)]
+    assert port_rule["action"] == "keep" and port_rule["regex"] == "admin"
+    assert "admin" in port_names(pod)
+    [sd] = job["kubernetes_sd_configs"]
+    assert sd["namespaces"]["names"] == [load(K8S / "kustomization.yaml")["namespace"]]
+    # The labels the adapter rule maps to Kubernetes objects.
+    targets = {r.get("target_label") for r in job["relabel_configs"]}
+    assert {"namespace", "pod"} <= targets
+
+
+def test_servicemonitor_selects_the_gateway_service_admin_port():
+    monitor = load(PROMETHEUS / "servicemonitor.yaml")
+    service = load(K8S / "service.yaml")
+    namespace = load(K8S / "kustomization.yaml")["namespace"]
+    # A CRD: Kubernetes' schemas do not know it, so its fields are checked here.
+    assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1",
+                                                        "ServiceMonitor")
+    assert monitor["metadata"]["namespace"] == namespace
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [namespace]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= \
+        service["metadata"]["labels"].items()
+    [endpoint] = monitor["spec"]["endpoints"]
+    [admin] = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    assert admin["targetPort"] in port_names(gateway_pod())
+    assert endpoint["path"] == "/metrics"
+    assert set(monitor["spec"]) <= {"selector", "namespaceSelector", "endpoints",
+                                    "targetLabels", "podTargetLabels", "jobLabel"}
+    assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "scheme",
+                             "honorLabels", "relabelings", "metricRelabelings"}
+
+
+def test_adapter_rule_serves_the_metric_the_hpa_scales_on(exported):
+    [rule] = load(K8S / "examples" / "prometheus-adapter-rules.yaml")["rules"]
+    hpa = load(K8S / "hpa.yaml")
+    [pods_metric] = [m["pods"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
+    assert pods_metric["metric"]["name"] == rule["name"]["as"]
+    series = re.fullmatch(r"(\w+)\{(.*)\}", rule["seriesQuery"])
+    assert re.fullmatch(rule["name"]["matches"], series.group(1))
+    assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+    # The query, with the adapter's templates filled in as it would, names only exported
+    # metrics and labels (namespace and pod come from the scrape).
+    query = (rule["metricsQuery"].replace("<<.Series>>", series.group(1))
+             .replace("<<.LabelMatchers>>", 'namespace="ai-gateway",pod=~"llm-gateway-.*"')
+             .replace("<<.GroupBy>>", "pod"))
+    with_scrape_labels = {k: (v | {"namespace", "pod"} if v is not None else v)
+                          for k, v in exported.items()}
+    problems = Problems()
+    check_promql("metricsQuery", query, with_scrape_labels, problems)
+    check_promql("seriesQuery", rule["seriesQuery"], with_scrape_labels, problems)
+    assert not problems.items, "\n".join(problems.items)

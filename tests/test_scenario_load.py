@@ -1,0 +1,197 @@
+"""Scenario files get the policy's care: file:line errors for unknown keys and bad values
+(exit 2, one line each, never a traceback), paths relative to the scenario's folder, rate
+ramps and on/off bursts, trace classes split among several tenants."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmvalve.sim.scenario import ScenarioError, load_scenario
+from llmvalve.sim.scenario_load import parse_scenario
+from llmvalve.sim.workload import generate, on_off_schedule
+
+BASE = """\
+name: t
+duration: 60s
+backends: {count: 2, profile: small}
+classes:
+  - name: chat
+    priority: 0
+    rate: 1.0
+"""
+
+
+def error_of(text: str) -> str:
+    with pytest.raises(ScenarioError) as exc:
+        parse_scenario(text, "t.yaml")
+    return str(exc.value)
+
+
+def test_a_good_scenario_loads():
+    sc = parse_scenario(BASE, "t.yaml")
+    assert sc.backends == 2 and sc.classes[0].rate == ((0.0, 1.0),)
+
+
+def test_misspelled_key_names_file_line_and_key():
+    msg = error_of(BASE + "    maxToken: 300\n")
+    assert msg == ("t.yaml:8: classes[0].maxToken: unknown key 'maxToken'; "
+                   "did you mean 'maxTokens'?")
+
+
+def test_unknown_top_level_key():
+    assert error_of(BASE + "gateway: 3\n").startswith("t.yaml:8: gateway: unknown key")
+
+
+@pytest.mark.parametrize("event, expect", [
+    ("{at: 10s, backend: 2, slowdown: 2}", "t.yaml:9: events[0].backend: backend 2 is out of "
+     "range: there are 2 backends (0..1)"),
+    ("{at: 10s, backend: all, slowdown: 2}", "t.yaml:9: events[0].backend: expected a backend "
+     "index (0..1) or a list of them; for every backend write backend: [0, 1]; got 'all'"),
+    ("{at: 10s, slowdown: 2}", "t.yaml:9: events[0].backend: missing (required)"),
+    ("{at: 10s, backend: 0}", "t.yaml:9: events[0]: an event does something"),
+    ("{backend: 0, leave: true}", "t.yaml:9: events[0].at: missing (required)"),
+    ("{at: soon, backend: 0, leave: true}", "t.yaml:9: events[0].at: bad duration 'soon'"),
+])
+def test_bad_events(event, expect):
+    assert error_of(BASE + f"events:\n  - {event}\n").startswith(expect)
+
+
+def test_an_event_for_several_backends():
+    sc = parse_scenario(BASE + "events:\n  - {at: 5s, backend: [0, 1], slowdown: 3}\n", "t.yaml")
+    assert [(e.backend, e.slowdown) for e in sc.events] == [(0, 3.0), (1, 3.0)]
+
+
+def test_unknown_priority_and_profile():
+    msg = error_of(BASE.replace("priority: 0", "priority: 5").replace("small", "huge"))
+    lines = msg.splitlines()
+    assert lines[0] == ("t.yaml:3: backends.profile: unknown engine profile 'huge'; known: "
+                        "llama3-8b-h100, small, medium, tiny")
+    assert lines[1] == ("t.yaml:6: classes[0].priority: unknown priority 5; the policy's classes "
+                        "are 0, 1, 2")
+
+
+def test_every_problem_is_reported_at_once():
+    text = BASE.replace("rate: 1.0", "rate: fast") + "    retry: {mode: sometimes}\n"
+    lines = error_of(text).splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("t.yaml:7: classes[0].rate: expected a number")
+    assert lines[1].startswith("t.yaml:8: classes[0].retry.mode: unknown retry mode")
+
+
+def test_inline_policy_errors_name_the_scenario_line():
+    text = BASE + "policy:\n  queues:\n    - {priority: 0, name: p0, timeout: 8q}\n"
+    assert "t.yaml:10: policy.queues[0].timeout: bad duration '8q'" in error_of(text)
+
+
+def test_a_trace_split_must_add_up_and_name_known_priorities():
+    text = BASE + "  - name: r\n    trace: {file: azure-conv, split: {0: 0.5, 7: 0.2}}\n"
+    msg = error_of(text)
+    assert msg.splitlines() == [
+        "t.yaml:9: classes[1].trace.split: unknown priority 7; the policy's classes are 0, 1, 2",
+        "t.yaml:9: classes[1].trace.split: shares must add up to 1, got 0.5"]
+
+
+def test_cli_prints_one_line_per_error_and_exits_2(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text(BASE + "    maxToken: 300\nevents:\n  - {at: 1s, backend: all, leave: true}\n")
+    out = subprocess.run([sys.executable, "-m", "llmvalve.cli", "simulate", "--scenario",
+                          str(f)], capture_output=True, text=True)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 2, out.stderr
+    assert lines[0].startswith(f"llmvalve simulate: {f}:8: classes[0].maxToken: unknown key")
+    assert lines[1].startswith(f"llmvalve simulate: {f}:10: events[0].backend:")
+    assert "Traceback" not in out.stderr
+
+
+def test_relative_trace_path_resolves_against_the_scenario_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "scenarios"
+    (folder / "traces").mkdir(parents=True)
+    rows = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"{i * 0.5},{100 + i},{20 + i}\n" for i in range(40))
+    (folder / "traces" / "mine.csv.gz").write_bytes(gzip.compress(rows.encode()))
+    f = folder / "replay.yaml"
+    f.write_text("duration: 30s\nclasses:\n  - name: r\n    trace:\n"
+                 "      file: traces/mine.csv.gz\n      split: {1: 1.0}\n"
+                 "      tenants: {1: [a, b, c]}\n")
+    monkeypatch.chdir(tmp_path)  # not the scenario's folder
+    sc = load_scenario(str(f))
+    jobs = generate(sc, 1.0, 1)
+    assert len(jobs) == 40 and {j.priority for j in jobs} == {1}
+    # the class is split among its three tenants
+    counts = {t: sum(j.tenant == t for j in jobs) for t in ("a", "b", "c")}
+    assert all(c >= 5 for c in counts.values()), counts
+    (folder / "traces" / "mine.csv.gz").unlink()
+    with pytest.raises(ScenarioError, match=r"replay.yaml:5: classes\[0\].trace.file: no trace"):
+        load_scenario(str(f))
+
+
+def test_weighted_tenant_split():
+    text = BASE + ("  - name: r\n    trace: {file: azure-conv, split: {2: 1.0}, "
+                   "tenants: {2: {big: 3, small: 1}}}\n")
+    sc = parse_scenario(text, "t.yaml")
+    jobs = [j for j in generate(sc, 1.0, 1) if j.cls.name == "r"]
+    big = sum(j.tenant == "big" for j in jobs) / len(jobs)
+    assert 0.7 <= big <= 0.8, big
+
+
+def test_ramp_rises_linearly():
+    text = BASE.replace("rate: 1.0", "rate: {ramp: [[0s, 0], [60s, 20]]}")
+    sc = parse_scenario(text, "t.yaml")
+    assert sc.classes[0].ramp
+    jobs = generate(sc, 1.0, 1)
+    first = sum(j.arrival_s < 30 for j in jobs)
+    second = len(jobs) - first
+    # expected 150 and 450 arrivals: the second half carries three times the first
+    assert 120 <= first <= 180 and 400 <= second <= 500, (first, second)
+
+
+def test_ramp_times_must_not_go_back():
+    text = BASE.replace("rate: 1.0", "rate: {ramp: [[10s, 1], [5s, 2]]}")
+    assert "classes[0].rate.ramp[1]: times must increase" in error_of(text)
+
+
+def test_on_off_bursts_switch_together_and_vary_by_seed():
+    on_off = "rate: {onOff: {onRate: 10, onFor: [10s, 20s], offFor: [5s, 5s]}}"
+    text = BASE.replace("rate: 1.0", on_off) + f"  - name: other\n    priority: 1\n    {on_off}\n"
+    sc = parse_scenario(text, "t.yaml")
+    a = on_off_schedule(sc.classes[0], 60, 1)
+    assert a == on_off_schedule(sc.classes[1], 60, 1)
+    assert a != on_off_schedule(sc.classes[0], 60, 2)
+    assert a[0] == (0.0, 10.0) and a[1][1] == 0.0 and 10 <= a[1][0] <= 20
+    jobs = generate(sc, 1.0, 1)
+    off_start, off_end = a[1][0], a[2][0]
+    assert not [j for j in jobs if off_start < j.arrival_s < off_end]
+
+
+def test_on_off_yaml_booleans_are_caught():
+    # `on:` would be YAML 1.1's true: the keys are onRate/offRate
+    text = BASE.replace("rate: 1.0", "rate: {onOff: {on: 10, onFor: 5s, offFor: 5s}}")
+    assert "keys must be strings, got true/false" in error_of(text)
+
+
+def test_backend_overrides_bind_the_sequence_cap():
+    text = BASE.replace("profile: small}", "profile: medium, maxNumSeqs: 16}")
+    sc = parse_scenario(text, "t.yaml")
+    assert sc.engine_profile().max_num_seqs == 16
+    assert sc.engine_profile().num_gpu_blocks == 4096
+
+
+def test_every_builtin_parses_and_says_what_it_is_judged_on():
+    from llmvalve.sim.scenario import builtin_names
+
+    for name in builtin_names():
+        sc = load_scenario(name)
+        assert sc.description, name
+        assert set(sc.extra) <= {"doNoHarm", "p0WithinShare"}, name
+
+
+def test_a_missing_file_is_a_clear_error():
+    out = subprocess.run([sys.executable, "-m", "llmvalve.cli", "simulate", "--scenario",
+                          str(Path("/nonexistent/x.yaml"))], capture_output=True, text=True)
+    assert out.returncode == 2 and "no scenario" in out.stderr
