@@ -44,6 +44,10 @@ class Histogram:
         if b <= 0:
             self.observe(a + b, k * n)
             return
+        if k <= 4:  # a few steps (a sync between two scrapes): cheaper one by one
+            for j in range(1, k + 1):
+                self.observe(a + b * j, n)
+            return
         done = 0  # values with index ≤ done are already counted
         for i, bound in enumerate(self.bounds):
             if a + b * k <= bound:

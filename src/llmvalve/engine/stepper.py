@@ -163,10 +163,9 @@ class EventEngine(Engine):
         run = self._run
         if run is None:
             return
-        g0, k = run[1], run[4]
-        done = self._g - g0
-        j = done
-        while j < k and self._end_of(j) <= now:
+        t0, g0, a, b, k = run
+        done = j = self._g - g0
+        while j < k and t0 + j * a + b * j * (j + 1) / 2 <= now:
             j += 1
         if j > done:
             self._apply(done, j)
