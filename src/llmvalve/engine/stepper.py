@@ -241,6 +241,8 @@ class EventEngine(Engine):
             return Advance(end, (), (), k)
         res = self._fast_step(now)
         if res is None:
+            res = self._short_step(now)
+        if res is None:
             res = self._slow_step(now)
         self._run = None
         self._pending = res
@@ -357,6 +359,45 @@ class EventEngine(Engine):
                 self._join(s)
         self.used_blocks = self._dec_blocks + self._special_blocks()
         return Advance(end, tuple(tokens), (), 1)
+
+    def _short_step(self, now: float) -> Advance | None:
+        """A step with too few free blocks, as `Engine.step` runs it — in running order, the
+        first request that cannot grow preempts the newest running requests until it fits or
+        is itself preempted — touching the group only to find who needs a block now."""
+        p, bs = self.profile, self.profile.block_size
+        plan = {id(s): s.prompt + s.generated - s.computed for s in self._special}
+        if not self.running or len(self._dec) + sum(plan.values()) > p.max_num_batched_tokens:
+            return None
+        free = self.num_blocks - self.used_blocks
+        due, running, preempted = (-self._g) % bs, self.running, []
+        i = 0
+        while i < len(running):
+            s = running[i]
+            grp = id(s) in self._dec
+            need = (s.e % bs == due) if grp else -(-(s.computed + plan[id(s)]) // bs) - s.blocks
+            while need > free and running:
+                v = running.pop()
+                if id(v) in self._dec:
+                    self._leave(v)
+                else:
+                    self._special.remove(v)
+                free += v.blocks
+                self._preempt(v)
+                preempted.append(v.req_id)
+                if v is s:
+                    break
+            if preempted and preempted[-1] == s.req_id:
+                break
+            free -= need
+            if not grp:
+                s.blocks += need
+            i += 1
+        if not running:
+            end = now + p.base_s * self.slowdown
+            self._last_end = end
+            return Advance(end, (), tuple(preempted), 1)
+        adv = self._run_step(now, [(s, plan[id(s)]) for s in self._special], len(self._dec), 0)
+        return Advance(adv.end_s, adv.tokens, tuple(preempted), 1)
 
     def _slow_step(self, now: float) -> Advance:
         self._materialise()
