@@ -174,8 +174,8 @@ def _section(name: str, res: dict, elapsed: float | None) -> str:
     if elapsed is not None:
         n = len(res["seeds"]["seeds"])
         which = "the oracles" if "hindsight" in res.get("oracles", {}) else "the fixed oracles"
-        parts.append(f"_({'three seeds' if n == 3 else f'{n} seed(s)'} with {which} simulated "
-                     f"in {elapsed:.0f} s)_\n")
+        seeds = {1: "one seed", 3: "three seeds"}.get(n, f"{n} seeds")
+        parts.append(f"_({seeds} with {which} simulated in {elapsed:.0f} s)_\n")
     return "\n".join(parts)
 
 
