@@ -43,9 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the admin APIs' bearer token (e.g. a mounted Secret)")
     parser.add_argument("--controller", default=None,
                         help="override the policy's controller: adaptive, seed, static:N, none")
-    parser.add_argument("--metrics-url", action="append", default=[], metavar="URL",
-                        help="a backend /metrics URL for the first pool (repeatable; replaces "
-                        "the policy's list)")
+    parser.add_argument("--metrics-url", action="append", default=[], metavar="[POOL=]URL",
+                        help="a backend /metrics URL of POOL (default: the first pool); "
+                        "repeatable; replaces that pool's list in the policy")
     parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                         help="on SIGTERM, wait this long for open requests (default 30)")
     parser.add_argument("--watch-interval", type=float, default=1.0, metavar="S",
@@ -88,8 +88,10 @@ async def _main(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from llmvalve.core.policy_load import PolicyError
     from llmvalve.gateway import logs
+    from llmvalve.stack import raise_fd_limit
 
     logs.setup(args.log_level, args.log_format)
+    raise_fd_limit()
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             return runner.run(_main(args))

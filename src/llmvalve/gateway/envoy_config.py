@@ -28,7 +28,7 @@ SET_BY_LLMVALVE = ("x-llmvalve-id", "x-llmvalve-start", "x-llmvalve-content-leng
                    "x-llmvalve-cluster",
                    "x-llmvalve-upstream", "x-llmvalve-pool", "x-llmvalve-tenant",
                    "x-llmvalve-class", "x-llmvalve-queue-wait-ms", "x-llmvalve-fallback",
-                   "x-llmvalve-fallback-feature", "x-llmvalve-reason",
+                   "x-llmvalve-static-fallback", "x-llmvalve-reason",
                    "x-llmvalve-rewrite-model")
 ADMISSION_MODES = ("http", "grpc")
 
@@ -128,7 +128,10 @@ def _admission_service(params: EnvoyParams) -> str:
                     - {{prefix: x-llmvalve-}}
                     - {{prefix: x-ratelimit-}}
                   allowed_client_headers_on_success:
-                    patterns: [{{exact: x-llmvalve-class}}, {{exact: x-llmvalve-queue-wait-ms}}]"""
+                    patterns:
+                    - {{exact: x-llmvalve-class}}
+                    - {{exact: x-llmvalve-queue-wait-ms}}
+                    - {{exact: x-llmvalve-fallback}}"""
 
 
 def render(params: EnvoyParams) -> str:

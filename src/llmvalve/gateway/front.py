@@ -64,6 +64,7 @@ RECENT_TTL_S = 600.0
 TOP_LAG_S = 1.0
 CLIENT_LEFT = frozenset({"DC", "DR"})  # %RESPONSE_FLAGS%: the downstream went away
 FALLBACK_CLUSTER = "llmvalve_fallback"  # the control plane itself serves static fallbacks
+STATIC_FALLBACK_HEADER = "x-llmvalve-static-fallback"  # → the fallback server: which feature
 DIRECT_CLUSTER = "llm_direct"  # ORIGINAL_DST: the backend the core picked, by address
 
 Headers = tuple[tuple[str, str], ...]
@@ -353,7 +354,7 @@ class Front:
                         dict(extra).get("x-llmvalve-reason", ""), ticket.tenant, wait_s)
         return Go(ticket.request_id, ticket, cluster, address,
                   (*self._identity(waiting, ticket.pool, wait_s), *extra),
-                  self._client_headers(waiting.klass, wait_s), record)
+                  self._client_headers(waiting.klass, wait_s, bool(extra)), record)
 
     def _identity(self, waiting: _Waiting, pool: str, wait_s: float) -> Headers:
         priority = str(waiting.classified.priority)
@@ -367,9 +368,9 @@ class Front:
         return tuple(headers)
 
     @staticmethod
-    def _client_headers(klass: str, wait_s: float) -> Headers:
-        return (("x-llmvalve-class", klass),
-                ("x-llmvalve-queue-wait-ms", str(round(wait_s * 1000))))
+    def _client_headers(klass: str, wait_s: float, rerouted: bool = False) -> Headers:
+        out = (("x-llmvalve-class", klass), ("x-llmvalve-queue-wait-ms", str(round(wait_s * 1000))))
+        return (*out, ("x-llmvalve-fallback", "reroute")) if rerouted else out
 
     def _rejected(self, waiting: _Waiting, reject: Reject, now: float,
                   queued: bool) -> Go | Answer:
@@ -378,9 +379,8 @@ class Front:
                         reject.reason.value, waiting.info.tenant, reject.wait_s,
                         reject.retry_after_s)
         if fallback is not None and fallback.kind == "static":
-            headers: Headers = (("x-llmvalve-fallback", "static"),
-                                ("x-llmvalve-reason", reject.reason.value),
-                                ("x-llmvalve-fallback-feature", waiting.info.feature or ""))
+            headers: Headers = ((STATIC_FALLBACK_HEADER, waiting.info.feature or ""),
+                                ("x-llmvalve-reason", reject.reason.value))
             return Go(waiting.info.request_id, None, FALLBACK_CLUSTER, None, headers, (),
                       Record("fallback_static", waiting.klass, reject.reason.value,
                              waiting.info.tenant, reject.wait_s, reject.retry_after_s))
@@ -404,7 +404,7 @@ class Front:
                 return None
             return Go(waiting.info.request_id, None, fallback.cluster, None,
                       (*self._identity(waiting, waiting.info.pool, reject.wait_s), *extra),
-                      self._client_headers(waiting.klass, reject.wait_s),
+                      self._client_headers(waiting.klass, reject.wait_s, rerouted=True),
                       Record("fallback_reroute", waiting.klass, reject.reason.value,
                              waiting.info.tenant, reject.wait_s))
         info = replace(waiting.info, pool=target.name, feature=None)

@@ -42,6 +42,7 @@ class GatewayMetrics:
         self.signals = SignalsSeen()
         # (class, decision) → count, for the dashboard's rates.
         self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         # class name → its TTFT objective (the server points this at the live policy).
         self.ttft_slo: Callable[[str], float | None] = lambda _klass: None
         r = self.registry
@@ -81,30 +82,40 @@ class GatewayMetrics:
         self.scrapes = Counter(
             "llmvalve_backend_scrapes", "Backend /metrics scrapes", ["backend", "ok"], registry=r)
 
-    def record(self, record: Record, check_id: str = "") -> None:
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, looked up once: prometheus_client's `labels` takes a lock
+        and builds a key on every call, which adds up at thousands of requests a second."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def record(self, record: Record, check_id: str = "", request_id: str = "") -> None:
         """One decision delivered to Envoy (or a request that left): counters, the SLO
         view, and one DEBUG log line."""
         klass, decision = record.klass, record.decision
-        self.decisions.labels(decision, klass, self.tenants(record.tenant), record.reason).inc()
+        self._child(self.decisions, decision, klass, self.tenants(record.tenant),
+                    record.reason).inc()
         self.counts[(klass, decision)] += 1
         if record.retry_after_s is not None:
-            self.retry_after.labels(klass, record.reason).observe(record.retry_after_s)
+            self._child(self.retry_after, klass, record.reason).observe(record.retry_after_s)
         if decision == "admitted":
-            self.waits.labels(klass).observe(record.wait_s)
+            self._child(self.waits, klass).observe(record.wait_s)
         elif decision in SHED:
             self.slo.judge(klass, False, self.clock())
-            self.slo_verdicts.labels(klass, "no").inc()
-        logs.decision(request_id=check_id, tenant=record.tenant, klass=klass,
-                      decision=decision, reason=record.reason, wait_s=record.wait_s,
+            self._child(self.slo_verdicts, klass, "no").inc()
+        logs.decision(check_id=check_id, request_id=request_id, tenant=record.tenant,
+                      klass=klass, decision=decision, reason=record.reason, wait_s=record.wait_s,
                       retry_after_s=record.retry_after_s)
 
     def joined(self, joined: Joined) -> None:
         """An access-log entry joined to its ticket: the request's end, judged against its
         class's TTFT objective at the gateway (queue wait + backend TTFT)."""
         klass, sample = joined.klass, joined.sample
-        self.access_logs.labels("yes" if sample is not None else "no").inc()
+        self._child(self.access_logs, "yes" if sample is not None else "no").inc()
         if joined.released:
-            self.releases.labels(joined.outcome.value).inc()
+            self._child(self.releases, joined.outcome.value).inc()
             if joined.client_left:
                 self.record(Record("cancelled_in_flight", klass, "cancelled",
                                    joined.ticket.tenant), joined.ticket.request_id)
@@ -115,17 +126,17 @@ class GatewayMetrics:
             met = False
         elif joined.ttft_s is not None:  # the first body byte: for a plain answer, all of it
             ttft = joined.ticket.wait_s + joined.ttft_s
-            self.backend_ttft.labels(klass).observe(joined.ttft_s)
-            self.gateway_ttft.labels(klass).observe(ttft)
+            self._child(self.backend_ttft, klass).observe(joined.ttft_s)
+            self._child(self.gateway_ttft, klass).observe(ttft)
             objective = self.ttft_slo(klass)
             if objective is not None:
                 met = ttft <= objective
         if met is not None:
             self.slo.judge(klass, met, self.clock())
-            self.slo_verdicts.labels(klass, "yes" if met else "no").inc()
+            self._child(self.slo_verdicts, klass, "yes" if met else "no").inc()
 
     def admin_refused(self, api: str) -> None:
-        self.admin_refusals.labels(api).inc()
+        self._child(self.admin_refusals, api).inc()
 
     def scraped(self, pool: str, snap: BackendSnapshot) -> None:
         """A backend scrape, as handed to the core."""

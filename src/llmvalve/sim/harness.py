@@ -20,11 +20,9 @@ from dataclasses import dataclass, field
 from llmvalve.client import RetryPolicy, next_delay
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy import Policy
-from llmvalve.core.quantiles import delta, histogram_quantile
-from llmvalve.core.signals import windowed_mean
+from llmvalve.core.signals import SignalReader
 from llmvalve.core.types import BackendSnapshot
 from llmvalve.engine.engine import Engine, PromptTooLong, StepResult
-from llmvalve.engine.metrics import REQUEST_BUCKETS
 from llmvalve.engine.stepper import Advance, EventEngine
 from llmvalve.gateway.front import Answer, Front, Go, Verdict, Wait
 from llmvalve.sim import gateway as sim_gateway
@@ -70,8 +68,7 @@ class Gateway:
     front: Front
     healthy: list[bool]
     inflight: list[int]
-    prev_hist: dict[int, tuple[list[int], tuple[float, float], tuple[float, float]]] = field(
-        default_factory=dict)
+    readers: dict[int, SignalReader] = field(default_factory=dict)  # one per backend
     poll_at: float | None = None
     rr: int = 0
 
@@ -332,32 +329,14 @@ class Simulation:
         self.at(now + self.sc.scrape_interval_s, lambda t: self.scrape(g, t))
 
     def _snapshot(self, g: Gateway, b: Backend, now: float) -> BackendSnapshot:
-        """What a scrape of `b` gives the gateway: the cumulative metrics reduced over the
-        window since this gateway's previous scrape, as `core.signals` reduces a /metrics
-        page."""
+        """What a scrape of `b` gives the gateway: the engine's metrics, reduced over the
+        window since this gateway's previous scrape by production's `SignalReader`."""
+        reader = g.readers.get(b.index)
+        if reader is None:
+            reader = g.readers[b.index] = SignalReader(f"b{b.index}")
         if not b.alive:
-            return BackendSnapshot(backend=f"b{b.index}", at=now, ok=False)
-        e = b.engine
-        m = e.metrics
-        itl = (m.itl.total, float(m.itl.count))
-        out = (m.output_tokens.total, float(m.output_tokens.count))
-        prev = g.prev_hist.get(b.index)
-        itl_mean = q_p90 = out_mean = None
-        finished = 0.0
-        if prev is not None:
-            q_prev, itl_prev, out_prev = prev
-            itl_mean, _ = windowed_mean(itl_prev, itl)
-            out_mean, finished = windowed_mean(out_prev, out)
-            q_p90 = histogram_quantile(0.9, REQUEST_BUCKETS, delta(m.queue_time.counts, q_prev))
-        g.prev_hist[b.index] = (list(m.queue_time.counts), itl, out)
-        return BackendSnapshot(
-            backend=f"b{b.index}", at=now, ok=True, running=e.num_running,
-            waiting=e.num_waiting, kv_usage=e.kv_usage,
-            preemptions_total=m.preemptions_total,
-            kv_capacity_tokens=e.num_blocks * e.profile.block_size,
-            itl_mean_s=itl_mean, queue_time_p90_s=q_p90,
-            requests_finished_total=sum(m.finished.values()),
-            output_tokens_mean=out_mean, finished_in_window=finished)
+            return reader.failed(now)
+        return reader.reduce(sim_gateway.reading_of(b.engine), now)
 
     # ---- backends -------------------------------------------------------------------------
     def _sync(self, now: float) -> None:

@@ -17,6 +17,7 @@ Oracles (`--oracle`): yardsticks computed from hindsight on the exact same reque
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from importlib import resources
 
@@ -32,8 +33,11 @@ ORACLES = ("fixed", "static", "none", "hindsight")
 
 
 def default_policy() -> Policy:
+    """What a scenario without a policy runs: the packaged default policy's classes and
+    settings on one pool (its first): scenarios describe one fleet."""
     text = resources.files("llmvalve").joinpath("data", "default-policy.yaml").read_text()
-    return load_policy(text, "default-policy.yaml")
+    policy = load_policy(text, "default-policy.yaml")
+    return dataclasses.replace(policy, pools=policy.pools[:1], features=())
 
 
 def run_one(sc: Scenario, controller: str, seed: int | None = None,
