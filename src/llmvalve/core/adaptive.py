@@ -112,6 +112,11 @@ class AdaptiveLimit:
         self._last_pressure = 0.0
         self._last_action = "start"
         self._rho: float | None = None
+        # Caches of the two per-call sums over backends (same loops, same order, so the same
+        # floats): dropped when a snapshot arrives; saturation's also when `now` leaves the
+        # interval in which no backend's freshness changes.
+        self._cap_cache: float | None = None
+        self._sat_cache: tuple[float, float, float] | None = None  # (valid from, to, σ)
         self.samples_used = 0  # access-log samples that entered a window's TTFT reading
 
     def reconfigure(self, policy: Policy) -> None:
@@ -136,8 +141,11 @@ class AdaptiveLimit:
         return FALLBACK_CAPACITY_TOKENS * max(1, n_live)
 
     def _capacity_live(self) -> float:
-        cap = sum(b.snap.kv_capacity_tokens for b in self.backends.values() if b.snap.ok)
-        return cap if cap > 0 else FALLBACK_CAPACITY_TOKENS * max(1, len(self.backends))
+        if self._cap_cache is None:
+            cap = sum(b.snap.kv_capacity_tokens for b in self.backends.values() if b.snap.ok)
+            self._cap_cache = cap if cap > 0 else FALLBACK_CAPACITY_TOKENS * max(
+                1, len(self.backends))
+        return self._cap_cache
 
     def limit(self) -> float:
         if self.u <= 0:
@@ -167,15 +175,25 @@ class AdaptiveLimit:
         """σ, the fast gate: ≥ 1 means the backends are saturated right now."""
         if not self.backends:
             return 0.0
+        c = self._sat_cache
+        if c is not None and c[0] < now < c[1]:
+            return c[2]
         s = self.spec
         total = 0.0
+        lo, hi = -math.inf, math.inf
         for b in self.backends.values():
             snap = b.snap
-            if not snap.ok or now - snap.at > s.stale_after_s:
+            if not snap.ok:
                 total += STALE_SIGMA
+            elif now - snap.at > s.stale_after_s:
+                total += STALE_SIGMA
+                lo = max(lo, snap.at + s.stale_after_s)
             else:
                 total += max(snap.waiting / s.waiting_target, snap.kv_usage / s.kv_target)
-        return total / len(self.backends)
+                hi = min(hi, snap.at + s.stale_after_s)
+        sigma = total / len(self.backends)
+        self._sat_cache = (lo + 1e-9, hi - 1e-9, sigma)  # margins: no rounding at the edges
+        return sigma
 
     # ---- inputs ---------------------------------------------------------------------------
     def on_release(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
@@ -197,6 +215,7 @@ class AdaptiveLimit:
         self.samples_used += 1
 
     def on_snapshot(self, snap: BackendSnapshot, now: float) -> None:
+        self._cap_cache = self._sat_cache = None
         prev = self.backends.get(snap.backend)
         if prev is None:
             self.backends[snap.backend] = _Backend(snap, snap.preemptions_total)

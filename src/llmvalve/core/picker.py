@@ -42,11 +42,11 @@ class Picker:
         names = list(self.cost)
         if not names:
             return ""
-        live = [n for n in names if self.healthy(n, now)] or names
+        live = [i for i, b in enumerate(names) if self.healthy(b, now)] or range(len(names))
         self._turn += 1
-        n = len(names)
-        return min(live, key=lambda b: (self.saturated.get(b, False), self.cost[b],
-                                        (names.index(b) - self._turn) % n))
+        n, turn, sat, cost = len(names), self._turn, self.saturated, self.cost
+        return names[min(live, key=lambda i: (sat.get(names[i], False), cost[names[i]],
+                                              (i - turn) % n))]
 
     def add(self, name: str, cost: float) -> None:
         if name:
