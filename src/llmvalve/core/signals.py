@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -97,14 +98,14 @@ def quantile(buckets: Buckets, q: float) -> float | None:
 
 def delta(current: Buckets, previous: Buckets | None) -> Buckets:
     """current − previous, bucket by bucket; a decrease (restart) or a new layout → current."""
-    if previous is None:
+    if previous is None or len(current) != len(previous) or not current:
         return current
-    if [b for b, _ in current] != [b for b, _ in previous]:
+    bounds, counts = zip(*current, strict=True)
+    was_bounds, was = zip(*previous, strict=True)
+    if bounds != was_bounds:
         return current
-    diff = tuple((b, c - p) for (b, c), (_, p) in zip(current, previous, strict=True))
-    if any(c < 0 for _, c in diff):
-        return current
-    return diff
+    diff = tuple(map(operator.sub, counts, was))
+    return current if min(diff) < 0 else tuple(zip(bounds, diff, strict=True))
 
 
 def _sum_buckets(series: Iterable[tuple[float, float]]) -> Buckets:
@@ -193,16 +194,15 @@ class SignalReader:
         windowed: dict[str, float | None] = {}
         for name in HISTOGRAMS:
             current = parsed.histograms.get(name)
-            if current is None:
-                windowed[name] = None
-                continue
             previous = self._previous.get(name)
+            windowed[name] = None
+            if current is None:
+                continue
             self._previous[name] = current
             # The first scrape has no window: its cumulative counts span the backend's lifetime.
-            if previous is not None:
+            # No new observation (the +Inf bucket holds the count): an empty window.
+            if previous is not None and current[-1][1] != previous[-1][1]:
                 windowed[name] = quantile(delta(current, previous), QUANTILE)
-            else:
-                windowed[name] = None
         itl_mean, _ = self._windowed_mean(ITL, parsed.totals.get(ITL))
         output_mean, finished = self._windowed_mean(OUTPUT_TOKENS,
                                                     parsed.totals.get(OUTPUT_TOKENS))

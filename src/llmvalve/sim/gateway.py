@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from itertools import accumulate
 
 from llmvalve.core import signals
 from llmvalve.core.policy import Policy, TenantSpec
@@ -90,7 +91,7 @@ def retry_after_s(answer: Answer) -> float | None:
 
 
 def _buckets(h: Histogram) -> signals.Buckets:
-    return tuple(zip((*h.bounds, math.inf), (float(c) for c in h.cumulative()), strict=True))
+    return tuple(zip((*h.bounds, math.inf), accumulate(h.counts), strict=True))
 
 
 def reading_of(engine: Engine) -> signals.Reading:
