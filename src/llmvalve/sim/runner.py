@@ -18,6 +18,9 @@ Oracles (`--oracle`): yardsticks computed from hindsight on the exact same reque
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from importlib import resources
 
@@ -48,6 +51,19 @@ def run_one(sc: Scenario, controller: str, seed: int | None = None,
     return Simulation(sc, policy, controller, jobs, seed, stepping).run()
 
 
+def run_many(sc: Scenario, controllers: list[str], seed: int, load_scale: float = 1.0,
+             stepping: str = "event") -> dict[str, RunResult]:
+    """Independent runs of one scenario, on every core: each run is deterministic on its own,
+    so the results do not depend on where or in which order they ran."""
+    todo = list(dict.fromkeys(controllers))
+    workers = min(len(todo), os.cpu_count() or 1)
+    if workers <= 1:
+        return {c: run_one(sc, c, seed, load_scale, stepping) for c in todo}
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = {c: pool.submit(run_one, sc, c, seed, load_scale, stepping) for c in todo}
+        return {c: f.result() for c, f in futures.items()}
+
+
 def simulate(sc: Scenario, controllers: list[str] | None = None, seed: int | None = None,
              oracle: bool = False, gateways: int | None = None,
              load_scale: float = 1.0, oracle_window_s: float = ORACLE_WINDOW_S,
@@ -63,8 +79,10 @@ def simulate(sc: Scenario, controllers: list[str] | None = None, seed: int | Non
     out: dict = {"scenario": sc.name, "seed": seed, "duration_s": sc.duration_s,
                  "controllers": {}}
     events = sorted({e.at_s for e in sc.events})
-    for c in controllers or list(sc.controllers):
-        runs[c] = run_one(sc, c, seed, load_scale, stepping)
+    chosen = controllers or list(sc.controllers)
+    sweep_cands = oracle_candidates(sc) if oracle else []
+    runs = run_many(sc, [*chosen, *sweep_cands], seed, load_scale, stepping)
+    for c in chosen:
         out["controllers"][c] = summarize(runs[c], policy)
         out["controllers"][c]["capacity"] = capacity_report(runs[c], events)
         out["controllers"][c]["timeseries"] = timeseries(runs[c])
@@ -97,8 +115,10 @@ def oracles(sc: Scenario, seed: int, policy: Policy, have: dict[str, RunResult],
             stepping: str = "event") -> tuple[dict, dict]:
     """(the best static limit as `oracle` always reported it, every oracle; no hindsight
     search when `window_s` is None)."""
-    cands = [f"static:{n}" for n in sc.oracle_sweep] + ["none"]
-    sweep_runs = {c: have.get(c) or run_one(sc, c, seed, load_scale, stepping) for c in cands}
+    cands = oracle_candidates(sc)
+    missing = [c for c in cands if c not in have]
+    sweep_runs = {**{c: have[c] for c in cands if c in have},
+                  **run_many(sc, missing, seed, load_scale, stepping)}
     gp = {c: summarize(r, policy)["goodput_tok_s"] for c, r in sweep_runs.items()}
     static = max((c for c in cands if c != "none"), key=lambda c: gp[c])
     fixed = static if gp[static] >= gp["none"] else "none"
@@ -114,6 +134,10 @@ def oracles(sc: Scenario, seed: int, policy: Policy, have: dict[str, RunResult],
     return static_best, out
 
 
+def oracle_candidates(sc: Scenario) -> list[str]:
+    return [f"static:{n}" for n in sc.oracle_sweep] + ["none"]
+
+
 def _hindsight(sc: Scenario, seed: int, policy: Policy, sweep_runs: dict[str, RunResult],
                gp: dict[str, float], fixed: str, load_scale: float,
                window_s: float, passes: int = 2,
@@ -121,7 +145,8 @@ def _hindsight(sc: Scenario, seed: int, policy: Policy, sweep_runs: dict[str, Ru
     """Greedy search over per-window fixed limits, from the best constant. Window by window,
     the two limits under which that window's arrivals did best in the sweep (when they beat
     the current choice there by more than 1 %) are tried for that window alone and from that
-    window on; a change is kept only if the whole run's goodput rises. A second pass revisits
+    window on (those trials run side by side); the best of them is kept only if the whole run's
+    goodput rises. A second pass revisits
     the windows, since a change is often worth it only together with a later one (raise the
     limit while prompts are short, cut it when they grow). Never below the best constant."""
     by_window = {c: good_tokens_by_arrival(r, policy, window_s) for c, r in sweep_runs.items()}
@@ -131,19 +156,18 @@ def _hindsight(sc: Scenario, seed: int, policy: Policy, sweep_runs: dict[str, Ru
         improved = False
         for w in range(n):
             ranked = sorted(by_window, key=lambda c: -by_window[c][w])
+            trials: dict[str, list[str]] = {}
             for c in ranked[:2]:
                 if c == picks[w] or by_window[c][w] <= 1.01 * by_window[picks[w]][w]:
                     continue
-                alone = [*picks[:w], c, *picks[w + 1:]]
-                onward = [*picks[:w]] + [c] * (n - w)
-                for trial in (alone, onward) if alone != onward else (alone,):
-                    g = summarize(run_one(sc, _schedule_name(trial, window_s), seed,
-                                          load_scale, stepping), policy)["goodput_tok_s"]
-                    tried += 1
-                    if g > best:
-                        picks, best, improved = trial, g, True
-                if picks[w] == c:
-                    break
+                for trial in ([*picks[:w], c, *picks[w + 1:]], [*picks[:w]] + [c] * (n - w)):
+                    trials[_schedule_name(trial, window_s)] = trial
+            results = run_many(sc, list(trials), seed, load_scale, stepping)
+            tried += len(results)
+            for name, run in results.items():
+                g = summarize(run, policy)["goodput_tok_s"]
+                if g > best:
+                    picks, best, improved = trials[name], g, True
         if not improved:
             break
     return picks, best, tried
