@@ -1,36 +1,48 @@
 """`adaptive`: our concurrency limit for one backend pool, in tokens of KV cache.
 
-Theory of operation (fixes every flaw listed in shared/research/limiters.md).
+Theory of operation.
 The limit is `L = u · C`: C is the KV capacity of the backends that are alive (from
 `vllm:cache_config_info`; a fixed fallback when the engine does not say), u a float utilisation
 multiplier. A backend that leaves takes its share of C with it at once. Requests are charged
 their cost in tokens (prompt + expected output), so a prompt-length shift tightens admission the
 moment the longer requests arrive, before any latency moves.
 
-Once per window (`window_s`), the pool's pressure r is the largest of:
-  * saturation σ = mean over backends of max(waiting / waitingTarget, kvUsage / kvTarget), a
-    backend whose metrics are stale or failing counting as σ = 1.5 (the fast gate, also used by
-    the scheduler so that lower classes stop first);
-  * mean inter-token latency / itlTarget (TPOT does not depend on output length: the cleanest
-    congestion signal), from histogram deltas between scrapes;
-  * p90 engine queue time / queueTarget (the queueing part of TTFT, separated from prefill by
-    the engine itself);
-  * p90 of the queueing part of TTFT from the access log, with a prefill model a + b·prompt
-    fitted online on low-load samples, once the window has `min_samples` samples.
-Then:
+The signal: congestion r, where 1 means "at target". Each backend's scrape gives its own
+reading, the largest of
+  * fill: how full the engine is in whatever resource binds — KV usage / kvTarget, and
+    (running + waiting) / (running + waitingTarget): requests the engine holds over what it
+    can run plus a small queue. Both are proportional to the load on that engine, so an
+    engine whose sequence cap binds before its KV reads 16 + 6 waiting as 1.22 (22 % too
+    much), not as 6 / 2 = 3;
+  * inter-token latency / itlTarget (mean, from histogram deltas between scrapes);
+  * engine queue time p90 / queueTarget, only while that engine has requests waiting (a
+    histogram delta over the last few requests says nothing once the queue is gone).
+Latency readings count only when their scrape window began after the last decrease (they
+describe the load before it otherwise). The pool's r is the mean of the backends' readings
+weighted by each backend's share of the capacity: one backend's long prefill chunk moves r by
+its share, not the whole pool by its worst member. On top, the queueing part of TTFT from the
+access log (TTFT minus a prefill model a + b·prompt fitted online at low load), p90 once the
+window has `min_samples` samples, counts for the whole pool.
+
+The control law, once per window (`window_s`): a target with a dead band.
   * a drop in the window (backend 5xx/reset, an increase of the preemption counter) →
     L ← min(L, inflight · decreaseOnDrop);
-  * r > 1 → L ← min(L, inflight · max(0.5, 1/r)) — aimed at what is in flight, never
-    compounding while admitted work drains;
+  * r > 1 → L ← min(L, inflight · max(0.5, 1/r)): aimed at what is in flight (r is
+    proportional to it), never compounding while admitted work drains, and only on a scrape
+    taken after the previous decrease;
   * L above the KV ceiling K · C · ρ → L ← that ceiling; ρ is the measured ratio of our cost
     estimates to real KV tokens (costs are peaks; KV fills as answers grow), slow to rise and
     quick to fall;
-  * app-limited (peak in-flight in the window < L/2) → hold;
-  * else L ← min(ceiling, L · min(maxGrowth, 1/r) + √L) (multiplicative approach plus an
-    additive probe).
+  * r < 1 − band, and every live backend has been scraped over a window that began after the
+    last decrease → L ← min(ceiling, L · min(maxGrowth, (1 − band/2) / r) + √L). Calm
+    backends are no evidence against the capacity estimate, so L also grows while the pool
+    is app-limited (a cut at a burst's tail does not last through the silence after it);
+  * otherwise hold: inside the band, or waiting for a reading of the load after a decrease
+    (a reading that is not there is not a reading of calm).
+`saturation()` (σ, the fast gate the scheduler uses to stop lower classes first) is the same
+share-weighted fill without the latency terms, a stale or failing backend counting 1.5.
 After any decrease the epoch advances: access-log samples of requests admitted earlier are
-ignored, and no second decrease happens until a scrape taken after the decrease arrives.
-Cancellations (`Outcome.IGNORE`) are never samples.
+ignored. Cancellations (`Outcome.IGNORE`) are never samples.
 """
 
 from __future__ import annotations
@@ -49,6 +61,9 @@ FALLBACK_CAPACITY_TOKENS = 65_536.0
 class _Backend:
     snap: BackendSnapshot
     preemptions_seen: float
+    since: float  # when the scrape before `snap` was taken: its histogram deltas start there
+    max_running: float = 0.0  # the most requests it was seen running at once
+    queued: bool = False  # it was seen with requests waiting: something binds before KV may
 
 
 class _PrefillModel:
@@ -76,14 +91,8 @@ class _PrefillModel:
         return (self.sy - b * self.sx) / self.n, b
 
     def predict(self, x: float) -> float | None:
-        if self.n < 5:
-            return None
-        var = self.n * self.sxx - self.sx * self.sx
-        if var <= 1e-9:
-            return self.sy / self.n
-        b = max(0.0, (self.n * self.sxy - self.sx * self.sy) / var)
-        a = (self.sy - b * self.sx) / self.n
-        return a + b * x
+        fit = self.coefficients()
+        return None if fit is None else fit[0] + fit[1] * x
 
 
 def _p90(xs: list[float]) -> float:
@@ -112,6 +121,7 @@ class AdaptiveLimit:
         self._last_pressure = 0.0
         self._last_action = "start"
         self._rho: float | None = None
+        self._cost_per_request: float | None = None  # in-flight cost over in-flight requests
         self.samples_used = 0  # access-log samples that entered a window's TTFT reading
 
     def reconfigure(self, policy: Policy) -> None:
@@ -123,9 +133,11 @@ class AdaptiveLimit:
         self.queue_target_s = s.queue_target_s or min(q.slo.ttft_s for q in policy.queues) / 4
 
     # ---- capacity and limit ---------------------------------------------------------------
+    def _is_live(self, b: _Backend, now: float) -> bool:
+        return b.snap.ok and now - b.snap.at <= self.spec.stale_after_s
+
     def _live(self, now: float) -> list[_Backend]:
-        return [b for b in self.backends.values()
-                if b.snap.ok and now - b.snap.at <= self.spec.stale_after_s]
+        return [b for b in self.backends.values() if self._is_live(b, now)]
 
     def capacity(self, now: float | None = None) -> float:
         live = self.backends.values() if now is None else self._live(now)
@@ -149,33 +161,94 @@ class AdaptiveLimit:
         """The in-flight cost that should fill the KV cache to its target."""
         return self.spec.kv_target * self._capacity_live() * (self._rho or 1.0)
 
+    def seq_ceiling(self) -> float:
+        """The in-flight cost the backends can run when their sequence cap binds before their
+        KV: per backend that was seen queueing, the most requests it ran at once plus the
+        waiting target, at the current cost per request (∞ while none was seen queueing)."""
+        if self._cost_per_request is None:
+            return math.inf
+        total = 0.0
+        for b in self.backends.values():
+            if not b.snap.ok:
+                continue
+            if not b.queued:
+                return math.inf
+            total += (b.max_running + self.spec.waiting_target) * self._cost_per_request
+        return total if total > 0 else math.inf
+
+    def capacity_ceiling(self) -> float:
+        """What the backends hold, in cost units, in the resource that binds first."""
+        return min(self.kv_ceiling(), self.seq_ceiling())
+
     def hard_cap(self, reserved: bool = False) -> float:
         """Nothing is admitted past this. A class inside its reserved share may use the
         headroom above the KV target (up to 10 points of KV, at most 95 %): a reservation
         that is borrowed when idle must still be there, at once, when its class arrives."""
+        ceiling = self.capacity_ceiling()
         if not reserved:
-            return self.kv_ceiling()
+            return max(self.limit(), ceiling)
         k = self.spec.kv_target
-        return self.kv_ceiling() * max(k, min(0.95, k + 0.1)) / k
+        return max(self.limit(), ceiling * max(k, min(0.95, k + 0.1)) / k)
 
     def reserve_base(self) -> float:
         """Reserved shares are shares of the capacity estimate, not of a limit that was just
         cut: a P0 reservation must hold through a pressure dip."""
-        return max(self.limit(), self.kv_ceiling())
+        return max(self.limit(), self.capacity_ceiling())
+
+    # ---- the signal -----------------------------------------------------------------------
+    def _fill(self, snap: BackendSnapshot) -> float:
+        """How full one engine is against its targets, in proportion to its load. While it
+        has requests waiting, something binds (KV, its sequence cap, its token budget): it
+        holds running + waiting where it should hold running plus the queue it drains within
+        the queue target (at most waitingTarget requests)."""
+        s = self.spec
+        queue = 0.0
+        if snap.waiting > 0:
+            allowed = s.waiting_target
+            qt = snap.queue_time_p90_s
+            if qt is not None and qt > 0:
+                allowed = min(allowed, snap.waiting * self.queue_target_s / qt)
+            queue = (snap.running + snap.waiting) / (snap.running + allowed)
+        return max(snap.kv_usage / s.kv_target, queue)
+
+    def _latency(self, b: _Backend) -> float:
+        """One engine's inter-token latency over its last scrape window against the target
+        (0 when that window began before the last decrease: it describes the load before
+        the cut)."""
+        snap = b.snap
+        if b.since < self._decreased_at or snap.itl_mean_s is None:
+            return 0.0
+        return snap.itl_mean_s / self.itl_target_s
+
+    def _weights(self, backends: list[_Backend]) -> list[float]:
+        """Each backend's share of the pool (by KV capacity; equal when unknown)."""
+        caps = [b.snap.kv_capacity_tokens for b in backends]
+        total = sum(caps)
+        if total <= 0 or any(c <= 0 for c in caps):
+            return [1.0 / len(backends)] * len(backends)
+        return [c / total for c in caps]
 
     def saturation(self, now: float) -> float:
-        """σ, the fast gate: ≥ 1 means the backends are saturated right now."""
+        """σ, the fast gate: ≥ 1 means the backends are full right now (share-weighted)."""
         if not self.backends:
             return 0.0
-        s = self.spec
+        backends = list(self.backends.values())
         total = 0.0
-        for b in self.backends.values():
-            snap = b.snap
-            if not snap.ok or now - snap.at > s.stale_after_s:
-                total += STALE_SIGMA
-            else:
-                total += max(snap.waiting / s.waiting_target, snap.kv_usage / s.kv_target)
-        return total / len(self.backends)
+        for w, b in zip(self._weights(backends), backends, strict=True):
+            total += w * (self._fill(b.snap) if self._is_live(b, now) else STALE_SIGMA)
+        return total
+
+    def pressure(self, now: float) -> float:
+        """r: the share-weighted congestion of the live backends, and the access log's
+        queueing TTFT."""
+        live = self._live(now)
+        r = 0.0
+        if live:
+            for w, b in zip(self._weights(live), live, strict=True):
+                r += w * max(self._fill(b.snap), self._latency(b))
+        if len(self._ttft_queue) >= self.spec.min_samples:
+            r = max(r, _p90(self._ttft_queue) / self.queue_target_s)
+        return r
 
     # ---- inputs ---------------------------------------------------------------------------
     def on_release(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
@@ -199,13 +272,17 @@ class AdaptiveLimit:
     def on_snapshot(self, snap: BackendSnapshot, now: float) -> None:
         prev = self.backends.get(snap.backend)
         if prev is None:
-            self.backends[snap.backend] = _Backend(snap, snap.preemptions_total)
+            self.backends[snap.backend] = _Backend(snap, snap.preemptions_total, snap.at,
+                                                   snap.running, snap.waiting > 0)
             return
         if snap.ok:
             if snap.preemptions_total > prev.preemptions_seen:
                 self._drops += 1
             prev.preemptions_seen = snap.preemptions_total
+            prev.since = prev.snap.at
             prev.snap = snap
+            prev.max_running = max(prev.max_running, snap.running)
+            prev.queued = prev.queued or snap.waiting > 0
         else:
             # keep the last good numbers (capacity) but mark it failing
             prev.snap = BackendSnapshot(backend=snap.backend, at=prev.snap.at, ok=False,
@@ -215,42 +292,46 @@ class AdaptiveLimit:
     def next_update(self) -> float | None:
         return self._window_end
 
-    def pressure(self, now: float) -> float:
-        s = self.spec
-        r = self.saturation(now)
-        for b in self._live(now):
-            if b.snap.at <= self._decreased_at:
-                continue  # taken before our last decrease: says nothing about it
-            if b.snap.itl_mean_s is not None:
-                r = max(r, b.snap.itl_mean_s / self.itl_target_s)
-            if b.snap.queue_time_p90_s is not None:
-                r = max(r, b.snap.queue_time_p90_s / self.queue_target_s)
-        if len(self._ttft_queue) >= s.min_samples:
-            r = max(r, _p90(self._ttft_queue) / self.queue_target_s)
-        return r
+    def _learn_cost_ratio(self, now: float, inflight: float) -> None:
+        """How many of our cost tokens one token of real KV is worth right now (costs are peak
+        estimates, KV fills as answers grow): the exchange rate that turns the KV target into
+        a target for in-flight cost. Slow to rise, quick to fall: requests admitted but not
+        yet prefilled make it look higher than it is for a few seconds after every load
+        step."""
+        live = self._live(now)
+        kv = sum(b.snap.kv_usage for b in live) / len(live) if live else 0.0
+        if kv >= 0.1 and inflight > 0:
+            rho = min(2.0, max(1.0, inflight / (kv * self._capacity_live())))
+            prev = 1.0 if self._rho is None else self._rho
+            self._rho = prev + (0.5 if rho < prev else 0.02) * (rho - prev)
 
-    def update(self, now: float, inflight: float) -> float:
+    def update(self, now: float, inflight: float, requests: int = 0) -> float:
         self._peak_inflight = max(self._peak_inflight, inflight)
         if now < self._window_end:
             return self.limit()
         s = self.spec
-        L = self.limit()
-        cap = self._capacity_live()
-        live = self._live(now)
-        kv = sum(b.snap.kv_usage for b in live) / len(live) if live else 0.0
-        if kv >= 0.1 and inflight > 0:
-            # How many of our cost tokens one token of real KV is worth right now (costs are
-            # peak estimates, KV fills as answers grow): the exchange rate that turns the KV
-            # target into a target for in-flight cost.
-            # Slow to rise, quick to fall: requests admitted but not yet prefilled make it
-            # look higher than it is for a few seconds after every load step.
-            rho = min(2.0, max(1.0, inflight / (kv * cap)))
-            prev = 1.0 if self._rho is None else self._rho
-            self._rho = prev + (0.5 if rho < prev else 0.02) * (rho - prev)
-        kv_ceiling = self.kv_ceiling()
+        if requests > 0:
+            per = inflight / requests
+            prev = self._cost_per_request
+            self._cost_per_request = per if prev is None else prev + 0.1 * (per - prev)
+        self._learn_cost_ratio(now, inflight)
         r = self.pressure(now)
         self._last_pressure = r
+        self._step(now, inflight, r)
+        self._drops = 0
+        self._ttft_queue.clear()
+        self._peak_inflight = inflight
+        self._window_end = now + s.window_s
+        return self.limit()
+
+    def _step(self, now: float, inflight: float, r: float) -> None:
+        """The control law (see the module's docstring)."""
+        s = self.spec
+        L = self.limit()
+        ceiling = self.capacity_ceiling()
+        live = self._live(now)
         fresh = any(b.snap.at > self._decreased_at for b in live) or not self.backends
+        settled = all(b.since >= self._decreased_at for b in live)
         # Decreases aim at what is in flight now, and never compound: while admitted work
         # drains (seconds, for LLM requests) the signals stay high, and cutting L again for
         # the same excess would overshoot to starvation.
@@ -258,18 +339,13 @@ class AdaptiveLimit:
             self._decrease(min(L, inflight * s.decrease_on_drop), now, "drop")
         elif r > 1.0 and fresh:
             self._decrease(min(L, inflight * max(0.5, 1.0 / r)), now, "pressure")
-        elif L > kv_ceiling:
-            self._set(kv_ceiling, "kv-ceiling")
-        elif self._peak_inflight < L / 2:
-            self._last_action = "app-limited"
-        elif r <= 1.0:
-            grown = L * min(s.max_growth, 1.0 / max(r, 1e-6)) + math.sqrt(L)
-            self._set(min(kv_ceiling, grown), "increase")
-        self._drops = 0
-        self._ttft_queue.clear()
-        self._peak_inflight = inflight
-        self._window_end = now + s.window_s
-        return self.limit()
+        elif L > ceiling:
+            self._set(ceiling, "ceiling")
+        elif r < 1.0 - s.band and settled:
+            aim = (1.0 - s.band / 2) / max(r, 1e-6)
+            self._set(min(ceiling, L * min(s.max_growth, aim) + math.sqrt(L)), "increase")
+        else:
+            self._last_action = "hold" if settled else "settling"
 
     def _set(self, limit: float, why: str) -> None:
         cap = self._capacity_live()

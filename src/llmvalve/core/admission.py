@@ -83,27 +83,32 @@ def make_limit(controller: str, policy: Policy, now: float) -> Limit:
     raise ValueError(f"unknown controller {controller!r} (none, static:N, seed, adaptive)")
 
 
-class _Rate:
-    """Events per second, an exponentially weighted average over 1-second buckets."""
+SHORT_HORIZON_S = 5.0  # the recent arrival rate, for forecasts
+
+
+class _Arrivals:
+    """Arrivals per second over a chosen horizon: counts in 1-second buckets for the last
+    `HORIZON_S` seconds."""
+
+    HORIZON_S = 60
 
     def __init__(self, now: float) -> None:
-        self.bucket_start = now
-        self.count = 0
-        self.rate: float | None = None
+        self.start = math.floor(now)
+        self.counts: dict[int, int] = {}
 
     def add(self, now: float) -> None:
-        self.roll(now)
-        self.count += 1
+        second = math.floor(now)
+        self.counts[second] = self.counts.get(second, 0) + 1
+        if len(self.counts) > self.HORIZON_S + 4:
+            for k in [k for k in self.counts if k <= second - self.HORIZON_S]:
+                del self.counts[k]
 
-    def roll(self, now: float) -> None:
-        while now - self.bucket_start >= 1.0:
-            r = float(self.count)
-            self.rate = r if self.rate is None else 0.7 * self.rate + 0.3 * r
-            self.count = 0
-            self.bucket_start += 1.0
-            if now - self.bucket_start > 30:  # long idle: skip ahead
-                self.rate = 0.0 if self.rate is not None else None
-                self.bucket_start = now
+    def rate(self, now: float, horizon_s: float) -> float:
+        """The mean rate over the last `horizon_s` seconds (or since the first arrival)."""
+        horizon = max(1.0, min(float(self.HORIZON_S), horizon_s, now - self.start))
+        since = now - horizon
+        n = sum(c for k, c in self.counts.items() if k + 1 > since)
+        return n / horizon
 
 
 @dataclass
@@ -114,7 +119,8 @@ class _Pool:
     inflight: float = 0.0
     inflight_by_class: dict[int, float] = field(default_factory=dict)
     tickets: dict[str, Ticket] = field(default_factory=dict)
-    releases: _Rate | None = None
+    residence_s: float | None = None  # mean time from admission to release, learned
+    arrivals: dict[int, _Arrivals] = field(default_factory=dict)  # accepted, per class
     override: float | None = None  # an operator's limit (set_override), replaces L
     override_until: float | None = None  # when the override lapses (None: until cleared)
     picker: Picker = field(default_factory=Picker)
@@ -149,7 +155,6 @@ class Admission:
     def _new_pool(self, spec: PoolSpec, now: float) -> _Pool:
         a = self.policy.limiter.adaptive
         return _Pool(spec, Scheduler(self.policy), make_limit(self.controller, self.policy, now),
-                     releases=_Rate(now),
                      picker=Picker(tuple(b.name for b in spec.backends), a.stale_after_s,
                                    a.kv_target),
                      breaker=Breaker(spec.breaker))
@@ -201,20 +206,50 @@ class Admission:
         return (share > 0 and pool.inflight_by_class.get(priority, 0.0) + cost <= share
                 and pool.inflight + cost <= pool.limit.hard_cap(reserved=True))
 
-    def under_pressure(self, pool: _Pool, priority: int, now: float) -> bool:
-        L = pool.current_limit()
-        return (pool.inflight >= self.policy.scheduler.pressure_threshold * L
-                or pool.limit.saturation(now) >= 1.0
-                or pool.scheduler.depth(priority) > 0)
+    def may_wait_s(self, priority: int) -> float:
+        """How long a request of the class may wait in the queue and still be useful: its
+        queue timeout, and half its TTFT objective (a request that waits past its objective
+        is served too late to count, and holds a queue place meanwhile; the other half is
+        left for prefill and for the error of the prediction)."""
+        spec = self.policy.queue(priority)
+        return min(spec.timeout_s, 0.5 * spec.slo.ttft_s)
 
-    def predicted_wait_s(self, pool: _Pool, priority: int, now: float) -> float:
-        assert pool.releases is not None
-        pool.releases.roll(now)
-        rate = pool.releases.rate
-        ahead = pool.scheduler.depth_at_or_above(priority) + 1
-        if not rate:
-            return 0.0 if pool.inflight == 0 else math.inf
-        return ahead / rate
+    def under_pressure(self, pool: _Pool, priority: int, now: float,
+                       tenant: str | None = None, may_wait_s: float | None = None) -> bool:
+        """The requests ahead of an arrival of this class (of `tenant`: its round-robin turn;
+        None: behind the whole class) cannot be served in time: its predicted wait exceeds
+        what it may wait. Before any release rate is measured, the pool at its limit
+        (`pressureThreshold` of L) or saturated backends stand for it."""
+        limit = self.may_wait_s(priority) if may_wait_s is None else may_wait_s
+        if pool.residence_s is None:
+            return False  # nothing has finished yet: the wait is unknown, the timeout decides
+        return self.predicted_wait_s(pool, priority, now, tenant) > limit
+
+    def _rate_above(self, pool: _Pool, priority: int, now: float) -> float:
+        """Arrivals per second of the classes above `priority` (they will be served first)
+        while a request of the class waits: the lower of the rate over the last few seconds
+        and over a window as long as the class may wait. Each is a fair forecast (the recent
+        rate in a ramp, the longer one across bursts); a request is refused only when both
+        say it cannot be served in time."""
+        above = [a for p, a in pool.arrivals.items() if p < priority]
+        horizons = (SHORT_HORIZON_S, max(SHORT_HORIZON_S, self.may_wait_s(priority)))
+        return min(sum(a.rate(now, h) for a in above) for h in horizons)
+
+    def predicted_wait_s(self, pool: _Pool, priority: int, now: float,
+                         tenant: str | None = None) -> float:
+        """Seconds until an arrival of class `priority` is dispatched: the requests ahead of
+        it (`Scheduler.ahead_of`) and itself, over the rate at which the pool releases
+        requests less the rate at which higher classes arrive (they go first). The release
+        rate is Little's law's: requests in flight over their mean time in flight, so it is
+        right from the first second of a burst, when few requests have finished yet."""
+        if pool.inflight == 0 or not pool.tickets:
+            return 0.0
+        if pool.residence_s is None:
+            return math.inf
+        rate = len(pool.tickets) / max(pool.residence_s, 1e-3)
+        ahead = pool.scheduler.ahead_of(priority, tenant) + 1
+        free = rate - self._rate_above(pool, priority, now)
+        return ahead / free if free > 0 else math.inf
 
     def retry_after_s(self, pool: _Pool, priority: int, now: float,
                       floor_s: float = 0.0) -> float:
@@ -266,20 +301,23 @@ class Admission:
         blocked_above = any(pool.scheduler.depth(p) for p in self._ranks if p < req.priority)
         own_queue = pool.scheduler.depth(req.priority)
         if not own_queue and self._fits(pool, req.priority, cost, now, shared=not blocked_above):
+            self._arrived(pool, req.priority, now)
             return self._admit(pool, req, cost, now, 0.0)
         spec = self.policy.queue(req.priority)
         full = pool.scheduler.is_full(req.priority)
         if full and not pool.scheduler.can_push_out(req.priority, req.tenant):
             return self._reject(pool, req, Reason.QUEUE_FULL, now)
-        if spec.drop_policy is not DropPolicy.TAIL and self.under_pressure(pool, req.priority, now):
-            if spec.drop_policy is DropPolicy.FAST_REJECT:
+        if spec.drop_policy is DropPolicy.FAST_REJECT:
+            # the class is shed as a whole while its queue is not being served in time
+            if pool.scheduler.oldest_wait_s(req.priority, now) > min(spec.timeout_s,
+                                                                      spec.slo.ttft_s):
                 return self._reject(pool, req, Reason.FAST_REJECT, now)
-            # Waiting past the class's TTFT objective only turns a rejection into a miss; half
-            # of it leaves room for prefill and for the error of the prediction.
-            may_wait = min(spec.timeout_s, 0.5 * spec.slo.ttft_s)
+        elif spec.drop_policy is DropPolicy.EARLY_DROP_ON_PRESSURE:
+            # this request, at its tenant's turn, within its own deadline
+            may_wait = self.may_wait_s(req.priority)
             if req.deadline is not None:
                 may_wait = min(may_wait, req.deadline - now)
-            if self.predicted_wait_s(pool, req.priority, now) > may_wait:
+            if self.under_pressure(pool, req.priority, now, req.tenant, may_wait):
                 return self._reject(pool, req, Reason.PREDICTED_WAIT, now)
         if full:  # the tenant that holds the most places of the class gives one up
             out = pool.scheduler.push_out(req.priority, req.tenant)
@@ -287,7 +325,15 @@ class Admission:
             pool.pushed_out.append(self._reject(pool, out.req, Reason.QUEUE_FULL, now,
                                                 now - out.enqueued_at))
         pool.scheduler.push(req, now)
+        self._arrived(pool, req.priority, now)
         return Queued(req.request_id, pool.scheduler.depth(req.priority))
+
+    @staticmethod
+    def _arrived(pool: _Pool, priority: int, now: float) -> None:
+        arrivals = pool.arrivals.get(priority)
+        if arrivals is None:
+            arrivals = pool.arrivals[priority] = _Arrivals(now)
+        arrivals.add(now)
 
     def cancel(self, request_id: str, now: float) -> bool:
         """The client left while queued: remove it. True if it was queued."""
@@ -319,7 +365,7 @@ class Admission:
             pool.pushed_out.clear()
             if pool.override_until is not None and now >= pool.override_until:
                 pool.override = pool.override_until = None
-            pool.limit.update(now, pool.inflight)
+            pool.limit.update(now, pool.inflight, len(pool.tickets))
             for w in pool.scheduler.expire(now):
                 reason = Reason.DEADLINE if w.by_client_deadline else Reason.QUEUE_TIMEOUT
                 out.append(self._reject(pool, w.req, reason, now, now - w.enqueued_at))
@@ -367,8 +413,10 @@ class Admission:
         if not pool.tickets:  # no float drift when idle
             pool.inflight = 0.0
             by_class.clear()
-        assert pool.releases is not None
-        pool.releases.add(now)
+        # Each release weighs as one sample of an average with decay 0.95.
+        held = now - ticket.admitted_at
+        pool.residence_s = (held if pool.residence_s is None
+                            else pool.residence_s + 0.05 * (held - pool.residence_s))
         pool.limit.on_release(ticket, outcome, now)
         pool.breaker.record(outcome, now)
 

@@ -2,12 +2,14 @@
 
 Theory of operation. Envoy's least-request balancing counts requests, but LLM requests differ
 a hundredfold in KV cache: two 7,000-token prompts on one small engine and none on its neighbour
-make the first preempt while the second idles. The picker sends each admitted request to the
-healthy backend with the least in-flight *cost* (tokens) admitted by this replica, ties broken
-in turn, preferring backends that are not saturated by their last scrape (KV usage at or above
-the target, or requests waiting in the engine): costs are estimates, and what a backend really
-holds is what its own metrics say. A backend is healthy unless its last scrape failed or is
-older than `stale_after_s`.
+make the first preempt while the second idles; and an engine whose sequence cap binds first
+fills up in requests, whatever they cost. The picker sends each admitted request to the
+healthy backend with the least load admitted by this replica — its share of the in-flight
+cost (what fills KV) plus its share of the in-flight requests (what fills the sequence
+slots) — ties broken in turn, preferring backends that are not saturated by their last scrape
+(KV usage at or above the target, or requests waiting in the engine): costs are estimates,
+and what a backend really holds is what its own metrics say. A backend is healthy unless its
+last scrape failed or is older than `stale_after_s`.
 Backends come from the pool's spec or, when it lists none, from the scrapes seen. With no known
 backend the pick is "" and Envoy's own load balancing decides.
 """
@@ -22,12 +24,14 @@ class Picker:
         self.kv_target = kv_target
         self.saturated: dict[str, bool] = dict.fromkeys(names, False)
         self.cost: dict[str, float] = dict.fromkeys(names, 0.0)
+        self.count: dict[str, int] = dict.fromkeys(names, 0)
         self.last_ok: dict[str, float | None] = dict.fromkeys(names)
         self._turn = 0
 
     def observe(self, name: str, ok: bool, at: float, kv_usage: float = 0.0,
                 waiting: float = 0.0) -> None:
         self.cost.setdefault(name, 0.0)
+        self.count.setdefault(name, 0)
         self.saturated[name] = kv_usage >= self.kv_target or waiting >= 1
         if ok:
             self.last_ok[name] = at
@@ -45,13 +49,21 @@ class Picker:
         live = [n for n in names if self.healthy(n, now)] or names
         self._turn += 1
         n = len(names)
-        return min(live, key=lambda b: (self.saturated.get(b, False), self.cost[b],
+        cost_total = sum(self.cost[b] for b in live) or 1.0
+        count_total = sum(self.count.get(b, 0) for b in live) or 1
+
+        def load(b: str) -> float:
+            return self.cost[b] / cost_total + self.count.get(b, 0) / count_total
+
+        return min(live, key=lambda b: (self.saturated.get(b, False), load(b),
                                         (names.index(b) - self._turn) % n))
 
     def add(self, name: str, cost: float) -> None:
         if name:
             self.cost[name] = self.cost.get(name, 0.0) + cost
+            self.count[name] = self.count.get(name, 0) + 1
 
     def remove(self, name: str, cost: float) -> None:
         if name in self.cost:
             self.cost[name] = max(0.0, self.cost[name] - cost)
+            self.count[name] = max(0, self.count.get(name, 0) - 1)
