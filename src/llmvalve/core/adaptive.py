@@ -63,6 +63,8 @@ class _Backend:
     preemptions_seen: float
     since: float  # when the scrape before `snap` was taken: its histogram deltas start there
     max_running: float = 0.0  # the most requests it was seen running at once
+    itl_s: float | None = None  # inter-token latency, averaged over `latency_window_s`
+    itl_since: float = -math.inf  # when the average began (it restarts at each decrease)
     queued: bool = False  # it was seen with requests waiting: something binds before KV may
 
 
@@ -161,6 +163,15 @@ class AdaptiveLimit:
         """The in-flight cost that should fill the KV cache to its target."""
         return self.spec.kv_target * self._capacity_live() * (self._rho or 1.0)
 
+    def max_requests(self) -> float:
+        """When every backend was seen queueing: the requests they run at once plus the
+        waiting target each — sequences counted where they bind (∞ otherwise). It grows
+        as the backends are seen running more."""
+        live = [b for b in self.backends.values() if b.snap.ok]
+        if not live or not all(b.queued for b in live):
+            return math.inf
+        return sum(b.max_running + self.spec.waiting_target for b in live)
+
     def seq_ceiling(self) -> float:
         """The in-flight cost the backends can run when their sequence cap binds before their
         KV: per backend that was seen queueing, the most requests it ran at once plus the
@@ -212,13 +223,31 @@ class AdaptiveLimit:
         return max(snap.kv_usage / s.kv_target, queue)
 
     def _latency(self, b: _Backend) -> float:
-        """One engine's inter-token latency over its last scrape window against the target
-        (0 when that window began before the last decrease: it describes the load before
-        the cut)."""
-        snap = b.snap
-        if b.since < self._decreased_at or snap.itl_mean_s is None:
+        """One engine's inter-token latency against the target, averaged over the latency
+        window: a request's TPOT is its mean over seconds of decoding, so one scrape window
+        with a long prefill chunk in it is not a breach. 0 until the average covers a whole
+        window begun after the last decrease (before, it describes the load before the
+        cut)."""
+        if not self._latency_known(b):
             return 0.0
-        return snap.itl_mean_s / self.itl_target_s
+        return (b.itl_s or 0.0) / self.itl_target_s
+
+    def _latency_known(self, b: _Backend) -> bool:
+        """The latency average covers a whole window begun after the last decrease (or the
+        engine decodes nothing: no latency to know)."""
+        if b.itl_s is None:
+            return b.snap.itl_mean_s is None and b.since >= self._decreased_at
+        return b.snap.at - b.itl_since >= self.spec.latency_window_s
+
+    def _average_itl(self, b: _Backend, snap: BackendSnapshot) -> None:
+        if snap.itl_mean_s is None:
+            return
+        if b.itl_s is None or b.since < self._decreased_at:
+            if b.since >= self._decreased_at:  # the first window wholly after the decrease
+                b.itl_s, b.itl_since = snap.itl_mean_s, b.since
+            return
+        gain = 1.0 - math.exp(-(snap.at - b.since) / self.spec.latency_window_s)
+        b.itl_s += gain * (snap.itl_mean_s - b.itl_s)
 
     def _weights(self, backends: list[_Backend]) -> list[float]:
         """Each backend's share of the pool (by KV capacity; equal when unknown)."""
@@ -281,6 +310,7 @@ class AdaptiveLimit:
             prev.preemptions_seen = snap.preemptions_total
             prev.since = prev.snap.at
             prev.snap = snap
+            self._average_itl(prev, snap)
             prev.max_running = max(prev.max_running, snap.running)
             prev.queued = prev.queued or snap.waiting > 0
         else:
@@ -331,18 +361,18 @@ class AdaptiveLimit:
         ceiling = self.capacity_ceiling()
         live = self._live(now)
         fresh = any(b.snap.at > self._decreased_at for b in live) or not self.backends
-        settled = all(b.since >= self._decreased_at for b in live)
+        settled = all(b.since >= self._decreased_at and self._latency_known(b) for b in live)
         # Decreases aim at what is in flight now, and never compound: while admitted work
         # drains (seconds, for LLM requests) the signals stay high, and cutting L again for
         # the same excess would overshoot to starvation.
         if self._drops and fresh:
             self._decrease(min(L, inflight * s.decrease_on_drop), now, "drop")
-        elif r > 1.0 and fresh:
+        elif r > 1.0 + s.band / 2 and fresh:
             self._decrease(min(L, inflight * max(0.5, 1.0 / r)), now, "pressure")
         elif L > ceiling:
             self._set(ceiling, "ceiling")
-        elif r < 1.0 - s.band and settled:
-            aim = (1.0 - s.band / 2) / max(r, 1e-6)
+        elif r < 1.0 - s.band / 2 and settled:
+            aim = 1.0 / max(r, 1e-6)
             self._set(min(ceiling, L * min(s.max_growth, aim) + math.sqrt(L)), "increase")
         else:
             self._last_action = "hold" if settled else "settling"
@@ -357,6 +387,8 @@ class AdaptiveLimit:
         self._set(limit, why)
         self.epoch += 1
         self._decreased_at = now
+        for b in self.backends.values():
+            b.itl_s = None
 
     def status(self) -> dict:
         fit = self._prefill.coefficients()

@@ -191,6 +191,8 @@ class Admission:
               shared: bool = True) -> bool:
         if not self._gate_allows(pool, priority, now):
             return False
+        if pool.tickets and len(pool.tickets) >= pool.limit.max_requests():
+            return False  # every class: the engines run no more at once, it would queue there
         L = pool.current_limit()
         if self._ranks[priority] == 0 and pool.override is None:
             # The top class punches through a limit cut for latency: it stops only at the
@@ -276,7 +278,7 @@ class Admission:
 
     def _admit(self, pool: _Pool, req: RequestInfo, cost: float, now: float,
                wait_s: float) -> Admit:
-        backend = pool.picker.pick(now)
+        backend = pool.picker.pick(now, first=self._ranks[req.priority] == 0)
         pool.picker.add(backend, cost)
         ticket = Ticket(req.request_id, pool.spec.name, req.priority, req.tenant, cost, now,
                         pool.limit.epoch, backend, req.prompt_tokens, wait_s)
@@ -430,7 +432,8 @@ class Admission:
     def on_snapshot(self, pool: str, snap: BackendSnapshot, now: float) -> None:
         """A scrape of one backend (ok=False when it failed)."""
         p = self._pool(pool)
-        p.picker.observe(snap.backend, snap.ok, snap.at, snap.kv_usage, snap.waiting)
+        p.picker.observe(snap.backend, snap.ok, snap.at, snap.kv_usage, snap.waiting,
+                         snap.kv_capacity_tokens)
         p.limit.on_snapshot(snap, now)
         if snap.ok and snap.output_tokens_mean is not None and snap.finished_in_window > 0:
             # Each finished request weighs as one sample of an average with decay 0.95.

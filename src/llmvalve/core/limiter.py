@@ -34,6 +34,8 @@ class Limit(Protocol):
 
     def hard_cap(self, reserved: bool = False) -> float: ...
 
+    def max_requests(self) -> float: ...
+
     def saturation(self, now: float) -> float: ...
 
     def on_release(self, ticket: Ticket, outcome: Outcome, now: float) -> None: ...
@@ -79,6 +81,9 @@ class _Passive:
         return self.limit()
 
     def hard_cap(self, reserved: bool = False) -> float:
+        return math.inf
+
+    def max_requests(self) -> float:
         return math.inf
 
     def status(self) -> dict:

@@ -8,8 +8,12 @@ healthy backend with the least load admitted by this replica — its share of th
 cost (what fills KV) plus its share of the in-flight requests (what fills the sequence
 slots) — ties broken in turn, preferring backends that are not saturated by their last scrape
 (KV usage at or above the target, or requests waiting in the engine): costs are estimates,
-and what a backend really holds is what its own metrics say. A backend is healthy unless its
-last scrape failed or is older than `stale_after_s`.
+and what a backend really holds is what its own metrics say. A request of the top class
+(`first=True`) is not balanced but placed where it can start soonest: a backend whose engine
+queues nothing, with the most free KV by its last scrape less what was sent to it since — an
+engine runs its own queue first come first served, so a P0 request sent to a full engine
+waits behind whatever is waiting there. A backend is healthy unless its last scrape failed or
+is older than `stale_after_s`.
 Backends come from the pool's spec or, when it lists none, from the scrapes seen. With no known
 backend the pick is "" and Envoy's own load balancing decides.
 """
@@ -26,13 +30,22 @@ class Picker:
         self.cost: dict[str, float] = dict.fromkeys(names, 0.0)
         self.count: dict[str, int] = dict.fromkeys(names, 0)
         self.last_ok: dict[str, float | None] = dict.fromkeys(names)
+        # By the last scrape: KV usage, waiting requests, KV capacity (tokens); and the cost
+        # sent since that scrape (not in its numbers yet).
+        self.kv: dict[str, float] = dict.fromkeys(names, 0.0)
+        self.waiting: dict[str, float] = dict.fromkeys(names, 0.0)
+        self.capacity: dict[str, float] = dict.fromkeys(names, 0.0)
+        self.sent: dict[str, float] = dict.fromkeys(names, 0.0)
         self._turn = 0
 
     def observe(self, name: str, ok: bool, at: float, kv_usage: float = 0.0,
-                waiting: float = 0.0) -> None:
+                waiting: float = 0.0, capacity_tokens: float = 0.0) -> None:
         self.cost.setdefault(name, 0.0)
         self.count.setdefault(name, 0)
         self.saturated[name] = kv_usage >= self.kv_target or waiting >= 1
+        self.kv[name], self.waiting[name], self.sent[name] = kv_usage, waiting, 0.0
+        if capacity_tokens > 0:
+            self.capacity[name] = capacity_tokens
         if ok:
             self.last_ok[name] = at
         else:
@@ -42,13 +55,16 @@ class Picker:
         t = self.last_ok.get(name)
         return t is None or (t >= 0 and now - t <= self.stale_after_s)
 
-    def pick(self, now: float) -> str:
+    def pick(self, now: float, first: bool = False) -> str:
         names = list(self.cost)
         if not names:
             return ""
         live = [n for n in names if self.healthy(n, now)] or names
         self._turn += 1
         n = len(names)
+        if first:
+            return min(live, key=lambda b: (self.waiting.get(b, 0.0) >= 1, self._kv_now(b),
+                                            (names.index(b) - self._turn) % n))
         cost_total = sum(self.cost[b] for b in live) or 1.0
         count_total = sum(self.count.get(b, 0) for b in live) or 1
 
@@ -58,10 +74,17 @@ class Picker:
         return min(live, key=lambda b: (self.saturated.get(b, False), load(b),
                                         (names.index(b) - self._turn) % n))
 
+    def _kv_now(self, name: str) -> float:
+        """KV usage by the last scrape plus what was sent since (when the size is known)."""
+        cap = self.capacity.get(name, 0.0)
+        sent = self.sent.get(name, 0.0) / cap if cap > 0 else 0.0
+        return self.kv.get(name, 0.0) + sent
+
     def add(self, name: str, cost: float) -> None:
         if name:
             self.cost[name] = self.cost.get(name, 0.0) + cost
             self.count[name] = self.count.get(name, 0) + 1
+            self.sent[name] = self.sent.get(name, 0.0) + cost
 
     def remove(self, name: str, cost: float) -> None:
         if name in self.cost:

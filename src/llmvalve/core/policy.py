@@ -83,7 +83,8 @@ class AdaptiveLimitSpec:
     stale_after_s: float = 2.0  # backend metrics older than this count as saturated
     max_growth: float = 1.25
     decrease_on_drop: float = 0.9
-    band: float = 0.1  # dead band below the target: hold while 1 - band <= r <= 1
+    band: float = 0.1  # dead band around the target: hold while |r - 1| <= band / 2
+    latency_window_s: float = 2.0  # inter-token latency is averaged over this long
 
 
 @dataclass(frozen=True)
