@@ -54,6 +54,7 @@ from llmvalve.core.policy import AdaptiveLimitSpec, Policy
 from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
 
 STALE_SIGMA = 1.5
+SEQ_CAP_HITS = 3  # scrapes that show the sequence cap binding before it is counted
 FALLBACK_CAPACITY_TOKENS = 65_536.0
 
 
@@ -65,7 +66,7 @@ class _Backend:
     max_running: float = 0.0  # the most requests it was seen running at once
     itl_s: float | None = None  # inter-token latency, averaged over `latency_window_s`
     itl_since: float = -math.inf  # when the average began (it restarts at each decrease)
-    queued: bool = False  # it was seen with requests waiting: something binds before KV may
+    cap_hits: int = 0  # scrapes at max_running with requests waiting and KV to spare
 
 
 class _PrefillModel:
@@ -119,11 +120,11 @@ class AdaptiveLimit:
         self._peak_inflight = 0.0
         self._decreased_at = -math.inf
         self._ttft_queue: list[float] = []
-        self._prefill = _PrefillModel()
+        self._prefill = _PrefillModel()  # at low load: TTFT without queueing
+        self._prefill_speed = _PrefillModel()  # at any load: its slope
         self._last_pressure = 0.0
         self._last_action = "start"
         self._rho: float | None = None
-        self._cost_per_request: float | None = None  # in-flight cost over in-flight requests
         self.samples_used = 0  # access-log samples that entered a window's TTFT reading
 
     def reconfigure(self, policy: Policy) -> None:
@@ -163,33 +164,22 @@ class AdaptiveLimit:
         """The in-flight cost that should fill the KV cache to its target."""
         return self.spec.kv_target * self._capacity_live() * (self._rho or 1.0)
 
-    def max_requests(self) -> float:
-        """When every backend was seen queueing: the requests they run at once plus the
-        waiting target each — sequences counted where they bind (∞ otherwise). It grows
-        as the backends are seen running more."""
+    def max_requests(self, top: bool = False) -> float:
+        """Sequences counted where they bind before KV: when every live backend was seen, at
+        least `SEQ_CAP_HITS` times, running as many requests as it ever ran with requests
+        waiting and KV to spare, the requests they run at once (∞ otherwise). It grows if a
+        backend is seen running more. Only the top class (`top`) may queue in the engines,
+        up to the waiting target each: a P0 request then waits for the next free sequence
+        behind other P0 requests only, not behind the lower classes."""
         live = [b for b in self.backends.values() if b.snap.ok]
-        if not live or not all(b.queued for b in live):
+        if not live or any(b.cap_hits < SEQ_CAP_HITS for b in live):
             return math.inf
-        return sum(b.max_running + self.spec.waiting_target for b in live)
-
-    def seq_ceiling(self) -> float:
-        """The in-flight cost the backends can run when their sequence cap binds before their
-        KV: per backend that was seen queueing, the most requests it ran at once plus the
-        waiting target, at the current cost per request (∞ while none was seen queueing)."""
-        if self._cost_per_request is None:
-            return math.inf
-        total = 0.0
-        for b in self.backends.values():
-            if not b.snap.ok:
-                continue
-            if not b.queued:
-                return math.inf
-            total += (b.max_running + self.spec.waiting_target) * self._cost_per_request
-        return total if total > 0 else math.inf
+        extra = self.spec.waiting_target if top else 0.0
+        return sum(b.max_running + extra for b in live)
 
     def capacity_ceiling(self) -> float:
-        """What the backends hold, in cost units, in the resource that binds first."""
-        return min(self.kv_ceiling(), self.seq_ceiling())
+        """What the backends hold, in cost units."""
+        return self.kv_ceiling()
 
     def hard_cap(self, reserved: bool = False) -> float:
         """Nothing is admitted past this. A class inside its reserved share may use the
@@ -288,6 +278,9 @@ class AdaptiveLimit:
         if sample.outcome is not Outcome.SUCCESS or sample.ttft_s is None:
             return
         if sample.prompt_tokens is not None:
+            # the slope of TTFT over prompt length is the prefill speed under any load
+            # (queueing adds to every prompt alike); the intercept only at low load
+            self._prefill_speed.add(float(sample.prompt_tokens), sample.ttft_s)
             if self._last_pressure < 0.5:
                 self._prefill.add(float(sample.prompt_tokens), sample.ttft_s)
             prefill = self._prefill.predict(float(sample.prompt_tokens))
@@ -302,7 +295,7 @@ class AdaptiveLimit:
         prev = self.backends.get(snap.backend)
         if prev is None:
             self.backends[snap.backend] = _Backend(snap, snap.preemptions_total, snap.at,
-                                                   snap.running, snap.waiting > 0)
+                                                   snap.running)
             return
         if snap.ok:
             if snap.preemptions_total > prev.preemptions_seen:
@@ -311,12 +304,20 @@ class AdaptiveLimit:
             prev.since = prev.snap.at
             prev.snap = snap
             self._average_itl(prev, snap)
-            prev.max_running = max(prev.max_running, snap.running)
-            prev.queued = prev.queued or snap.waiting > 0
+            self._observe_sequences(prev, snap)
         else:
             # keep the last good numbers (capacity) but mark it failing
             prev.snap = BackendSnapshot(backend=snap.backend, at=prev.snap.at, ok=False,
                                         kv_capacity_tokens=prev.snap.kv_capacity_tokens)
+
+    def _observe_sequences(self, b: _Backend, snap: BackendSnapshot) -> None:
+        """Evidence that the engine's sequence cap binds: requests wait while it runs as many
+        as it ever ran and its KV has room (once is a request that arrived within a step)."""
+        if snap.running > b.max_running:
+            b.max_running, b.cap_hits = snap.running, 0
+        elif (snap.waiting > 0 and snap.running == b.max_running
+              and snap.kv_usage < self.spec.kv_target):
+            b.cap_hits += 1
 
     # ---- the window -----------------------------------------------------------------------
     def next_update(self) -> float | None:
@@ -340,10 +341,6 @@ class AdaptiveLimit:
         if now < self._window_end:
             return self.limit()
         s = self.spec
-        if requests > 0:
-            per = inflight / requests
-            prev = self._cost_per_request
-            self._cost_per_request = per if prev is None else prev + 0.1 * (per - prev)
         self._learn_cost_ratio(now, inflight)
         r = self.pressure(now)
         self._last_pressure = r
@@ -371,6 +368,11 @@ class AdaptiveLimit:
             self._decrease(min(L, inflight * max(0.5, 1.0 / r)), now, "pressure")
         elif L > ceiling:
             self._set(ceiling, "ceiling")
+        elif self._peak_inflight < L / 2:
+            # L unused: a limit nobody tests is no evidence; it follows what is used (as TCP
+            # validates an unused window), so that replicas that each idled at the whole
+            # pool's size do not all fill it at once when a burst comes
+            self._set(max(L / s.max_growth, 2 * self._peak_inflight), "app-limited")
         elif r < 1.0 - s.band / 2 and settled:
             aim = 1.0 / max(r, 1e-6)
             self._set(min(ceiling, L * min(s.max_growth, aim) + math.sqrt(L)), "increase")
@@ -389,6 +391,11 @@ class AdaptiveLimit:
         self._decreased_at = now
         for b in self.backends.values():
             b.itl_s = None
+
+    def prefill_s_per_token(self) -> float:
+        """The backends' measured prefill time per prompt token (0 until fitted)."""
+        fit = self._prefill_speed.coefficients()
+        return 0.0 if fit is None else fit[1]
 
     def status(self) -> dict:
         fit = self._prefill.coefficients()

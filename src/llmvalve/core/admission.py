@@ -145,18 +145,27 @@ class Admission:
         self.policy = policy
         self.rng = rng
         self.controller = controller or policy.limiter.controller
+        self._read_policy(policy)
         self.pools: dict[str, _Pool] = {}
         for spec in policy.pools:
             self.pools[spec.name] = self._new_pool(spec, now)
-        self._ranks = {p: i for i, p in enumerate(policy.priorities)}
         self.draining = False
+
+    def _read_policy(self, policy: Policy) -> None:
+        self._ranks = {p: i for i, p in enumerate(policy.priorities)}
+        top = policy.queue(policy.priorities[0])
+        # What the top class's objectives leave to the engines: the prompts ahead of a P0
+        # request may take half its TTFT to prefill; its engine's inter-token latency
+        # should stay at 0.8 of its TPOT (the limiter's own ITL target by default).
+        self._prefill_budget_s = 0.5 * top.slo.ttft_s
+        self._itl_target_s = policy.limiter.adaptive.itl_target_s or 0.8 * top.slo.tpot_s
 
     # ---- helpers --------------------------------------------------------------------------
     def _new_pool(self, spec: PoolSpec, now: float) -> _Pool:
         a = self.policy.limiter.adaptive
         return _Pool(spec, Scheduler(self.policy), make_limit(self.controller, self.policy, now),
                      picker=Picker(tuple(b.name for b in spec.backends), a.stale_after_s,
-                                   a.kv_target),
+                                   a.kv_target, self._itl_target_s),
                      breaker=Breaker(spec.breaker))
 
     def _pool(self, name: str) -> _Pool:
@@ -191,8 +200,11 @@ class Admission:
               shared: bool = True) -> bool:
         if not self._gate_allows(pool, priority, now):
             return False
-        if pool.tickets and len(pool.tickets) >= pool.limit.max_requests():
-            return False  # every class: the engines run no more at once, it would queue there
+        top = self._ranks[priority] == 0
+        if pool.tickets and len(pool.tickets) >= pool.limit.max_requests(top):
+            return False  # the engines run no more at once: it would queue there
+        if not top and not pool.picker.prefill_room(now, self._prefill_budget_s):
+            return False  # every engine has more prompts to prefill than a P0 could wait
         L = pool.current_limit()
         if self._ranks[priority] == 0 and pool.override is None:
             # The top class punches through a limit cut for latency: it stops only at the
@@ -279,7 +291,7 @@ class Admission:
     def _admit(self, pool: _Pool, req: RequestInfo, cost: float, now: float,
                wait_s: float) -> Admit:
         backend = pool.picker.pick(now, first=self._ranks[req.priority] == 0)
-        pool.picker.add(backend, cost)
+        pool.picker.add(backend, cost, req.prompt_tokens, now, self._ranks[req.priority] == 0)
         ticket = Ticket(req.request_id, pool.spec.name, req.priority, req.tenant, cost, now,
                         pool.limit.epoch, backend, req.prompt_tokens, wait_s)
         pool.inflight += cost
@@ -409,7 +421,8 @@ class Admission:
         if pool.tickets.pop(ticket.request_id, None) is None:
             raise ValueError(f"ticket {ticket.request_id} released twice or never admitted")
         pool.inflight = max(0.0, pool.inflight - ticket.cost_tokens)
-        pool.picker.remove(ticket.backend, ticket.cost_tokens)
+        pool.picker.remove(ticket.backend, ticket.cost_tokens,
+                           self._ranks.get(ticket.priority) == 0)
         by_class = pool.inflight_by_class
         by_class[ticket.priority] = max(0.0, by_class.get(ticket.priority, 0) - ticket.cost_tokens)
         if not pool.tickets:  # no float drift when idle
@@ -428,12 +441,13 @@ class Admission:
         pool.samples += 1
         pool.limit.on_sample(sample, pool.limit.epoch if ticket_epoch is None else ticket_epoch,
                              now)
+        pool.picker.prefill_s_per_token = pool.limit.prefill_s_per_token()
 
     def on_snapshot(self, pool: str, snap: BackendSnapshot, now: float) -> None:
         """A scrape of one backend (ok=False when it failed)."""
         p = self._pool(pool)
         p.picker.observe(snap.backend, snap.ok, snap.at, snap.kv_usage, snap.waiting,
-                         snap.kv_capacity_tokens)
+                         snap.kv_capacity_tokens, snap.itl_mean_s)
         p.limit.on_snapshot(snap, now)
         if snap.ok and snap.output_tokens_mean is not None and snap.finished_in_window > 0:
             # Each finished request weighs as one sample of an average with decay 0.95.
@@ -464,7 +478,7 @@ class Admission:
         limiters learned carry over; a pool that is no longer in the policy keeps serving its
         in-flight requests to their end and takes no new ones."""
         old_policy, self.policy = self.policy, policy
-        self._ranks = {p: i for i, p in enumerate(policy.priorities)}
+        self._read_policy(policy)
         names = [spec.name for spec in policy.pools]
         for spec in policy.pools:
             pool = self.pools.get(spec.name)

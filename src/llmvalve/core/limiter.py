@@ -34,7 +34,9 @@ class Limit(Protocol):
 
     def hard_cap(self, reserved: bool = False) -> float: ...
 
-    def max_requests(self) -> float: ...
+    def max_requests(self, top: bool = False) -> float: ...
+
+    def prefill_s_per_token(self) -> float: ...
 
     def saturation(self, now: float) -> float: ...
 
@@ -83,8 +85,11 @@ class _Passive:
     def hard_cap(self, reserved: bool = False) -> float:
         return math.inf
 
-    def max_requests(self) -> float:
+    def max_requests(self, top: bool = False) -> float:
         return math.inf
+
+    def prefill_s_per_token(self) -> float:
+        return 0.0
 
     def status(self) -> dict:
         limit = self.limit()
