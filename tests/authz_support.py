@@ -8,7 +8,6 @@ import random
 from dataclasses import dataclass
 
 import aiohttp
-from aiohttp import web
 
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy import Policy
@@ -57,17 +56,14 @@ class Checker:
 
     async def __aenter__(self) -> Checker:
         self.driver.start()
-        self.runner = web.ServerRunner(self.authz.server)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        port = await self.authz.listener.start("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{port}"
         self.session = aiohttp.ClientSession()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.session.close()
-        await self.runner.cleanup()
+        await self.authz.listener.stop()
         await self.driver.stop()
 
     async def check(self, path: str = "/v1/chat/completions", body: bytes | None = None,

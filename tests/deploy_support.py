@@ -12,12 +12,17 @@ override, an admin refusal; once per controller.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import ipaddress
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import prometheus_client
 import promql_parser
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -39,6 +44,17 @@ def load(path: Path) -> dict:
 
 def load_all(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def kustomize(path: Path) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: `kubectl kustomize` cannot render here (the "
+                    "source manifests are still validated one by one)")
+    done = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
 
 
 def clusters(cfg: dict) -> dict[str, list[tuple[str, int]]]:
@@ -63,6 +79,60 @@ def serve_args(argv: list[str]):
     return args
 
 
+def split_addr(addr: str) -> tuple[str, int]:
+    """A listen address as `serve` takes it (HOST:PORT, [V6]:PORT, :PORT) → (host, port)."""
+    host, _, port = addr.rpartition(":")
+    return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Written here rather than imported, so a bug in the product's check cannot hide one."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+# -- compose ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Published:
+    host_ip: str  # "" = every interface of the host
+    port: int | None  # on the host (None: Docker picks one)
+    target: int  # in the container's network namespace
+
+
+def published(service: dict) -> list[Published]:
+    """A compose service's `ports`, short ("[IP:][HOST:]TARGET[/proto]") or long syntax."""
+    out = []
+    for entry in service.get("ports", []):
+        if isinstance(entry, dict):
+            port = entry.get("published")
+            out.append(Published(entry.get("host_ip", ""), int(port) if port else None,
+                                 int(entry["target"])))
+            continue
+        parts = str(entry).split("/")[0].rsplit(":", 2)
+        ip = parts[0].strip("[]") if len(parts) == 3 else ""
+        port = int(parts[-2]) if len(parts) >= 2 and parts[-2] else None
+        out.append(Published(ip, port, int(parts[-1])))
+    return out
+
+
+def netns_owner(compose: dict, name: str) -> str:
+    """The service whose network namespace `name` runs in (`network_mode: service:X`)."""
+    seen = [name]
+    while (mode := compose["services"][seen[-1]].get("network_mode", "")).startswith("service:"):
+        seen.append(mode.removeprefix("service:"))
+        assert seen[-1] not in seen[:-1], f"network_mode cycle: {seen}"
+    return seen[-1]
+
+
+def netns_members(compose: dict, owner: str) -> list[str]:
+    """Every service in `owner`'s network namespace, `owner` included."""
+    return [n for n in compose["services"] if netns_owner(compose, n) == owner]
+
+
 # -- what the control plane exports -------------------------------------------------------------
 def _exercise(plane) -> None:
     from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
@@ -85,10 +155,15 @@ def _exercise(plane) -> None:
 
 
 async def _exposition(controller: str) -> str:
-    from llmvalve.core.policy_load import load_policy_file
+    from llmvalve.core.policy import Budget, BudgetSpec, TenantSpec
+    from llmvalve.core.policy_load import hash_api_key, load_policy_file
     from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
 
     policy = load_policy_file(K8S / "policy-configmap.yaml")
+    # A budgeted tenant, so that the budget gauges are exported too.
+    budgeted = TenantSpec("budgeted", (hash_api_key("k"),), budgets=BudgetSpec(
+        Budget(60.0, 6000.0)))
+    policy = dataclasses.replace(policy, tenants=(*policy.tenants, budgeted))
     plane = ControlPlane(policy, ControlPlaneConfig(
         controller=controller, metrics_urls=("http://backend-0.backend:8000/metrics",)))
     _exercise(plane)

@@ -339,19 +339,18 @@ def test_unknown_controller_is_rejected():
         adm("vegas")
 
 
-def test_reclaim_expired_leases_releases_stale_tickets_as_dropped():
+def test_expired_leases_are_the_tickets_past_the_pool_lease_timeout():
     a = adm("seed")  # seed limit 4 at start; releases feed it rtt samples
     t0 = admit(a, r("a"), 0.0)
     t1 = admit(a, r("b"), 5.0)
-    assert a.reclaim_expired_leases(10.0) == []  # exactly 10 s old: not yet
-    assert a.reclaim_expired_leases(10.5) == [t0]
+    assert a.expired_leases(10.0) == []  # exactly 10 s old: not yet
+    assert a.expired_leases(10.5) == [t0]
+    a.release(t0, Outcome.DROPPED, 10.5)  # the gateway releases it (gateway/front.py)
     assert a.status(10.5)["pools"]["default"]["inflight"] == 1.0
-    limiter = a.pools["default"].limit
-    assert limiter.base_rtt == 10.5  # the reclaim closed it through the limiter
+    assert a.pools["default"].limit.base_rtt == 10.5  # closed through the limiter
     with pytest.raises(ValueError):
         a.release(t0, Outcome.SUCCESS, 11.0)
-    assert a.reclaim_expired_leases(15.5) == [t1]
-    assert a.status(15.5)["pools"]["default"]["inflight_requests"] == 0
+    assert a.expired_leases(15.5) == [t1]
 
 
 @pytest.mark.parametrize(("controller", "limit"), [("adaptive", 1), ("static:2", 2), ("seed", 4)])

@@ -225,7 +225,8 @@ async def test_disconnect_mid_stream_frees_kv_and_counts_an_abort(make_backend, 
                 == before[("vllm:request_success_total", "abort")] + 1
                 and m[("vllm:num_requests_running", "")] == 0)
 
-    assert await wait_for(freed, 0.2, interval_s=0.002) < 0.2
+    # Typically a few ms; the bound leaves room for a busy 2-core machine.
+    assert await wait_for(freed, 2.0, interval_s=0.002) < 2.0
     assert backend.engine.used_blocks == 0
 
 
@@ -243,7 +244,7 @@ async def test_openai_sdk_closing_a_stream_aborts(make_backend):
         await stream.close()
         t0 = time.perf_counter()
         while backend.engine.metrics.finished["abort"] == 0:
-            assert time.perf_counter() - t0 < 0.2
+            assert time.perf_counter() - t0 < 2.0  # a few ms when the machine is idle
             await asyncio.sleep(0.002)
         assert backend.engine.used_blocks == 0
     finally:

@@ -14,7 +14,19 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from deploy_support import K8S, ROOT, clusters, load, load_all, serve_args
+from deploy_support import (
+    K8S,
+    ROOT,
+    clusters,
+    is_loopback,
+    load,
+    load_all,
+    netns_members,
+    netns_owner,
+    published,
+    serve_args,
+    split_addr,
+)
 from llmvalve.cli import build_parser
 from llmvalve.core.policy import SEED_QUEUES
 from llmvalve.core.policy_load import load_policy, load_policy_file
@@ -76,23 +88,44 @@ def test_envoy_image_is_the_version_the_tests_run(envoy_bin, compose):
 
 
 # -- compose ------------------------------------------------------------------------------------
+def control_plane_endpoints(cfg: dict) -> dict[str, list[tuple[str, int]]]:
+    """Envoy's clusters that go to llmvalve: the checks, the model list and static fallbacks
+    (HTTP), the access log (gRPC)."""
+    return {name: eps for name, eps in clusters(cfg).items() if name.startswith("llmvalve")}
+
+
 def test_compose_envoy_mounts_the_bootstrap_it_runs(compose, envoy_cfg):
     envoy = compose["services"]["envoy"]
     config_path = envoy["command"][envoy["command"].index("-c") + 1]
     assert volumes(envoy)[config_path] == ROOT / "envoy" / "envoy.yaml"
-    assert f"{listener_port(envoy_cfg)}:{listener_port(envoy_cfg)}" in envoy["ports"]
+    # Envoy runs in llmvalve's network namespace: its listener is published by the service
+    # that holds the namespace (a service with network_mode may publish nothing itself).
+    owner = netns_owner(compose, "envoy")
+    assert owner == netns_owner(compose, "llmvalve") != "envoy"
+    assert "ports" not in envoy and "ports" not in compose["services"]["llmvalve"]
+    port = listener_port(envoy_cfg)
+    assert [(p.host_ip, p.port) for p in published(compose["services"][owner])
+            if p.target == port] == [("", port)]
     assert envoy["depends_on"]["llmvalve"]["condition"] == "service_healthy"
+    # The holder runs nothing that could crash: a restart of it would cut the others off.
+    assert compose["services"][owner]["image"].startswith("registry.k8s.io/pause:")
 
 
 def test_compose_control_plane_matches_envoy_and_loads_its_policy(compose, envoy_cfg):
     service = compose["services"]["llmvalve"]
     args = serve_args(service["command"])
-    # Envoy's `llmvalve` cluster is this service, on the port serve listens on.
-    assert clusters(envoy_cfg)["llmvalve"] == [("llmvalve", port_of(args.grpc))]
+    # Envoy's control-plane clusters go to serve's data-plane listeners, on loopback.
+    endpoints = control_plane_endpoints(envoy_cfg)
+    assert set(endpoints) == {"llmvalve_http", "llmvalve_fallback", "llmvalve_grpc"}
+    assert endpoints["llmvalve_http"] == endpoints["llmvalve_fallback"] == [
+        split_addr(args.http)]
+    assert endpoints["llmvalve_grpc"] == [split_addr(args.grpc)]
+    assert all(is_loopback(host) for eps in endpoints.values() for host, _ in eps)
     policy_file = volumes(service)[str(args.policy)]
     assert load_policy_file(policy_file).queues == SEED_QUEUES
     admin = port_of(args.admin)
-    assert f"{admin}:{admin}" in service["ports"]
+    owner = compose["services"][netns_owner(compose, "llmvalve")]
+    assert admin in {p.target for p in published(owner)}
     assert f"{admin}/readyz" in " ".join(service["healthcheck"]["test"])
     # It scrapes the backend Envoy sends to.
     [backend] = clusters(envoy_cfg)["llm_backends"]
@@ -100,21 +133,38 @@ def test_compose_control_plane_matches_envoy_and_loads_its_policy(compose, envoy
     assert (ROOT / service["build"] / "Dockerfile").exists()
 
 
+def listening_ports(service: dict) -> set[int]:
+    """The ports a compose service's command listens on: serve's four, or --port."""
+    command = service.get("command", [])
+    if command[:1] == ["serve"]:
+        args = serve_args(command)
+        return {port_of(a) for a in (args.http, args.grpc, args.admin, args.admin_grpc)}
+    return {int(command[i + 1]) for i, a in enumerate(command) if a == "--port"}
+
+
 @pytest.mark.parametrize("profile", ["sim", "gpu"])
 def test_each_profile_provides_every_host_envoy_sends_to(compose, envoy_cfg, profile):
+    services = {n: s for n, s in compose["services"].items()
+                if profile in s.get("profiles", [profile])}
     provided: dict[str, list[str]] = {}
-    for name, service in compose["services"].items():
-        if profile not in service.get("profiles", [profile]):
-            continue
+    for name, service in services.items():
+        if "network_mode" in service:
+            continue  # no name of its own on the network: it answers as its namespace's owner
         aliases = ((service.get("networks") or {}).get("default") or {}).get("aliases", [])
         for host in [name, *aliases]:
             provided.setdefault(host, []).append(name)
+    beside_envoy = netns_members(compose, netns_owner(compose, "envoy"))
     for cluster, endpoints in clusters(envoy_cfg).items():
         for host, port in endpoints:
+            if is_loopback(host):  # in Envoy's own network namespace
+                listeners = [n for n in beside_envoy if port in listening_ports(services[n])]
+                assert listeners, f"{profile}: nothing beside Envoy listens on {port} ({cluster})"
+                continue
             assert host in provided, f"{profile}: nothing answers {host} ({cluster})"
             [service_name] = provided[host]
-            command = " ".join(compose["services"][service_name].get("command", []))
-            assert f"{port}" in command, f"{service_name} does not listen on {port}"
+            members = netns_members(compose, service_name)
+            assert any(port in listening_ports(services[n]) for n in members), \
+                f"{service_name} does not listen on {port}"
     if profile == "gpu":
         devices = compose["services"]["backend-vllm"]["deploy"]["resources"]["reservations"]
         assert devices["devices"][0]["capabilities"] == ["gpu"]
@@ -143,10 +193,13 @@ def test_dockerfile_serves_on_the_ports_and_paths_the_deployments_use(compose):
     [entry] = [yaml.safe_load(rest) for kind, rest in instructions if kind == "ENTRYPOINT"]
     assert entry == ["llmvalve"]
     args = serve_args(cmd)
-    assert {port_of(args.grpc), port_of(args.admin)} == exposed
+    # EXPOSE names what the default command listens on beyond loopback: the admin HTTP port.
+    binds = [split_addr(a) for a in (args.http, args.grpc, args.admin, args.admin_grpc)]
+    assert {port for host, port in binds if not is_loopback(host)} == exposed == {
+        port_of(args.admin)}
     compose_args = serve_args(compose["services"]["llmvalve"]["command"])
-    assert (args.policy, args.grpc, args.admin) == (
-        compose_args.policy, compose_args.grpc, compose_args.admin)
+    assert (args.policy, args.http, args.grpc, args.admin) == (
+        compose_args.policy, compose_args.http, compose_args.grpc, compose_args.admin)
     for kind, rest in instructions:  # every COPY from the context exists and is not ignored
         if kind == "COPY" and not rest.startswith("--from"):
             for source in shlex.split(rest)[:-1]:
@@ -210,12 +263,17 @@ def test_pod_runs_envoy_and_llmvalve_wired_to_each_other(pod, envoy_cfg):
     generator = load(K8S / "kustomization.yaml")["configMapGenerator"][0]
     assert volume["configMap"]["name"] == generator["name"] and config.name in generator["files"]
     assert named_port(envoy, "http") == listener_port(envoy_cfg)
-    # llmvalve: `llmvalve` resolves to this pod, on the port serve listens on.
+    # llmvalve: Envoy reaches its data plane on the pod's loopback, on the ports serve binds
+    # there; those are no container ports (nothing outside the pod reaches them).
     args = serve_args(cp["args"])
-    [(host, port)] = clusters(envoy_cfg)["llmvalve"]
-    assert {"ip": "127.0.0.1", "hostnames": [host]} in pod["hostAliases"]
-    assert port == port_of(args.grpc) == named_port(cp, "grpc")
-    assert port_of(args.admin) == named_port(cp, "admin")
+    endpoints = {name: eps for name, eps in clusters(envoy_cfg).items()
+                 if name.startswith("llmvalve")}
+    assert endpoints["llmvalve_http"] == [split_addr(args.http)]
+    assert endpoints["llmvalve_grpc"] == [split_addr(args.grpc)]
+    assert all(is_loopback(host) for eps in endpoints.values() for host, _ in eps)
+    assert "hostAliases" not in pod and not pod.get("hostNetwork")
+    ports = {p["name"]: p["containerPort"] for p in cp["ports"]}
+    assert ports == {"admin": port_of(args.admin), "admin-grpc": port_of(args.admin_grpc)}
     volume = mounts(pod, cp)[str(args.policy.parent)]
     assert volume["configMap"]["name"] == "gateway-overload-policy"
     assert volume["configMap"]["items"] == [{"key": "policy.yaml", "path": args.policy.name}]
@@ -223,7 +281,7 @@ def test_pod_runs_envoy_and_llmvalve_wired_to_each_other(pod, envoy_cfg):
 
 
 def test_probes_hit_endpoints_that_exist(pod, envoy_cfg):
-    from llmvalve.gateway.admin import AdminState, build_app
+    from llmvalve.gateway.admin_http import AdminState, build_app
     from llmvalve.gateway.metrics import GatewayMetrics
 
     admin_paths = {r.resource.canonical for r in build_app(

@@ -12,35 +12,20 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
-import subprocess
 from importlib import resources
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
 import pytest
-import yaml
 
-from deploy_support import K8S, K8S_SIM, ROOT, clusters, load, load_all, serve_args
+from deploy_support import K8S, K8S_SIM, ROOT, clusters, kustomize, load, load_all, serve_args
 from llmvalve.cli import build_parser
 
 # ContainerResource metrics in the HPA are GA from 1.30 (beta, on by default, from 1.27).
 K8S_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
 # Objects whose kind Kubernetes' schemas do not know (CRDs); checked by hand elsewhere.
 NOT_IN_CORE_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
-
-
-def kustomize(path: Path) -> list[dict]:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed: `kubectl kustomize` cannot render here (the "
-                    "source manifests are still validated one by one)")
-    done = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    return [d for d in yaml.safe_load_all(done.stdout) if d]
 
 
 def schema_errors(doc: dict, version: str) -> str | None:
@@ -187,15 +172,21 @@ def test_networkpolicy_admits_callers_to_envoy_and_monitoring_to_metrics_only(de
             # Named ports: a changed port number needs no edit here.
             assert isinstance(port["port"], str) and port["port"] in named, port
             allowed.setdefault(port["port"], []).extend(rule["from"])
-    # Envoy's listener and the admin HTTP port; nothing of the control plane's gRPC port.
-    assert set(allowed) == {"http", "admin"}
-    assert named["http"][0] == "envoy" and named["admin"][0] == "llmvalve"
+    # Envoy's listener, the admin HTTP port and the admin gRPC API: every container port.
+    assert set(allowed) == set(named) == {"http", "admin", "admin-grpc"}
+    assert named["http"][0] == "envoy"
+    assert named["admin"][0] == named["admin-grpc"][0] == "llmvalve"
     [callers] = allowed["http"]
     assert callers["namespaceSelector"]["matchLabels"] == {"llmvalve/gateway-client": "true"}
     [monitoring] = allowed["admin"]
     assert monitoring["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": "monitoring"}
-    assert "podSelector" not in callers and "ipBlock" not in callers
+    # The admin gRPC API: only namespaces an operator labelled (none by default).
+    [operators] = allowed["admin-grpc"]
+    assert operators["namespaceSelector"]["matchLabels"] == {
+        "llmvalve/gateway-operator": "true"}
+    for source in (callers, monitoring, operators):
+        assert "podSelector" not in source and "ipBlock" not in source
 
 
 def test_prometheus_annotations_name_the_admin_port(deployment):
@@ -210,7 +201,8 @@ def test_docs_quote_the_hpa_and_pdb_as_shipped():
     cpu = targets["ContainerResource"]["containerResource"]["target"]["averageValue"]
     rate = targets["Pods"]["pods"]["target"]["averageValue"]
     for figure in (f"{hpa['minReplicas']} to {hpa['maxReplicas']}", f"`{cpu}`",
-                   f"{rate} decisions/s", "llmvalve/gateway-client=true"):
+                   f"{rate} decisions/s", "llmvalve/gateway-client=true",
+                   "llmvalve/gateway-operator=true", "llm-gateway-admin-token"):
         assert figure in docs, f"docs/deployment.md does not say {figure!r}"
 
 

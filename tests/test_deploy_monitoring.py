@@ -23,6 +23,8 @@ from deploy_support import (
     check_promql,
     exported_series,
     load,
+    netns_owner,
+    published,
     substitute,
 )
 from llmvalve.cli import build_parser
@@ -182,7 +184,7 @@ def test_grafana_provisioning_loads_the_dashboard_from_compose_mounts(compose):
     [source] = load(GRAFANA / "provisioning" / "datasources" / "prometheus.yaml")["datasources"]
     url = urlsplit(source["url"])
     assert source["type"] == "prometheus" and url.hostname in compose["services"]
-    assert f"{url.port}:{url.port}" in compose["services"][url.hostname]["ports"]
+    assert url.port in {p.target for p in published(compose["services"][url.hostname])}
 
 
 def test_compose_prometheus_scrapes_the_control_plane_admin_port(compose):
@@ -192,7 +194,9 @@ def test_compose_prometheus_scrapes_the_control_plane_admin_port(compose):
     [job] = load(PROMETHEUS / "prometheus.yml")["scrape_configs"]
     [target] = job["static_configs"][0]["targets"]
     host, port = target.split(":")
-    args = build_parser().parse_args(compose["services"][host]["command"])
+    # The host is the service holding the network namespace llmvalve runs in.
+    assert host == netns_owner(compose, "llmvalve")
+    args = build_parser().parse_args(compose["services"]["llmvalve"]["command"])
     assert int(port) == int(args.admin.rpartition(":")[2])
     assert job["metrics_path"] == "/metrics"
 

@@ -23,7 +23,7 @@ from llmvalve.core.types import Reason, Reject
 from llmvalve.gateway import replies
 from llmvalve.gateway import request_facts as reading
 from llmvalve.gateway.access_log import entry_of, flags_of
-from llmvalve.gateway.admin import AdminState, build_app
+from llmvalve.gateway.admin_http import AdminState, build_app
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.front import Record
 from llmvalve.gateway.metrics import GatewayMetrics

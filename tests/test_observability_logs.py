@@ -1,5 +1,5 @@
 """`llmvalve serve` logs JSON lines: state changes at INFO, one line per decision at DEBUG, and
-never the API key (a real process, one ext_proc request, no Envoy)."""
+never the API key (a real process, one authorization check, no Envoy)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-
-import grpc
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+import urllib.request
 
 from llmvalve.core.policy_load import hash_api_key
 from llmvalve.stack import http_get
@@ -34,22 +30,20 @@ def test_serve_logs_json_decisions_and_state_changes_without_secrets(tmp_path):
     policy.write_text(POLICY)
     proc = subprocess.Popen(
         [sys.executable, "-m", "llmvalve.cli", "serve", "--policy", str(policy),
-         "--grpc", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--log-level", "DEBUG",
-         "--drain-timeout", "1"],
+         "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--admin", "127.0.0.1:0",
+         "--admin-grpc", "127.0.0.1:0", "--log-level", "DEBUG", "--drain-timeout", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         line = proc.stdout.readline()
-        match = re.search(r"grpc :(\d+), admin :(\d+)", line)
+        match = re.search(r"http :(\d+), grpc :\d+, admin :(\d+)", line)
         assert match, line + proc.stderr.read()
-        with grpc.insecure_channel(f"127.0.0.1:{match.group(1)}") as channel:
-            stub = ep_grpc.ExternalProcessorStub(channel)
-            headers = base_pb2.HeaderMap(headers=[
-                base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in {
-                    ":path": "/v1/chat/completions", "x-request-id": "log-test-1",
-                    "authorization": f"Bearer {KEY}", "content-length": "100"}.items()])
-            answers = stub.Process(iter([ep.ProcessingRequest(
-                request_headers=ep.HttpHeaders(headers=headers, end_of_stream=True))]))
-            assert next(answers).HasField("request_headers")  # admitted
+        check = urllib.request.Request(
+            f"http://127.0.0.1:{match.group(1)}/check/v1/chat/completions", method="POST",
+            headers={"x-llmvalve-id": "log-test-1", "x-request-id": "req-log-1",
+                     "authorization": f"Bearer {KEY}",
+                     "x-llmvalve-content-length": "100"})
+        with urllib.request.urlopen(check, timeout=5) as answer:
+            assert answer.status == 200  # admitted
         # A policy edit is a state change (the file watcher reloads it within a second).
         status = f"http://127.0.0.1:{match.group(2)}/status"
         before = json.loads(http_get(status)[1])["policy_version"]
@@ -67,7 +61,8 @@ def test_serve_logs_json_decisions_and_state_changes_without_secrets(tmp_path):
     assert records, err
     assert all({"ts", "level", "logger", "msg"} <= set(r) for r in records)
     decisions = [r for r in records if r.get("event") == "decision"]
-    assert decisions[0]["request_id"] == "log-test-1" and decisions[0]["level"] == "debug"
+    assert decisions[0]["check_id"] == "log-test-1" and decisions[0]["level"] == "debug"
+    assert decisions[0]["request_id"] == "req-log-1"
     assert (decisions[0]["tenant"], decisions[0]["class"], decisions[0]["decision"]) == (
         "app", "interactive", "admitted")
     assert any(r.get("event") == "policy" and r["level"] == "info" for r in records)

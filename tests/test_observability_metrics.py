@@ -178,12 +178,12 @@ async def test_decisions_by_class_tenant_and_outcome_and_one_log_line_each():
                  **{"class": "interactive"}) == 1
     assert value(metrics, "llmvalve_slo_verdicts_total", met="no", **{"class": "batch"}) == 1
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert [(r["request_id"], r["decision"]) for r in lines] == [
+    assert [(r["check_id"], r["decision"]) for r in lines] == [
         ("r-admit", "admitted"), ("r-full", "rejected"), ("r-batch", "rejected"),
         ("r-queued", "cancelled_in_queue"), ("r-admit", "cancelled_in_flight")]
     for r in lines:
-        assert {"ts", "level", "request_id", "tenant", "class", "decision", "reason",
-                "wait_ms"} <= set(r)
+        assert {"ts", "level", "check_id", "request_id", "tenant", "class", "decision",
+                "reason", "wait_ms"} <= set(r)
         assert r["level"] == "debug"
     assert lines[1]["retry_after_s"] > 0 and lines[0]["tenant"] == "app"
     assert SECRET not in out.getvalue() and "Bearer" not in out.getvalue()

@@ -487,8 +487,9 @@ def test_default_policy_loads_with_demo_tenants():
     )
     assert p.feature("suggest").fallback.kind == "static"
     assert p.feature("suggest").fallback.content
-    assert p.feature("summarize").fallback == FallbackSpec("reroute", cluster="fallback_model",
-                                                           model="small")
+    assert p.feature("summarize").fallback == FallbackSpec("reroute", model="sim-tiny")
+    assert [(q.name, q.models) for q in p.pools] == [("main", ()), ("small", ("sim-tiny",))]
+    assert p.inspects_bodies  # several pools: the model in the body picks one
     assert "sk-llmvalve-demo-p0" in DEFAULT_POLICY.read_text()  # documented in a comment
 
 

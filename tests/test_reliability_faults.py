@@ -276,3 +276,37 @@ async def test_drain_gives_up_at_its_deadline():
             assert plane.front.open_tickets() == 1
     finally:
         await plane.stop()
+
+
+async def test_forged_access_log_entries_do_not_steer_the_limit():
+    """Entries for requests the gateway never admitted — made-up latencies, made-up failures,
+    sent straight to the access-log service — are counted and never reach the limiter: the
+    limit, its epoch and its samples do not move."""
+    policy = load_policy(ADAPTIVE.replace("URL", "http://127.0.0.1:1"))
+    clock = [100.0]
+    front = Front(Admission(policy, random.Random(1), now=clock[0]))
+    driver = Driver(front, clock=lambda: clock[0])
+    for backend in ("good", "bad"):
+        driver.on_snapshot("default", BackendSnapshot(backend, clock[0],
+                                                      kv_capacity_tokens=16_000.0))
+    before = front.admission.status(clock[0])["pools"]["default"]
+    message = als_pb2.StreamAccessLogsMessage()
+    for i in range(200):
+        forged = als_message(f"forged-{i}").http_logs.log_entry[0]
+        forged.common_properties.custom_tags["ttft_ms"] = "60000"  # a minute: "congested"
+        forged.response.response_code.value = 503 if i % 2 else 200  # "the backends fail"
+        message.http_logs.log_entry.append(forged)
+
+    async def messages():
+        yield message
+
+    await AccessLogServicer(driver).StreamAccessLogs(messages(), None)
+    for _ in range(10):  # the limiter's windows pass with the forged entries in them
+        clock[0] += 0.5
+        front.poll(clock[0])
+    after = front.admission.status(clock[0])["pools"]["default"]
+    assert front.counts["unmatched"] == 200 and after["samples"] == 0
+    assert after["limiter"]["samples_used"] == 0
+    assert after["limiter"]["epoch"] == before["limiter"]["epoch"] == 0
+    assert after["limit"] >= before["limit"]  # no decrease
+    assert after["breaker"] == "closed"

@@ -236,8 +236,9 @@ async def test_bad_change_is_refused_visibly_and_the_running_policy_stays(plane,
     assert await reloads_metric(cp, "error") == 1 and await reloads_metric(cp, "ok") == 0
     assert any("policy reload failed" in r.getMessage() and "tial" in r.getMessage()
                for r in caplog.records)
-    # Reported once, not on every poll.
-    await asyncio.sleep(0.3)
+    # Reported once, not on every poll: the watcher looks three more times, nothing new.
+    polls = cp.watcher.polls
+    await wait_for(lambda: cp.watcher.polls >= polls + 3)
     assert await reloads_metric(cp, "error") == 1
     # The admitted request is untouched, and a fixed file applies.
     assert open_ids(cp) == {"held"}
@@ -263,7 +264,8 @@ async def test_sighup_and_watch_share_one_reload_path(plane):
     volume.update(POLICY.replace("limit: 2", "limit: 6"))
     assert await cp.reload("sighup") is True  # SIGHUP's handler calls exactly this
     assert cp.reloads.last.trigger == "sighup"
-    await asyncio.sleep(0.3)  # the watcher then sees the same content: applied again, harmless
+    polls = cp.watcher.polls  # the watcher then sees the change too: applied again, harmless
+    await wait_for(lambda: cp.watcher.polls >= polls + 3)
     assert (await status_of(cp))["pools"]["default"]["limit"] == 6
     assert cp.reloads.counts["error"] == 0
 

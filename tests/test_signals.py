@@ -114,8 +114,9 @@ def test_garbage_and_unrelated_pages_are_not_ok():
 
 @given(st.text(max_size=300))
 def test_no_text_raises(text):
-    snap = SignalReader("b").read(text, 0.0)
-    assert 0.0 <= snap.kv_usage <= 1.0
+    """Any text at all gives a snapshot (a failed one for garbage), never an exception."""
+    snap = SignalReader("b").read(text, 0.0)  # would raise out of the test if it could
+    assert snap.backend == "b" and 0.0 <= snap.kv_usage <= 1.0
 
 
 @given(st.lists(st.sampled_from([*VLLM.splitlines(), "x{", "}", "vllm:num_requests_running NaN"])))

@@ -18,7 +18,9 @@ BUILTINS = ["steady", "burst", "prompt-shift", "capacity-drop", "overload-sweep"
             "cancel-heavy", "multi-gateway", "noise", "azure-conv",
             # issue 10: workloads written independently of the controller's tuning
             "code-bursty", "code-bursty-3x", "heavy-tail", "tenant-flood", "slowdown-all",
-            "seq-cap", "calm-steady", "calm-bursty", "calm-ramp"]
+            "seq-cap", "calm-steady", "calm-bursty", "calm-ramp",
+            # issue 13: fleet scale
+            "fleet"]
 
 
 def att(result: dict, ctrl: str, prio: str = "0") -> float:

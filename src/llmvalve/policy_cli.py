@@ -35,8 +35,10 @@ def summary(source: str, policy: Policy) -> str:
                  else f"anonymous P{policy.anonymous.default_priority}"
                       f" (max P{policy.anonymous.max_priority})")
     n_tenants = len(policy.tenants)
+    budgeted = sum(t.budgets is not None for t in policy.tenants)
+    budgets = f" ({budgeted} with budgets)" if budgeted else ""
     return (f"{source}: ok — {len(policy.queues)} queue{'s' * (len(policy.queues) != 1)} "
-            f"({queues}), {n_tenants} tenant{'s' * (n_tenants != 1)}, {anonymous}, "
+            f"({queues}), {n_tenants} tenant{'s' * (n_tenants != 1)}{budgets}, {anonymous}, "
             f"controller {policy.limiter.controller}, version {policy.version}")
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
+from fractions import Fraction
 from importlib import resources
 from pathlib import Path
 
@@ -24,6 +26,17 @@ DEFAULT_ADMIN_GRPC = "127.0.0.1:9101"
 
 def default_policy_path() -> Path:
     return Path(str(resources.files("llmvalve").joinpath("data/default-policy.yaml")))
+
+
+def budget_share(text: str) -> float:
+    """A replica's share of every tenant budget: a number in (0, 1] or a fraction ("1/3")."""
+    try:
+        share = float(Fraction(text.strip()))
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"not a number or fraction: {text!r}") from None
+    if not 0.0 < share <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return share
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,9 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the admin APIs' bearer token (e.g. a mounted Secret)")
     parser.add_argument("--controller", default=None,
                         help="override the policy's controller: adaptive, seed, static:N, none")
-    parser.add_argument("--metrics-url", action="append", default=[], metavar="URL",
-                        help="a backend /metrics URL for the first pool (repeatable; replaces "
-                        "the policy's list)")
+    parser.add_argument("--metrics-url", action="append", default=[], metavar="[POOL=]URL",
+                        help="a backend /metrics URL of POOL (default: the first pool); "
+                        "repeatable; replaces that pool's list in the policy")
     parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                         help="on SIGTERM, wait this long for open requests (default 30)")
     parser.add_argument("--watch-interval", type=float, default=1.0, metavar="S",
@@ -58,6 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-tenants", default="*", metavar="LIST",
                         help="tenants with their own metrics label, comma-separated; the "
                         "others count as `other` ('*': the first 64 seen, default; '': none)")
+    parser.add_argument("--budget-share", type=budget_share, metavar="F",
+                        default=os.environ.get("LLMVALVE_BUDGET_SHARE", "1"),
+                        help="this replica's share of every tenant budget, e.g. 1/3 with 3 "
+                        "gateway replicas (default: $LLMVALVE_BUDGET_SHARE, else 1)")
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -69,7 +86,8 @@ async def _main(args: argparse.Namespace) -> int:
         http=args.http, grpc=args.grpc, admin=args.admin, admin_grpc=args.admin_grpc,
         admin_token_file=args.admin_token_file, controller=args.controller,
         policy_path=args.policy or None, metrics_urls=tuple(args.metrics_url),
-        watch_interval_s=args.watch_interval, metrics_tenants=args.metrics_tenants))
+        watch_interval_s=args.watch_interval, metrics_tenants=args.metrics_tenants,
+        budget_share=args.budget_share))
     await plane.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -88,8 +106,10 @@ async def _main(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from llmvalve.core.policy_load import PolicyError
     from llmvalve.gateway import logs
+    from llmvalve.stack import raise_fd_limit
 
     logs.setup(args.log_level, args.log_format)
+    raise_fd_limit()
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             return runner.run(_main(args))

@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 READY_LINE = re.compile(rb"sim-backend ready on http://([\d.]+):(\d+)")
 DEMO_KEYS = {
@@ -38,6 +39,24 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's open-file limit to its hard limit (children inherit it): every
+    held request is a few sockets (client, Envoy, control plane), and a burst of thousands of
+    connections must not meet a soft limit of 1,024. Returns the limit now in force."""
+    try:
+        import resource
+    except ImportError:  # not on Unix
+        return 0
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = max(soft, 1 << 20)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
 
 
 def envoy_binary() -> str:
@@ -150,7 +169,8 @@ class StackConfig:
     profile: str = "small"
     time_scale: float = 1.0
     backend_args: tuple[str, ...] = ()
-    fallback_backend: bool = True  # a backend for the `fallback_model` cluster
+    # A backend for re-routes to a cluster no pool serves (the `fallback_model` cluster).
+    fallback_backend: bool = True
     host: str = "127.0.0.1"
     listen_address: str = "127.0.0.1"
     port: int = 8080
@@ -172,7 +192,8 @@ class StackConfig:
 class Stack:
     config: StackConfig
     workdir: Path = field(init=False)
-    backends: list[tuple[Proc, int]] = field(default_factory=list)
+    backends: list[tuple[Proc, int]] = field(default_factory=list)  # the first pool's
+    pool_backends: dict[str, list[tuple[Proc, int]]] = field(default_factory=dict)
     fallback: tuple[Proc, int] | None = None
     control_plane: Proc | None = None
     envoy: Proc | None = None
@@ -219,30 +240,47 @@ class Stack:
                     self.workdir / f"{name}.log")
         return proc, 0
 
+    def _policy(self) -> Any:
+        from llmvalve.core.policy_load import load_policy_file
+        from llmvalve.server import default_policy_path
+
+        return load_policy_file(self.config.policy or default_policy_path())
+
     def start_backends(self) -> None:
+        """The first pool's backends (`backends` × `profile`), one `tiny` backend for each
+        other pool, and the `fallback-model` backend of a re-route to a bare cluster."""
         c = self.config
-        pending = [self._start_backend(f"backend-{i}", c.profile)[0] for i in range(c.backends)]
-        if c.fallback_backend:
-            pending.append(self._start_backend("fallback-model", "tiny")[0])
-        ports: dict[str, int] = {}
+        policy = self._policy()
+        pools = policy.pools
+        pending = {(pools[0].name, i): self._start_backend(f"backend-{i}", c.profile)[0]
+                   for i in range(c.backends)}
+        for pool in pools[1:]:
+            pending[(pool.name, 0)] = self._start_backend(f"{pool.name}-0", "tiny")[0]
+        bare = {f.fallback.cluster for f in policy.features
+                if f.fallback is not None and f.fallback.kind == "reroute"
+                and f.fallback.cluster} - {p.cluster for p in pools}
+        if c.fallback_backend and bare:
+            pending[("", 0)] = self._start_backend("fallback-model", "tiny")[0]
+        ports: dict[tuple[str, int], int] = {}
 
         def ready() -> bool:
-            for proc in pending:
-                if proc.name in ports:
+            for key, proc in pending.items():
+                if key in ports:
                     continue
                 if not proc.alive():
                     raise RuntimeError(f"{proc.name} exited:\n{proc.output()[-2000:].decode()}")
                 match = READY_LINE.search(proc.output())
                 if match:
-                    ports[proc.name] = int(match.group(2))
+                    ports[key] = int(match.group(2))
             return len(ports) == len(pending)
 
         wait_until(ready, 30.0, "the simulated backends")
-        for proc in pending:
-            if proc.name == "fallback-model":
-                self.fallback = (proc, ports[proc.name])
+        for (pool, i), proc in pending.items():
+            if not pool:
+                self.fallback = (proc, ports[(pool, i)])
             else:
-                self.backends.append((proc, ports[proc.name]))
+                self.pool_backends.setdefault(pool, []).append((proc, ports[(pool, i)]))
+        self.backends = self.pool_backends[pools[0].name]
 
     def start_control_plane(self) -> None:
         c = self.config
@@ -255,8 +293,9 @@ class Stack:
             argv += ["--policy", str(c.policy)]
         if c.controller:
             argv += ["--controller", c.controller]
-        for _, port in self.backends:
-            argv += ["--metrics-url", f"http://{c.host}:{port}/metrics"]
+        for pool, backends in self.pool_backends.items():
+            for _, port in backends:
+                argv += ["--metrics-url", f"{pool}=http://{c.host}:{port}/metrics"]
         self.control_plane = Proc("control-plane", argv, self.workdir / "control-plane.log")
         wait_until(lambda: http_get(self.admin_url + "/readyz")[0] == 200, 30.0,
                    "the control plane's /readyz", self.control_plane)
@@ -269,24 +308,22 @@ class Stack:
                 self.control_plane.stop()
 
     def envoy_config(self) -> str:
-        from llmvalve.core.policy_load import load_policy_file
         from llmvalve.gateway.envoy_config import EnvoyParams, render
-        from llmvalve.server import default_policy_path
 
         c = self.config
-        policy = load_policy_file(c.policy or default_policy_path())
+        policy = self._policy()
         failure_mode_allow = (policy.failure_mode_allow if c.failure_mode_allow is None
                               else c.failure_mode_allow)
-        clusters: dict[str, tuple[tuple[str, int], ...]] = {
-            "llm_backends": tuple((c.host, port) for _, port in self.backends)}
+        clusters: dict[str, tuple[tuple[str, int], ...]] = {}
         for pool in policy.pools:
-            clusters.setdefault(pool.cluster, clusters["llm_backends"])
-        fallback_endpoints = ((c.host, self.fallback[1]),) if self.fallback else clusters[
-            "llm_backends"]
+            clusters.setdefault(pool.cluster, tuple(
+                (c.host, port) for _, port in self.pool_backends.get(pool.name, self.backends)))
+        fallback_endpoints = ((c.host, self.fallback[1]),) if self.fallback else next(
+            iter(clusters.values()))
         for feature in policy.features:
-            if feature.fallback is not None and feature.fallback.kind == "reroute":
+            if (feature.fallback is not None and feature.fallback.kind == "reroute"
+                    and feature.fallback.cluster):
                 clusters.setdefault(feature.fallback.cluster, fallback_endpoints)
-        clusters.setdefault("fallback_model", fallback_endpoints)
         return render(EnvoyParams(
             listen_address=c.listen_address, listen_port=c.port, admin_address=c.host,
             admin_port=c.envoy_admin_port, admission=c.admission,
@@ -312,6 +349,7 @@ class Stack:
                    "Envoy's /ready", self.envoy)
 
     def start(self) -> Stack:
+        raise_fd_limit()
         try:
             self.start_backends()
             self.start_control_plane()
@@ -326,8 +364,9 @@ class Stack:
             self.envoy.stop(grace_s=3.0)
         if self.control_plane is not None:
             self.control_plane.stop(grace_s=8.0)
-        for proc, _ in self.backends:
-            proc.stop(grace_s=3.0)
+        for backends in self.pool_backends.values() or [self.backends]:
+            for proc, _ in backends:
+                proc.stop(grace_s=3.0)
         if self.fallback is not None:
             self.fallback[0].stop(grace_s=3.0)
 
@@ -410,7 +449,9 @@ def _port_free(port: int, host: str = "127.0.0.1") -> bool:
 def banner(stack: Stack) -> str:
     c = stack.config
     gw = stack.gateway_url
-    backends = ", ".join(stack.backend_url(i) for i in range(len(stack.backends)))
+    backends = "; ".join(
+        f"{pool}: " + ", ".join(f"http://{c.host}:{port}" for _, port in procs)
+        for pool, procs in stack.pool_backends.items())
     keys = "\n".join(f"    {who:22s} {key}" for who, key in DEMO_KEYS.items())
     p0 = DEMO_KEYS["interactive-app (P0)"]
     return f"""
@@ -420,7 +461,7 @@ llmvalve is up.
   control plane admin    {stack.admin_url}/status   {stack.admin_url}/metrics
   control plane admin API {c.host}:{c.admin_grpc_port} (llmvalve status / top / override)
   Envoy admin            {stack.envoy_admin_url}
-  backends ({c.profile})  {backends}
+  backends (by pool)     {backends}
   logs                   {stack.workdir}
   demo API keys:
 {keys}
@@ -438,6 +479,7 @@ try:
       print(chunk.choices[0].delta.content or "", end="", flush=True)
   EOF
 
+  # the small model's own pool (policy: pools[].models): ask for model "sim-tiny"
   llmvalve load --target {gw} --scenario burst     # then watch the dashboard
   llmvalve top --grpc {c.host}:{c.admin_grpc_port}
 Ctrl-C stops everything.

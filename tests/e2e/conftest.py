@@ -18,8 +18,8 @@ HERE = Path(__file__).parent
 
 @pytest.fixture(scope="module")
 def e2e(request, tmp_path_factory):
-    """The stack; a test module may set POLICY (a path), BACKENDS (a count) and
-    FAILURE_MODE_ALLOW (overrides the policy's)."""
+    """The stack; a test module may set POLICY (a path), BACKENDS (a count),
+    FAILURE_MODE_ALLOW (overrides the policy's) and ADMISSION ("http" or "grpc")."""
     try:
         envoy_binary()
     except FileNotFoundError:
@@ -30,6 +30,7 @@ def e2e(request, tmp_path_factory):
         port=0, admin_port=0, envoy_concurrency=1,
         workdir=tmp_path_factory.mktemp("stack"),
         failure_mode_allow=getattr(request.module, "FAILURE_MODE_ALLOW", None),
+        admission=getattr(request.module, "ADMISSION", "http"),
     )
     stack = Stack(config)
     stack.start()

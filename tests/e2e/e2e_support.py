@@ -47,8 +47,8 @@ class E2E:
         return self.status()["pools"]["default"]
 
     def backend_stats(self) -> list[dict]:
-        return [get_json(self.stack.backend_url(i) + "/admin/stats")
-                for i in range(len(self.stack.backends))]
+        return [get_json(f"http://127.0.0.1:{port}/admin/stats")
+                for backends in self.stack.pool_backends.values() for _, port in backends]
 
     def fallback_stats(self) -> dict:
         assert self.stack.fallback is not None
@@ -69,10 +69,10 @@ class E2E:
 
     def idle(self) -> bool:
         s = self.status()
-        pool = s["pools"]["default"]
         gateway = s["gateway"]
-        return (pool["inflight_requests"] == 0 and pool["inflight"] == 0
-                and all(c["queue_depth"] == 0 for c in pool["classes"].values())
+        return (all(pool["inflight_requests"] == 0 and pool["inflight"] == 0
+                    and all(c["queue_depth"] == 0 for c in pool["classes"].values())
+                    for pool in s["pools"].values())
                 and gateway["checks_held"] == 0 and gateway["open_tickets"] == 0)
 
     def wait_idle(self, timeout_s: float = 15.0) -> None:
@@ -119,6 +119,13 @@ async def hold_slots(session: aiohttp.ClientSession, url: str, n: int, key: str 
     for _ in range(n):
         await asyncio.wait_for(started.get(), 20)
     return tasks
+
+
+async def wait_until(predicate, timeout_s: float, what: str) -> None:
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
 
 
 async def cancel_all(tasks) -> None:

@@ -62,7 +62,8 @@ async def test_fallbacks_decided_on_the_body(e2e):
             assert await asyncio.to_thread(stream_text) == (
                 "Suggestions are temporarily unavailable.")
 
-            # A reroute decided on the body phase: header mutation + clear_route_cache there.
+            # A reroute decided on the body: the route chosen by the check's headers (Envoy
+            # clears its route cache), the body's model rewritten for the fallback model.
             before = e2e.fallback_stats()["requests_received"]
             raw = await asyncio.to_thread(
                 c.chat.completions.with_raw_response.create, **chat_body(4),

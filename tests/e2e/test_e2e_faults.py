@@ -15,7 +15,16 @@ import time
 
 import aiohttp
 import pytest
-from e2e_support import P0_KEY, cancel_all, chat_body, get_json, headers, hold_slots, post_json
+from e2e_support import (
+    P0_KEY,
+    cancel_all,
+    chat_body,
+    get_json,
+    headers,
+    hold_slots,
+    post_json,
+    wait_until,
+)
 
 from llmvalve.stack import http_get
 
@@ -36,13 +45,6 @@ def assert_nothing_leaked(e2e) -> None:
     s = e2e.status()
     assert s["gateway"]["reclaimed"] == 0
     assert all(b["in_flight"] == 0 for b in e2e.backend_stats())
-
-
-async def wait_until(predicate, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def test_backend_that_hangs_holds_only_what_it_was_given(e2e):
@@ -152,9 +154,9 @@ async def test_envoy_crash_releases_everything_and_a_new_envoy_is_served(e2e):
 async def test_sigterm_drains_then_exits_0_and_a_restart_is_served(e2e):
     """SIGTERM: /readyz turns 503 at once; new requests are shed 503 + Retry-After (reason
     draining) — a load balancer sends them to another replica; the queued request still gets
-    its slot and completes; at the drain deadline (5 s here) the process exits 0 (requests still
-    in flight carry on through Envoy to their end). A new control plane on the same port is served by the same Envoy,
-    whose access-log stream reconnects to it."""
+    its slot and completes; at the drain deadline (5 s here) the process exits 0 (requests
+    still in flight carry on through Envoy to their end). A new control plane on the same port
+    is served by the same Envoy, whose access-log stream reconnects to it."""
     url = e2e.base_url + "/chat/completions"
     cp = e2e.stack.control_plane
     async with aiohttp.ClientSession() as session:

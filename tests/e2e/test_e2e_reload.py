@@ -12,12 +12,11 @@ import asyncio
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import aiohttp
 import pytest
-from e2e_support import E2E, HERE, P0_KEY, cancel_all, chat_body, headers, hold_slots
+from e2e_support import E2E, HERE, P0_KEY, cancel_all, chat_body, headers, hold_slots, wait_until
 
 from llmvalve.stack import Stack, StackConfig, envoy_binary, http_get
 
@@ -76,13 +75,6 @@ def reloads(e2e: E2E, result: str) -> float:
         if line.startswith(f'llmvalve_policy_reloads_total{{result="{result}"}}'):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError("no llmvalve_policy_reloads_total")
-
-
-async def wait_until(predicate, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def test_configmap_swap_under_load_keeps_every_request(stack):

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from e2e_support import E2E, HERE, P0_KEY, P2_KEY, chat_body, headers
 
-from llmvalve.stack import Stack, StackConfig, envoy_binary, http_get
+from llmvalve.stack import Stack, StackConfig, envoy_binary, http_get, raise_fd_limit
 
 pytestmark = pytest.mark.e2e
 
@@ -158,11 +158,15 @@ def test_huge_and_non_utf8_headers(e2e):
     e2e.wait_idle()
 
 
-async def test_a_burst_of_2000_connections(e2e):
-    """2,000 clients connect at once (P0 and P2, half of them streaming): every one gets an
-    answer — 200, or 429 with Retry-After — within seconds; none hangs or errors; nothing is
-    held afterwards. (Before gRPC's pending-stream limit was raised, the streams past 1,000
-    not yet picked up by the event loop were refused and Envoy answered a bare 503.)"""
+@pytest.mark.parametrize("connections", [2000, 5000])
+async def test_a_burst_of_connections(e2e, connections):
+    """Thousands of clients connect at once (P0 and P2, half of them streaming): every one gets
+    an answer — 200, or 429 / 503 with Retry-After — within seconds; no 504, no reset, none
+    hangs; nothing is held afterwards. (The ext_proc control plane answered 462–778 of 2,000
+    with Envoy's 504 on a busy 2-core machine: it could not answer every stream's headers
+    within the message timeout. A check that reaches the control plane late is now shed at
+    once as its own overload, lowest classes first.)"""
+    raise_fd_limit()
     url = e2e.base_url + "/chat/completions"
     statuses: dict[str, int] = {}
     retry_after_missing = 0
@@ -185,14 +189,14 @@ async def test_a_burst_of_2000_connections(e2e):
     timeout = aiohttp.ClientTimeout(total=60)
     t0 = time.monotonic()
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        await asyncio.gather(*(one(i, session) for i in range(2000)))
+        await asyncio.gather(*(one(i, session) for i in range(connections)))
     took = time.monotonic() - t0
-    print(f"2000 connections in {took:.1f} s: {statuses}")
-    assert sum(statuses.values()) == 2000
-    assert set(statuses) <= {"200", "429"}, statuses
+    print(f"{connections} connections in {took:.1f} s: {statuses}")
+    assert sum(statuses.values()) == connections
+    assert set(statuses) <= {"200", "429", "503"}, statuses
     assert statuses.get("200", 0) >= 8 and statuses.get("429", 0) > 0
     assert retry_after_missing == 0
-    assert took < 45
+    assert took < 60
     e2e.wait_idle(timeout_s=20)
     assert e2e.status()["gateway"]["reclaimed"] == 0
 
@@ -212,3 +216,24 @@ def test_no_key_and_no_prompt_in_any_log(e2e):
         for secret in SECRETS:
             assert secret.encode() not in text, f"{secret!r} found in {where}"
         assert b"Bearer" not in text, where
+
+
+def test_the_data_plane_listeners_answer_only_on_loopback(e2e):
+    """`llmvalve up` binds the control plane's ext_authz (HTTP) and access-log (gRPC)
+    listeners to 127.0.0.1: from this host's own network address nothing answers there, while
+    Envoy, beside it, reaches them."""
+    c = e2e.stack.config
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.1.2.3", 9))  # no packet: only picks the outgoing address
+            host = s.getsockname()[0]
+        except OSError:
+            host = "127.0.0.1"
+    if host.startswith("127."):
+        pytest.skip("this host has no non-loopback address")
+    for port in (c.http_port, c.grpc_port):
+        with socket.socket() as probe:
+            probe.settimeout(1)
+            assert probe.connect_ex((host, port)) != 0, port
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", port)) == 0, port

@@ -64,6 +64,7 @@ class SimRequest:
     include_usage: bool
     continuous_usage: bool
     request_id: str | None  # the body's `request_id` (vLLM extension); X-Request-Id wins
+    model: str | None = None  # the body's `model`
 
 
 def text_tokens(text: str) -> int:
@@ -212,6 +213,7 @@ def parse_request(kind: Kind, raw: bytes, headers: Mapping[str, str],
     if options and not stream:
         raise BadRequest("Stream options can only be defined when `stream=True`.")
     request_id = body.get("request_id")
+    model = body.get("model")
     return SimRequest(
         kind=kind,
         prompt_tokens=prompt,
@@ -221,6 +223,7 @@ def parse_request(kind: Kind, raw: bytes, headers: Mapping[str, str],
         include_usage=bool(options.get("include_usage", False)),
         continuous_usage=bool(options.get("continuous_usage_stats", False)),
         request_id=request_id if isinstance(request_id, str) and request_id else None,
+        model=model if isinstance(model, str) and model else None,
     )
 
 

@@ -131,6 +131,9 @@ class SimBackend:
             req = parse_request(kind, raw, request.headers, self.profile)
         except BadRequest as exc:
             return error_response(400, exc.message, "BadRequestError")
+        if req.model is not None and req.model != self.model:  # vLLM's answer
+            return error_response(404, f"The model `{req.model}` does not exist.",
+                                  "NotFoundError")
         rate = self.faults.error_rate
         if rate > 0 and self._rng.random() < rate:
             return error_response(500, "simulated internal error (fault error_rate)",

@@ -42,30 +42,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="PNG", help="write plots: PNG (time series), "
                    "PNG-ttft.png (TTFT per class), PNG-sweep.png (overload-sweep)")
     p.add_argument("--workdir", type=Path, help="keep logs and generated configs here")
-    p.add_argument("--rates", help="overhead: request rates (req/s), default 50,200,500")
+    p.add_argument("--rates", help="overhead: open-loop request rates (req/s), default 500,1000")
     p.add_argument("--duration", type=float, default=None,
-                   help="overhead: seconds per rate (default 8)")
+                   help="overhead: seconds per measurement (default 6)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
 
 
 def run_overhead(out: Path, rates: str | None = None, duration: float | None = None) -> int:
-    """The admission hop's cost (`llmvalve.gateway.overhead`) into `out`, with the machine's
-    load average at the end (other work on the machine shows up in p99s first)."""
-    import os
-
-    from llmvalve.gateway import overhead
+    """The admission hop's cost (`llmvalve.bench.overhead`) into `out`."""
+    from llmvalve.bench import overhead
 
     argv = ["--json", str(out)]
     if rates:
         argv += ["--rates", rates]
     if duration:
         argv += ["--duration", str(duration)]
-    code = overhead.main(argv)
-    if code == 0 and out.exists():
-        doc = json.loads(out.read_text())
-        doc["loadavg_1m"] = round(os.getloadavg()[0], 2)
-        out.write_text(json.dumps(doc, indent=1, default=str))
-    return code
+    return overhead.main(argv)
 
 
 def _run_overhead(args: argparse.Namespace) -> int:

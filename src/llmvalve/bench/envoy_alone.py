@@ -1,9 +1,10 @@
 """The `none` mode's Envoy: the shipped template with no admission control at all.
 
 Rendered from the same template as every other mode (`gateway.envoy_config.render`), then the
-ext_proc filter, the access log to the control plane and the per-route ext_proc overrides are
-removed. What a platform team has without llmvalve is Envoy balancing over healthy backends,
-so the backend cluster gets least-request balancing (what the simulator's `none` gateway does)
+ext_authz and Lua filters, the access log to the control plane, the per-route filter settings
+and the control plane's clusters are removed. What a platform team has without llmvalve is
+Envoy balancing over healthy backends, so the backend cluster gets least-request balancing
+(what the simulator's `none` gateway does)
 and an active health check on the backends' /health, as frequent as the scenario's scrapes.
 """
 
@@ -24,5 +25,5 @@ def render_alone(params: EnvoyParams, health_interval_s: float = 0.5) -> str:
                 "timeout": "1s", "interval": interval, "no_traffic_interval": interval,
                 "unhealthy_threshold": 1, "healthy_threshold": 1,
                 "http_health_check": {"path": "/health"}}]
-    return "# Envoy alone (llmvalve bench, mode none): no ext_proc, no access log.\n" + \
+    return "# Envoy alone (llmvalve bench, mode none): no ext_authz, no access log.\n" + \
         yaml.safe_dump(doc, sort_keys=False)

@@ -39,11 +39,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmvalve.client import Backoff, RetryBudget, RetryPolicy, retry_after_s
+from llmvalve.core.quantiles import percentile
 from llmvalve.sim.harness import JobState
 from llmvalve.sim.workload import Job
 
 DROP_REASONS = ("queue_timeout", "client_deadline")  # the simulator counts these as dropped
-FINAL = ("completed", "rejected", "dropped", "cancelled")
+FINAL = ("completed", "rejected", "dropped", "cancelled", "over_budget")
+BUDGET_REASONS = ("budget_requests", "budget_tokens")  # the tenant's budget: as the simulator
 PROMPT_UNIT = "lore"  # 4 characters: one prompt token for the gateway's estimate
 
 
@@ -98,10 +100,7 @@ class LoadResult:
 
 
 def _pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    return round(s[min(len(s) - 1, int(q * len(s)))], 1)
+    return round(percentile(xs, q, 0.0), 1)
 
 
 class LoadGenerator:
@@ -334,7 +333,9 @@ class LoadGenerator:
             self.rejections_by_s[sec] = self.rejections_by_s.get(sec, 0) + 1
             if ra is not None:
                 self.retry_after.append(ra * self.x)
-            return ("dropped" if reason in DROP_REASONS else "rejected"), ra, True
+            final = ("dropped" if reason in DROP_REASONS
+                     else "over_budget" if reason in BUDGET_REASONS else "rejected")
+            return final, ra, True
         if status == 429:  # someone else's rate limit: honour it the same way
             return "rejected", retry_after_s(headers), True
         self._error(f"HTTP {status}")

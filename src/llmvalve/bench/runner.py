@@ -72,7 +72,7 @@ class BenchStack(Stack):
         c = self.config
         return render_alone(EnvoyParams(
             listen_address=c.listen_address, listen_port=c.port, admin_address=c.host,
-            admin_port=c.envoy_admin_port, control_plane=(c.host, c.grpc_port),
+            admin_port=c.envoy_admin_port,
             clusters={"llm_backends": tuple((c.host, port) for _, port in self.backends)},
             note="llmvalve bench, mode none"), self.health_interval_s)
 

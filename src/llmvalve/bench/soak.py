@@ -46,18 +46,12 @@ from typing import Any
 import aiohttp
 
 from llmvalve.client import Backoff, RetryBudget, RetryPolicy, retry_after_s
+from llmvalve.core.quantiles import percentile
 from llmvalve.stack import Stack, StackConfig, http_get
 
 P0_KEY = "sk-llmvalve-demo-p0"  # interactive-app: may use every class
 P2_KEY = "sk-llmvalve-demo-p2"  # batch-jobs: P2 only
 MAX_CLIENT_TASKS = 4000  # a safety bound on the load generator; reaching it is reported
-
-
-def quantile(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
 
 
 def rss_mb(pid: int) -> float | None:
@@ -241,13 +235,13 @@ class Soak:
         window = [lat for t, lat in self.latencies if t > now - 10.0]
         c = self.counters
         row = {"t_s": round(now, 1), "rss_mb": rss_mb(pid), "cpu_s": cpu_s(pid),
-               "streams_open": gw.get("streams_open"), "queued": gw.get("queued_streams"),
+               "queued": gw.get("checks_held"),
                "open_tickets": gw.get("open_tickets"), "inflight": pool.get("inflight_requests"),
                "limit": pool.get("limit"), "reclaimed": gw.get("reclaimed"),
                "client_tasks": len(self.tasks), "offered": c.offered, "served": c.served,
                "shed_attempts": c.shed_attempts, "cancelled": c.cancelled,
-               "decision_p50_ms": _ms(quantile(window, 0.5)),
-               "decision_p99_ms": _ms(quantile(window, 0.99)), "decisions": len(window)}
+               "decision_p50_ms": _ms(percentile(window, 0.5, None)),
+               "decision_p99_ms": _ms(percentile(window, 0.99, None)), "decisions": len(window)}
         self.samples.append(row)
         return row
 
@@ -285,7 +279,7 @@ class Soak:
             await asyncio.sleep(0.2)
 
 
-def _ms(x: float | None) -> float | None:
+def _ms(x: float | None) -> float | None:  # seconds → milliseconds
     return None if x is None else round(x * 1000.0, 2)
 
 
@@ -293,7 +287,7 @@ def _leaks(s: dict[str, Any]) -> int:
     gw = s.get("gateway", {})
     pool = s.get("pools", {}).get("default", {})
     queued = sum(c.get("queue_depth", 0) for c in pool.get("classes", {}).values())
-    return (gw.get("open_tickets", 1) + gw.get("streams_open", 1) + gw.get("queued_streams", 1)
+    return (gw.get("open_tickets", 1) + gw.get("checks_held", 1)
             + pool.get("inflight_requests", 1) + queued + gw.get("reclaimed", 0))
 
 
@@ -313,7 +307,7 @@ def _slope(rows: list[dict[str, Any]], start_s: float, end_s: float) -> float | 
 def _progress(row: dict[str, Any]) -> str:
     return (f"t={row['t_s']:7.1f}s rss={row['rss_mb']} MB offered={row['offered']} "
             f"served={row['served']} shed={row['shed_attempts']} cancelled={row['cancelled']} "
-            f"streams={row['streams_open']} queued={row['queued']} tickets={row['open_tickets']}"
+            f"queued={row['queued']} tickets={row['open_tickets']}"
             f" limit={row['limit']} p99={row['decision_p99_ms']} ms tasks={row['client_tasks']}")
 
 
@@ -322,8 +316,8 @@ def per_minute(latencies: list[tuple[float, float]], start_s: float) -> list[dic
     for t, lat in latencies:
         if t >= start_s:
             by.setdefault(int((t - start_s) // 60), []).append(lat)
-    return [{"minute": m + 1, "decisions": len(v), "p50_ms": _ms(quantile(v, 0.5)),
-             "p99_ms": _ms(quantile(v, 0.99))} for m, v in sorted(by.items())]
+    return [{"minute": m + 1, "decisions": len(v), "p50_ms": _ms(percentile(v, 0.5, None)),
+             "p99_ms": _ms(percentile(v, 0.99, None))} for m, v in sorted(by.items())]
 
 
 async def soak(stack: Stack, minutes: float, load: float, cancel: float, rate: float | None,
@@ -376,9 +370,9 @@ async def soak(stack: Stack, minutes: float, load: float, cancel: float, rate: f
                      "overflow": c.overflow, "unfinished_at_end": unfinished},
         "slots_leaked": {"open_tickets": gw.get("open_tickets"),
                          "inflight_requests": pool.get("inflight_requests"),
-                         "streams_open": gw.get("streams_open"),
-                         "queued_streams": gw.get("queued_streams"),
+                         "checks_held": gw.get("checks_held"),
                          "reclaimed_leases": gw.get("reclaimed"),
+                         "reconciled": gw.get("reconciled"),
                          "backend_in_flight": sum(b["in_flight"] for b in backends),
                          "total": _leaks(final) + sum(b["in_flight"] for b in backends)},
         "memory_mb": {"after_first_minute": warm["rss_mb"], "end": end_row["rss_mb"],
@@ -388,8 +382,8 @@ async def soak(stack: Stack, minutes: float, load: float, cancel: float, rate: f
         "rss_slope_mb_per_min": {"first_half": _slope(during, 0.0, offered_s / 2),
                                  "second_half": _slope(during, offered_s / 2, offered_s + 1)},
         "control_plane_cpu_s": end_row["cpu_s"],
-        "decision_latency_ms": {"p50": _ms(quantile(all_lat, 0.5)),
-                                "p99": _ms(quantile(all_lat, 0.99)),
+        "decision_latency_ms": {"p50": _ms(percentile(all_lat, 0.5, None)),
+                                "p99": _ms(percentile(all_lat, 0.99, None)),
                                 "max": _ms(max(all_lat) if all_lat else None),
                                 "per_minute": per_minute(runner.latencies, 0.0)},
         "samples": during,
@@ -438,8 +432,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"| cancelled by their client | {r['cancelled']:,} |",
         f"| other statuses, client errors | {r['other_status'] or 0}, {r['client_errors'] or 0} |",
         f"| **slots leaked** | **{leak['total']}** (open tickets {leak['open_tickets']}, in "
-        f"flight {leak['inflight_requests']}, open streams {leak['streams_open']}, queued "
-        f"{leak['queued_streams']}, reclaimed leases {leak['reclaimed_leases']}, backend "
+        f"flight {leak['inflight_requests']}, held checks {leak['checks_held']}, reclaimed "
+        f"leases {leak['reclaimed_leases']}, reconciled {leak['reconciled']}, backend "
         f"requests {leak['backend_in_flight']}) |",
         f"| control-plane RSS | {mem['after_first_minute']} MB after the first minute, "
         f"{mem['end']} MB at the end (max {mem['max']}); slope {slope['first_half']} MB/min "

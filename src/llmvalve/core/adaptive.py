@@ -125,6 +125,11 @@ class AdaptiveLimit:
         self._last_pressure = 0.0
         self._last_action = "start"
         self._rho: float | None = None
+        # Caches of the two per-call sums over backends (same loops, same order, so the same
+        # floats): dropped when a snapshot arrives; saturation's also when `now` leaves the
+        # interval in which no backend's freshness changes.
+        self._cap_cache: float | None = None
+        self._sat_cache: tuple[float, float, float] | None = None  # (valid from, to, σ)
         self.samples_used = 0  # access-log samples that entered a window's TTFT reading
 
     def reconfigure(self, policy: Policy) -> None:
@@ -134,6 +139,7 @@ class AdaptiveLimit:
         s = self.spec
         self.itl_target_s = s.itl_target_s or min(q.slo.tpot_s for q in policy.queues) * 0.8
         self.queue_target_s = s.queue_target_s or min(q.slo.ttft_s for q in policy.queues) / 4
+        self._sat_cache: tuple[float, float, float] | None = None  # targets may have changed
 
     # ---- capacity and limit ---------------------------------------------------------------
     def _is_live(self, b: _Backend, now: float) -> bool:
@@ -151,8 +157,11 @@ class AdaptiveLimit:
         return FALLBACK_CAPACITY_TOKENS * max(1, n_live)
 
     def _capacity_live(self) -> float:
-        cap = sum(b.snap.kv_capacity_tokens for b in self.backends.values() if b.snap.ok)
-        return cap if cap > 0 else FALLBACK_CAPACITY_TOKENS * max(1, len(self.backends))
+        if self._cap_cache is None:
+            cap = sum(b.snap.kv_capacity_tokens for b in self.backends.values() if b.snap.ok)
+            self._cap_cache = cap if cap > 0 else FALLBACK_CAPACITY_TOKENS * max(
+                1, len(self.backends))
+        return self._cap_cache
 
     def limit(self) -> float:
         if self.u <= 0:
@@ -251,10 +260,24 @@ class AdaptiveLimit:
         """σ, the fast gate: ≥ 1 means the backends are full right now (share-weighted)."""
         if not self.backends:
             return 0.0
+        c = self._sat_cache
+        if c is not None and c[0] < now < c[1]:
+            return c[2]
         backends = list(self.backends.values())
+        stale_after = self.spec.stale_after_s
         total = 0.0
+        lo, hi = -math.inf, math.inf
         for w, b in zip(self._weights(backends), backends, strict=True):
-            total += w * (self._fill(b.snap) if self._is_live(b, now) else STALE_SIGMA)
+            if not b.snap.ok:
+                total += w * STALE_SIGMA
+            elif now - b.snap.at > stale_after:
+                total += w * STALE_SIGMA
+                lo = max(lo, b.snap.at + stale_after)
+            else:
+                total += w * self._fill(b.snap)
+                hi = min(hi, b.snap.at + stale_after)
+        # cached until a snapshot arrives or a backend's freshness changes (same floats)
+        self._sat_cache = (lo + 1e-9, hi - 1e-9, total)
         return total
 
     def pressure(self, now: float) -> float:
@@ -292,6 +315,7 @@ class AdaptiveLimit:
         self.samples_used += 1
 
     def on_snapshot(self, snap: BackendSnapshot, now: float) -> None:
+        self._cap_cache = self._sat_cache = None
         prev = self.backends.get(snap.backend)
         if prev is None:
             self.backends[snap.backend] = _Backend(snap, snap.preemptions_total, snap.at,

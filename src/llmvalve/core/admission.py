@@ -45,6 +45,7 @@ from typing import Protocol
 
 from llmvalve.core.adaptive import AdaptiveLimit
 from llmvalve.core.breaker import Breaker
+from llmvalve.core.budgets import Budgets
 from llmvalve.core.limiter import Limit, ScheduledLimit, SeedLimit, StaticLimit, Unlimited
 from llmvalve.core.picker import Picker
 from llmvalve.core.policy import BreakerSpec, DropPolicy, Policy, PoolSpec
@@ -141,8 +142,9 @@ def _finite(x: float) -> float | None:
 
 class Admission:
     def __init__(self, policy: Policy, rng: Rng, controller: str | None = None,
-                 now: float = 0.0) -> None:
+                 now: float = 0.0, budget_share: float = 1.0) -> None:
         self.policy = policy
+        self.budgets = Budgets(policy, budget_share, now)  # per tenant: core/budgets.py
         self.rng = rng
         self.controller = controller or policy.limiter.controller
         self._read_policy(policy)
@@ -275,6 +277,7 @@ class Admission:
 
     def _reject(self, pool: _Pool, req: RequestInfo, reason: Reason, now: float,
                 wait_s: float = 0.0, status: int = 429) -> Reject:
+        self.budgets.refund(req.request_id, now)  # it never runs: its budget charge comes back
         feature = self.policy.feature(req.feature)
         floor = pool.breaker.retry_after_s(now) if reason is Reason.BREAKER_OPEN else 0.0
         return Reject(req.request_id, status, reason,
@@ -297,6 +300,7 @@ class Admission:
         pool.inflight += cost
         pool.inflight_by_class[req.priority] = pool.inflight_by_class.get(req.priority, 0) + cost
         pool.tickets[req.request_id] = ticket
+        self.budgets.settle(req.request_id)
         return Admit(req.request_id, ticket, wait_s)
 
     # ---- the contract ---------------------------------------------------------------------
@@ -309,6 +313,9 @@ class Admission:
             return self._reject(pool, req, Reason.DRAINING, now, status=503)
         if req.deadline is not None and req.deadline <= now:
             return self._reject(pool, req, Reason.DEADLINE, now)
+        over_budget = self.budgets.submit(req, self.policy.requests.default_max_tokens, now)
+        if over_budget is not None:  # refused at once, never queued
+            return over_budget
         if not pool.breaker.allow(now):
             return self._reject(pool, req, Reason.BREAKER_OPEN, now, status=503)
         cost = self.cost_of(req, pool)
@@ -351,6 +358,7 @@ class Admission:
 
     def cancel(self, request_id: str, now: float) -> bool:
         """The client left while queued: remove it. True if it was queued."""
+        self.budgets.refund(request_id, now)
         return any(p.scheduler.remove(request_id) is not None for p in self.pools.values())
 
     def set_override(self, pool: str, limit: float | None, until: float | None,
@@ -478,6 +486,7 @@ class Admission:
         limiters learned carry over; a pool that is no longer in the policy keeps serving its
         in-flight requests to their end and takes no new ones."""
         old_policy, self.policy = self.policy, policy
+        self.budgets.reconfigure(policy, now)
         self._read_policy(policy)
         names = [spec.name for spec in policy.pools]
         for spec in policy.pools:
@@ -544,4 +553,4 @@ class Admission:
                     } for q in self.policy.queues},
             }
         return {"policy_version": self.policy.version, "controller": self.controller,
-                "draining": self.draining, "pools": pools}
+                "draining": self.draining, "pools": pools, "tenants": self.budgets.status(now)}

@@ -70,21 +70,22 @@ class Picker:
         names = list(self.cost)
         if not names:
             return ""
-        live = [n for n in names if self.healthy(n, now)] or names
+        live = [i for i, b in enumerate(names) if self.healthy(b, now)] or range(len(names))
         self._turn += 1
-        n = len(names)
+        n, turn = len(names), self._turn
         if first:
-            return min(live, key=lambda b: (self._queue_now(b) >= 1,
-                                            max(now, self.prefill_done_at.get(b, 0.0)),
-                                            self._kv_now(b), (names.index(b) - self._turn) % n))
-        cost_total = sum(self.cost[b] for b in live) or 1.0
-        count_total = sum(self.count.get(b, 0) for b in live) or 1
+            return names[min(live, key=lambda i: (
+                self._queue_now(names[i]) >= 1, max(now, self.prefill_done_at.get(names[i], 0.0)),
+                self._kv_now(names[i]), (i - turn) % n))]
+        cost_total = sum(self.cost[names[i]] for i in live) or 1.0
+        count_total = sum(self.count.get(names[i], 0) for i in live) or 1
 
-        def load(b: str) -> float:
-            return self.cost[b] / cost_total + self.count.get(b, 0) / count_total
+        def key(i: int) -> tuple[bool, float, int]:
+            b = names[i]
+            load = self.cost[b] / cost_total + self.count.get(b, 0) / count_total
+            return self.saturated(b), load, (i - turn) % n
 
-        return min(live, key=lambda b: (self.saturated(b), load(b),
-                                        (names.index(b) - self._turn) % n))
+        return names[min(live, key=key)]
 
     def prefill_room(self, now: float, budget_s: float) -> bool:
         """Some healthy backend has less than `budget_s` of prompts sent to it still to

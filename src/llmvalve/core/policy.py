@@ -125,12 +125,29 @@ class PoolSpec:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """Per-minute amounts (None: not limited). Tokens are prompt + max_tokens at admission."""
+
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+
+
+@dataclass(frozen=True)
+class BudgetSpec:
+    """A tenant's budgets: over all its requests, and per model (core/budgets.py)."""
+
+    tenant: Budget = field(default_factory=Budget)
+    models: tuple[tuple[str, Budget], ...] = ()  # (model, its budget), in policy order
+
+
+@dataclass(frozen=True)
 class TenantSpec:
     name: str
     api_key_hashes: tuple[str, ...] = ()  # "sha256:<hex>" of each key; never the key itself
     max_priority: int = 0  # the highest class (lowest number) this tenant may use
     default_priority: int = 1
     models: tuple[str, ...] = ()  # the models it may use (empty: all)
+    budgets: BudgetSpec | None = None  # None: no budget
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from llmvalve.core.policy import (
     AdaptiveLimitSpec,
     BackendSpec,
     BreakerSpec,
+    BudgetSpec,
     DropPolicy,
     FallbackSpec,
     FeatureSpec,
@@ -59,6 +60,7 @@ from llmvalve.core.policy import (
     StaticLimitSpec,
     TenantSpec,
 )
+from llmvalve.core.policy_budgets import read_budgets
 
 CONTROLLERS = ("adaptive", "seed", "static", "none")
 ENGINES = ("vllm", "trtllm", "sglang")
@@ -482,7 +484,7 @@ def _unwrap(text: str, source: str, issues: list[PolicyIssue]) -> tuple[Node, st
 _TOP_KEYS = ("queues", "scheduler", "limiter", "pools", "tenants", "anonymous", "features",
              "retryAfter", "requests", "failureModeAllow", "secretsFile")
 _QUEUE_KEYS = ("priority", "name", "maxQueueSize", "timeout", "dropPolicy", "reservedShare", "slo")
-_TENANT_KEYS = ("name", "apiKeyHashes", "maxPriority", "defaultPriority", "models")
+_TENANT_KEYS = ("name", "apiKeyHashes", "maxPriority", "defaultPriority", "models", "budgets")
 
 
 @dataclass
@@ -679,9 +681,11 @@ class _TenantDraft:
     max_priority: int
     default_priority: int
     models: tuple[str, ...] = ()
+    budgets: BudgetSpec | None = None
 
 
-def _tenants(top: _Fields, queues: tuple[QueueSpec, ...], queues_ok: bool) -> list[_TenantDraft]:
+def _tenants(top: _Fields, queues: tuple[QueueSpec, ...], queues_ok: bool,
+             pools: tuple[PoolSpec, ...]) -> list[_TenantDraft]:
     r = top.r
     node = top.get("tenants")
     items = (r.seq(node, "tenants") or []) if node is not None else []
@@ -703,8 +707,9 @@ def _tenants(top: _Fields, queues: tuple[QueueSpec, ...], queues_ok: bool) -> li
         hashes = ([] if hashes_node is None
                   else _key_hashes(r, hashes_node, f.field("apiKeyHashes")))
         max_p, default_p = _tenant_priorities(f, queues, queues_ok)
+        models = _names(f, "models", "model")
         drafts.append(_TenantDraft(item, path, name or "", hashes_node is not None, hashes,
-                                   max_p, default_p, _names(f, "models", "model")))
+                                   max_p, default_p, models, read_budgets(f, pools, models)))
     return drafts
 
 
@@ -775,7 +780,7 @@ def _finish_tenants(drafts: list[_TenantDraft], anonymous: TenantSpec | None,
                     "missing: without key hashes (and with no secretsFile) no request can "
                     f"reach this tenant; {_HASH_HINT}")
         specs.append(TenantSpec(t.name, tuple(hashes), t.max_priority, t.default_priority,
-                                t.models))
+                                t.models, t.budgets))
     return tuple(specs)
 
 
@@ -1037,7 +1042,7 @@ def load_policy(text: str, source: str = "policy.yaml", *,
     )
     limiter = _limiter(top)
     pools = _pools(top)
-    tenant_drafts = _tenants(top, queues, queues_ok)
+    tenant_drafts = _tenants(top, queues, queues_ok, pools)
     anonymous = _anonymous(top, queues, queues_ok)
     secrets_node = top.get("secretsFile")
     if secrets_node is not None:

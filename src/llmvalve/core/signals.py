@@ -59,7 +59,11 @@ Buckets = tuple[tuple[float, float], ...]
 
 
 @dataclass(frozen=True)
-class _Parsed:
+class Reading:
+    """What one /metrics page says, cumulative, before any windowing: `parse(text)`, or built
+    directly from an engine's numbers by the simulator (sim/gateway.py) — both then go
+    through the same `SignalReader.reduce`."""
+
     gauges: Mapping[str, float]  # metric name → summed value
     kv_usage: float | None
     kv_capacity_tokens: float
@@ -110,7 +114,8 @@ def _sum_buckets(series: Iterable[tuple[float, float]]) -> Buckets:
     return tuple(sorted(by_bound.items()))
 
 
-def _parse(text: str) -> _Parsed:
+def parse(text: str) -> Reading:
+    """A /metrics page → its `Reading`. Raises on text that does not parse."""
     gauges: dict[str, float] = {}
     kv_usage: float | None = None
     kv_capacity = 0.0
@@ -140,7 +145,7 @@ def _parse(text: str) -> _Parsed:
                 total = totals.setdefault(base, [0.0, 0.0])
                 total[0 if kind == "sum" else 1] += value
     histograms = {name: _sum_buckets(series) for name, series in bucket_series.items()}
-    return _Parsed(
+    return Reading(
         gauges, kv_usage, kv_capacity, histograms, {k: (s, c) for k, (s, c) in totals.items()}
     )
 
@@ -173,9 +178,14 @@ class SignalReader:
 
     def read(self, text: str, now: float) -> BackendSnapshot:
         try:
-            parsed = _parse(text)
+            parsed = parse(text)
         except Exception:  # the parser raises ValueError, IndexError, … on garbage
             return self.failed(now)
+        return self.reduce(parsed, now)
+
+    def reduce(self, parsed: Reading, now: float) -> BackendSnapshot:
+        """A reading → the snapshot the core gets: gauges as they are, histograms and sums
+        over the window since the previous reading."""
         running = _first(parsed.gauges, RUNNING)
         waiting = _first(parsed.gauges, WAITING)
         if running is None and waiting is None and parsed.kv_usage is None:

@@ -34,6 +34,8 @@ class Reason(enum.Enum):
     GATEWAY_OVERLOADED = "gateway_overloaded"  # the control plane itself cannot keep up
     UNAUTHORIZED = "unauthorized"
     BAD_REQUEST = "bad_request"
+    BUDGET_REQUESTS = "budget_requests"  # the tenant's requests-per-minute budget is spent
+    BUDGET_TOKENS = "budget_tokens"  # the tenant's tokens-per-minute budget is spent
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class RequestInfo:
     deadline: float | None = None
     feature: str | None = None
     pool: str = "default"
+    model: str | None = None  # the OpenAI `model` it names (per-model budgets)
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,17 @@ class Queued:
 
 
 @dataclass(frozen=True)
+class RateLimit:
+    """One budget bucket as a client is told of it (the x-ratelimit-* headers)."""
+
+    kind: str  # "requests" | "tokens"
+    limit: float  # the bucket's size: its per-minute amount (times this replica's share)
+    remaining: float
+    reset_s: float  # until the bucket is full again
+    model: str | None = None  # None: the tenant's budget over all models
+
+
+@dataclass(frozen=True)
 class Reject:
     request_id: str
     status: int  # 429, or 503 when the pool is unavailable / breaker open
@@ -88,6 +102,10 @@ class Reject:
     retry_after_s: float
     wait_s: float = 0.0
     fallback: FallbackSpec | None = None  # set when the request's feature has one
+    # Budget refusals: the tenant's buckets, and False when the request is larger than a
+    # bucket (it can never fit: retrying does not help).
+    limits: tuple[RateLimit, ...] = ()
+    retryable: bool = True
 
 
 Decision = Admit | Queued | Reject

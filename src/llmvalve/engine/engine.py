@@ -28,8 +28,9 @@ class PromptTooLong(ValueError):
 
 
 class _Seq:
-    __slots__ = ("arrival", "blocks", "computed", "first_scheduled", "first_token_at",
-                 "generated", "last_token_at", "max_tokens", "prompt", "req_id", "target")
+    __slots__ = ("arrival", "blocks", "computed", "e", "first_scheduled", "first_token_at",
+                 "generated", "gfin", "last_token_at", "max_tokens", "o", "prompt", "req_id",
+                 "target")  # e, o, gfin: EventEngine's decode-group offsets
 
     def __init__(self, req_id: str, prompt: int, target: int, arrival: float,
                  max_tokens: int) -> None:
@@ -158,6 +159,7 @@ class Engine:
             scheduled.append((seq, n))
             budget -= n
             i += 1
+        new = 0  # requests scheduled for the first time: each pays per_request_s
         if not preempted:
             while (self.waiting and budget > 0
                    and len(self.running) < p.max_num_seqs):
@@ -170,6 +172,7 @@ class Engine:
                 if seq.first_scheduled is None:
                     seq.first_scheduled = now
                     self.metrics.queue_time.observe(now - seq.arrival)
+                    new += 1
                 scheduled.append((seq, n))
                 budget -= n
         if not scheduled:
@@ -182,7 +185,7 @@ class Engine:
             if n > 1 or seq.computed < seq.prompt + seq.generated - 1:
                 prefill_tokens += n
             context += seq.computed + n
-        duration = (p.base_s + p.per_seq_s * len(scheduled)
+        duration = (p.base_s + p.per_seq_s * len(scheduled) + p.per_request_s * new
                     + p.per_prefill_token_s * prefill_tokens
                     + p.per_ctx_token_s * context) * self.slowdown
         end = now + duration

@@ -36,6 +36,38 @@ class Histogram:
         self.total += value * n
         self.count += n
 
+    def observe_linear(self, a: float, b: float, k: int, n: int) -> None:
+        """`n` observations of each of the k values a + b·j, j = 1..k (b ≥ 0): the
+        inter-token gaps of k consecutive decode steps of n sequences, in O(buckets)."""
+        if k <= 0 or n <= 0:
+            return
+        if b <= 0:
+            self.observe(a + b, k * n)
+            return
+        if k <= 4:  # a few steps (a sync between two scrapes): cheaper one by one
+            for j in range(1, k + 1):
+                self.observe(a + b * j, n)
+            return
+        done = 0  # values with index ≤ done are already counted
+        for i, bound in enumerate(self.bounds):
+            if a + b * k <= bound:
+                upto = k
+            else:
+                upto = min(k, max(done, int((bound - a) / b)))
+                while upto < k and a + b * (upto + 1) <= bound:
+                    upto += 1
+                while upto > done and a + b * upto > bound:
+                    upto -= 1
+            if upto > done:
+                self.counts[i] += (upto - done) * n
+                done = upto
+            if done == k:
+                break
+        if done < k:
+            self.counts[-1] += (k - done) * n
+        self.total += n * (k * a + b * k * (k + 1) / 2)
+        self.count += k * n
+
     def cumulative(self) -> list[int]:
         out, acc = [], 0
         for c in self.counts:

@@ -24,6 +24,9 @@ class EngineProfile:
     per_seq_s: float
     per_prefill_token_s: float
     per_ctx_token_s: float
+    # Per-request fixed cost, paid in the step a request is first scheduled (tokenising,
+    # setting up its state, detokenising and streaming), serialised with the forward pass.
+    per_request_s: float = 0.0
     model: str = "sim-model"
     # Output-length model for the HTTP backend when a request does not say how long it is:
     # the answer is `default_output_tokens` long, capped by max_tokens.
@@ -34,19 +37,21 @@ class EngineProfile:
         return self.num_gpu_blocks * self.block_size
 
 
-# Llama-3-8B-Instruct, bf16, one H100 80GB SXM, vLLM v1 defaults (docs/engine.md: sources).
+# Llama-3-8B-Instruct, bf16, one H100 80GB SXM, vLLM defaults. The step-time terms are fitted to
+# published vLLM measurements (`python -m llmvalve.engine.calibrate`; sources in docs/engine.md).
 LLAMA3_8B_H100 = EngineProfile(
     name="llama3-8b-h100",
     model="meta-llama/Meta-Llama-3-8B-Instruct",
-    num_gpu_blocks=27_000,  # ≈ 432k tokens at 128 KiB/token in ~54 GiB left after weights
+    num_gpu_blocks=27_648,  # ≈ 54 GiB of KV at 128 KiB/token = 442,368 tokens
     block_size=16,
     max_num_seqs=1024,  # vLLM's default for the OpenAI server on an H100
     max_num_batched_tokens=8192,
     max_model_len=8192,
-    base_s=0.0065,  # weight streaming: 16 GB / ~3.35 TB/s HBM ≈ 5 ms, plus launch overhead
-    per_seq_s=0.00003,
-    per_prefill_token_s=0.00006,  # ≈ 16k prompt tokens/s
-    per_ctx_token_s=0.000_000_040,  # KV read: 128 KiB/token at 3.35 TB/s = 0.039 µs
+    base_s=0.0072,  # fitted; weight streaming alone is 16 GB / 3.35 TB/s = 4.8 ms
+    per_seq_s=0.000030,  # fitted
+    per_prefill_token_s=0.000034,  # fitted: ≈ 29k prompt tokens/s, ~48 % of bf16 peak
+    per_ctx_token_s=0.000_000_050,  # KV read: 128 KiB/token at ~78 % of 3.35 TB/s
+    per_request_s=0.0008,  # fitted
 )
 
 # A deliberately small engine: easy to overload, cheap to run over HTTP on a 2-core machine.
@@ -62,6 +67,7 @@ SMALL = EngineProfile(
     per_seq_s=0.0008,
     per_prefill_token_s=0.0001,  # 10k prompt tokens/s
     per_ctx_token_s=0.000_001,
+    per_request_s=0.0022,  # scaled like base_s: 0.8 ms × 20 / 7.2
 )
 
 # Four times the small engine's KV cache and batch: long prompts (4k tokens) fit a dozen at a
@@ -78,6 +84,7 @@ MEDIUM = EngineProfile(
     per_seq_s=0.0004,
     per_prefill_token_s=0.00005,  # 20k prompt tokens/s
     per_ctx_token_s=0.000_000_25,
+    per_request_s=0.0022,  # scaled like base_s
 )
 
 # Tiny and quick, for end-to-end tests that need answers in a fraction of a second.
@@ -93,6 +100,7 @@ TINY = EngineProfile(
     per_seq_s=0.0005,
     per_prefill_token_s=0.00005,
     per_ctx_token_s=0.000_001,
+    per_request_s=0.0011,  # scaled like base_s
     default_output_tokens=16,
 )
 

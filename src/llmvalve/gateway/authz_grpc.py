@@ -58,7 +58,6 @@ class AuthzGrpc(pb_grpc.AuthorizationServicer):
         verdict = await self.driver.decide(check)
         if isinstance(verdict, Answer):
             return denied(verdict.reply)
-        upstream = go_headers(verdict)
         return pb.CheckResponse(status=OK, ok_response=pb.OkHttpResponse(
-            headers=[_header(k, v) for k, v in upstream.items()],
+            headers=[_header(k, v) for k, v in go_headers(verdict)],
             response_headers_to_add=[_header(k, v) for k, v in verdict.client_headers]))

@@ -5,7 +5,7 @@ answers itself (static fallbacks, the model list).
                                   200 + headers = let it through (Envoy copies the upstream
                                   headers onto the request and the client headers onto the
                                   response); any other status = the answer the client gets.
-    any path, x-llmvalve-fallback: static
+    any path, x-llmvalve-static-fallback: FEATURE
                                   a request Envoy routed here for its static fallback answer
     GET /v1/models                the models of every pool (OpenAI's list shape): the pools'
                                   `models`, and for a pool that lists none, what its backends
@@ -13,25 +13,26 @@ answers itself (static fallbacks, the model list).
     GET /healthz                  Envoy's health check of this listener
 
 A check held in a queue is an open HTTP request; the client leaving makes Envoy close that
-connection, which cancels the handler (`handler_cancellation`) and so dequeues the request.
-aiohttp's low-level server: no router, no middleware, one function per request.
+connection, which cancels the handler and so dequeues the request (gateway/http_listener.py:
+a lean HTTP/1.1 server, one function per request).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import aiohttp
-from aiohttp import web
 
 from llmvalve.core.policy import Policy
 from llmvalve.core.types import Reason
 from llmvalve.gateway import replies, request_facts
 from llmvalve.gateway.driver import Driver
-from llmvalve.gateway.front import Answer, Check, Go
+from llmvalve.gateway.front import STATIC_FALLBACK_HEADER, Answer, Check, Go
+from llmvalve.gateway.http_listener import HttpListener, Request, Response
 
 log = logging.getLogger("llmvalve.authz")
 
@@ -47,13 +48,16 @@ UNAVAILABLE_ON_THE_WIRE = 418
 MODELS_TTL_S = 10.0
 
 
-def go_headers(go: Go) -> dict[str, str]:
-    """The headers of an allow: routing, the request's identity, and the client's."""
-    headers = dict(go.client_headers)
-    headers.update(go.headers)
-    headers[CLUSTER_HEADER] = go.cluster
+def go_headers(go: Go) -> list[tuple[str, str]]:
+    """The headers of an allow: routing and the request's identity (Envoy copies those onto
+    the upstream request, and the client's ones onto the response: the template's
+    allowed_upstream_headers and allowed_client_headers_on_success pick them out of this one
+    set, e.g. x-ratelimit-* for the client only)."""
+    names = {name for name, _ in go.headers}
+    headers = [*go.headers, *(h for h in go.client_headers if h[0] not in names),
+               (CLUSTER_HEADER, go.cluster)]
     if go.address is not None:
-        headers[UPSTREAM_HEADER] = go.address
+        headers.append((UPSTREAM_HEADER, go.address))
     return headers
 
 
@@ -65,31 +69,37 @@ def age_s(headers: dict[str, str], wall_clock: Callable[[], float]) -> float:
         return 0.0
 
 
+JSON = (("content-type", "application/json"),)
+TEXT = (("content-type", "text/plain"),)
+
+
 class AuthzHttp:
     def __init__(self, driver: Driver, wall_clock: Callable[[], float] = time.time) -> None:
         self.driver = driver
         self.wall_clock = wall_clock
-        self.server = web.Server(self.handle, handler_cancellation=True, access_log=None)
+        self.listener = HttpListener(self.handle)
         self._models: tuple[float, list[dict]] | None = None
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def handle(self, request: Request) -> Response:
         path = request.path
+        # First: a client request routed here for its fallback keeps its own path (which
+        # might start with /check); Envoy drops any copy of this header a client sends.
+        if STATIC_FALLBACK_HEADER in request.headers:
+            return self.fallback(request, self.driver.policy)
         if path.startswith(CHECK_PREFIX):
             return await self.check(request)
-        if request.headers.get("x-llmvalve-fallback") == "static":
-            return await self.fallback(request, self.driver.policy)
         if path == "/healthz":
-            return web.Response(text="ok\n")
+            return Response(200, TEXT, b"ok\n")
         if path == "/v1/models":
-            return web.json_response({"object": "list", "data": await self.models()})
-        return web.Response(status=404, text="not found\n")
+            doc = {"object": "list", "data": await self.models()}
+            return Response(200, JSON, json.dumps(doc).encode())
+        return Response(404, TEXT, b"not found\n")
 
-    async def check(self, request: web.BaseRequest) -> web.Response:
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        body = await request.read() if request.body_exists else None
+    async def check(self, request: Request) -> Response:
+        headers = request.headers
         check = Check(
             check_id=headers.get(ID_HEADER) or "",
-            headers=headers, body=body,
+            headers=headers, body=request.body or None,
             body_complete=headers.get("x-envoy-auth-partial-body") != "true",
             path=request.path[len(CHECK_PREFIX):], age_s=age_s(headers, self.wall_clock))
         if not check.check_id:
@@ -98,7 +108,7 @@ class AuthzHttp:
         verdict = await self.driver.decide(check)
         if isinstance(verdict, Answer):
             return reply_response(verdict.reply)
-        return web.Response(status=200, headers=go_headers(verdict))
+        return Response(200, go_headers(verdict))
 
     async def models(self) -> list[dict]:
         now = self.wall_clock()
@@ -118,12 +128,12 @@ class AuthzHttp:
         self._models = (now, data)
         return data
 
-    async def fallback(self, request: web.BaseRequest, policy: Policy) -> web.Response:
+    def fallback(self, request: Request, policy: Policy) -> Response:
         """The static answer of the request's feature, in the shape its body asks for."""
-        feature = policy.feature(request.headers.get("x-llmvalve-fallback-feature"))
+        feature = policy.feature(request.headers.get(STATIC_FALLBACK_HEADER))
         if feature is None or feature.fallback is None or feature.fallback.kind != "static":
             return reply_response(replies.bad_request("no static fallback for this request"))
-        facts = request_facts.parse_body(await request.read()) if request.body_exists else None
+        facts = request_facts.parse_body(request.body) if request.body else None
         body = facts if isinstance(facts, request_facts.BodyFacts) else None
         try:
             reason = Reason(request.headers.get("x-llmvalve-reason", ""))
@@ -135,12 +145,12 @@ class AuthzHttp:
             feature.fallback, reason=reason, path=request.path,
             model=body.model if body is not None else None, stream=stream,
             request_id=request.headers.get("x-request-id", ""), created=int(self.wall_clock()))
-        return web.Response(status=reply.status, headers=dict(reply.headers), body=reply.body)
+        return Response(reply.status, reply.headers, reply.body)
 
 
-def reply_response(reply: replies.Reply) -> web.Response:
+def reply_response(reply: replies.Reply) -> Response:
     status = UNAVAILABLE_ON_THE_WIRE if reply.status >= 500 else reply.status
-    return web.Response(status=status, headers=dict(reply.headers), body=reply.body)
+    return Response(status, reply.headers, reply.body)
 
 
 async def backend_models(url: str, timeout_s: float = 2.0) -> list[dict]:

@@ -34,9 +34,9 @@ from llmvalve.core.policy import BackendSpec, Policy
 from llmvalve.core.policy_load import load_policy_file
 from llmvalve.gateway import dashboard
 from llmvalve.gateway.access_log import AccessLogServicer
-from llmvalve.gateway.admin import AdminState, build_app
 from llmvalve.gateway.admin_auth import AdminToken, TokenInterceptor, http_guard, is_loopback
 from llmvalve.gateway.admin_grpc import AdminServicer
+from llmvalve.gateway.admin_http import AdminState, build_app
 from llmvalve.gateway.authz_grpc import AuthzGrpc
 from llmvalve.gateway.authz_http import AuthzHttp
 from llmvalve.gateway.driver import Driver
@@ -70,9 +70,11 @@ class ControlPlaneConfig:
     admin_token_file: Path | None = None
     controller: str | None = None
     policy_path: Path | None = None
-    metrics_urls: tuple[str, ...] = ()  # replace the first pool's backends
+    # Replace pools' backends: "URL" (the first pool) or "POOL=URL", one backend each.
+    metrics_urls: tuple[str, ...] = ()
     watch_interval_s: float = 0.0
     metrics_tenants: str = "*"
+    budget_share: float = 1.0  # this replica's share of every tenant budget (--budget-share)
     ports: dict[str, int] = field(default_factory=dict)
 
 
@@ -82,12 +84,25 @@ def split_addr(addr: str) -> tuple[str, int]:
 
 
 def with_backends(policy: Policy, urls: tuple[str, ...]) -> Policy:
-    """The policy with its first pool scraping `urls` instead of the configured backends."""
+    """The policy with the pools named in `urls` ("URL": the first pool, "POOL=URL") scraping
+    those URLs instead of their configured backends."""
     if not urls:
         return policy
-    backends = tuple(BackendSpec(name=f"backend-{i}", metrics_url=u) for i, u in enumerate(urls))
-    first = dataclasses.replace(policy.pools[0], backends=backends)
-    return dataclasses.replace(policy, pools=(first, *policy.pools[1:]))
+    by_pool: dict[str, list[str]] = {}
+    for item in urls:
+        pool, sep, url = item.partition("=")
+        if not sep or "://" in pool:
+            pool, url = policy.pools[0].name, item
+        if policy.pool(pool) is None:
+            raise ValueError(f"--metrics-url {item!r}: the policy has no pool {pool!r}")
+        by_pool.setdefault(pool, []).append(url)
+    first = policy.pools[0].name
+    pools = tuple(
+        p if p.name not in by_pool else dataclasses.replace(p, backends=tuple(
+            BackendSpec(f"backend-{i}" if p.name == first else f"{p.name}-{i}", url)
+            for i, url in enumerate(by_pool[p.name])))
+        for p in policy.pools)
+    return dataclasses.replace(policy, pools=pools)
 
 
 class ControlPlane:
@@ -102,7 +117,8 @@ class ControlPlane:
         prometheus_client.disable_created_metrics()
         self.metrics = GatewayMetrics(tenants=TenantLabels.parse(config.metrics_tenants))
         self.metrics.ttft_slo = lambda klass: ttft_objective(self.policy, klass)
-        self.front = Front(Admission(self.policy, random.Random(), config.controller))
+        self.front = Front(Admission(self.policy, random.Random(), config.controller,
+                                     budget_share=config.budget_share))
         self.driver = Driver(self.front, self.metrics)
         self.state = AdminState()
         self.reloads = ReloadLog(self.metrics, config.policy_path)
@@ -132,7 +148,8 @@ class ControlPlane:
         await self.scraper.start(self.policy)
         await self.data_grpc.start()
         await self.admin_grpc.start()
-        self.ports["http"] = await self._serve_http(self.authz.server, self.config.http)
+        host, port = split_addr(self.config.http)
+        self.ports["http"] = await self.authz.listener.start(host, port)
         self.ports["admin"] = await self._serve_http(self._admin_app(), self.config.admin)
         self.state.ready = True
         self.history.start()
@@ -171,15 +188,12 @@ class ControlPlane:
             raise OSError(f"cannot listen on {addr} (gRPC)")
         return port
 
-    async def _serve_http(self, handler: Any, addr: str) -> int:
-        runner = (web.AppRunner(handler, access_log=None) if isinstance(handler, web.Application)
-                  else web.ServerRunner(handler))
-        await runner.setup()
+    async def _serve_http(self, app: web.Application, addr: str) -> int:
+        self.admin_runner = web.AppRunner(app, access_log=None)
+        await self.admin_runner.setup()
         host, port = split_addr(addr)
-        site = web.TCPSite(runner, host, port, reuse_address=True, backlog=4096)
-        await site.start()
-        self._runners = [*getattr(self, "_runners", []), runner]
-        return runner.addresses[-1][1]
+        await web.TCPSite(self.admin_runner, host, port, reuse_address=True).start()
+        return self.admin_runner.addresses[-1][1]
 
     def status(self) -> dict[str, Any]:
         front = self.front
@@ -233,8 +247,8 @@ class ControlPlane:
         await self.admin_grpc.stop(0.5)
         await self.scraper.stop()
         await self.driver.stop()
-        for runner in getattr(self, "_runners", []):
-            await runner.cleanup()
+        await self.authz.listener.stop()
+        await self.admin_runner.cleanup()
 
 
 def _entry_json(entry: Any) -> dict[str, Any] | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from aiohttp import web
 
 from llmvalve.gateway import logs
 from llmvalve.gateway.metrics import SHED, GatewayMetrics
+from llmvalve.gateway.tasks import Background
 from llmvalve.gateway.telemetry import StateWatch
 
 log = logging.getLogger("llmvalve.dashboard")
@@ -51,7 +51,7 @@ class History:
         self.watch = StateWatch()
         self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
         self._last_at: float | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Background()
         self.classes: list[str] = []
 
     def sample(self) -> dict[str, Any]:
@@ -128,13 +128,10 @@ class History:
 
     # -- the loop ------------------------------------------------------------------------------
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="llmvalve-dashboard")
+        self._tasks.start(self._run(), "llmvalve-dashboard")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._tasks.stop()
 
     async def _run(self) -> None:
         while True:

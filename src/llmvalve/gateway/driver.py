@@ -71,10 +71,9 @@ class Driver:
                 verdict = await future
             except asyncio.CancelledError:
                 self._waiters.pop(check.check_id, None)
-                self._record(self.front.client_left(check.check_id, self.clock()),
-                             check.check_id)
+                self._record(self.front.client_left(check.check_id, self.clock()), check)
                 raise
-        self._record(verdict.record, check.check_id)
+        self._record(verdict.record, check)
         return verdict
 
     def logged(self, entry: LogEntry) -> Joined | None:
@@ -109,11 +108,11 @@ class Driver:
             if future is not None and not future.done():
                 future.set_result(verdict)
             else:  # nobody waits for it any more: give its slot back
-                self._record(self.front.client_left(verdict.check_id, now), verdict.check_id)
+                self.front.client_left(verdict.check_id, now)
 
-    def _record(self, record: Record | None, check_id: str) -> None:
+    def _record(self, record: Record | None, check: Check) -> None:
         if record is not None:
-            self.metrics.record(record, check_id)
+            self.metrics.record(record, check.check_id, check.headers.get("x-request-id", ""))
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -28,7 +28,7 @@ SET_BY_LLMVALVE = ("x-llmvalve-id", "x-llmvalve-start", "x-llmvalve-content-leng
                    "x-llmvalve-cluster",
                    "x-llmvalve-upstream", "x-llmvalve-pool", "x-llmvalve-tenant",
                    "x-llmvalve-class", "x-llmvalve-queue-wait-ms", "x-llmvalve-fallback",
-                   "x-llmvalve-fallback-feature", "x-llmvalve-reason",
+                   "x-llmvalve-static-fallback", "x-llmvalve-reason",
                    "x-llmvalve-rewrite-model")
 ADMISSION_MODES = ("http", "grpc")
 
@@ -125,10 +125,15 @@ def _admission_service(params: EnvoyParams) -> str:
                     - {{exact: content-type}}
                     - {{exact: retry-after}}
                     - {{exact: retry-after-ms}}
+                    - {{exact: x-should-retry}}
                     - {{prefix: x-llmvalve-}}
                     - {{prefix: x-ratelimit-}}
                   allowed_client_headers_on_success:
-                    patterns: [{{exact: x-llmvalve-class}}, {{exact: x-llmvalve-queue-wait-ms}}]"""
+                    patterns:
+                    - {{exact: x-llmvalve-class}}
+                    - {{exact: x-llmvalve-queue-wait-ms}}
+                    - {{exact: x-llmvalve-fallback}}
+                    - {{prefix: x-ratelimit-}}"""
 
 
 def render(params: EnvoyParams) -> str:

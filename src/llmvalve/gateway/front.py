@@ -11,8 +11,11 @@ One HTTP request, as the gateway sees it (Envoy's authorization check, then its 
 
 The path of one request, in this order: classify (API key → tenant, clamped class; 401),
 read the body when the policy inspects bodies (400), choose the pool by model (404, 403),
-estimate the cost (gateway/request_facts.py), `Admission.submit`. A rejection with a feature
-fallback becomes a static answer or a re-route into the fallback model's pool.
+estimate the cost (gateway/request_facts.py), `Admission.submit` (which charges the tenant's
+budgets first: over budget is a 429 of its own, `over_budget`, never an overload shed). A
+rejection with a feature fallback becomes a static answer or a re-route into the fallback
+model's pool. A tenant with budgets sees them on its admitted answers and its budget
+refusals (x-ratelimit-* headers).
 
 Lifecycle of a check id (Envoy's `%UNIQUE_ID%` in `x-llmvalve-id`, also logged with the
 request, so the access log joins on it). `TRANSITIONS` is the whole table; an event a request's
@@ -64,6 +67,7 @@ RECENT_TTL_S = 600.0
 TOP_LAG_S = 1.0
 CLIENT_LEFT = frozenset({"DC", "DR"})  # %RESPONSE_FLAGS%: the downstream went away
 FALLBACK_CLUSTER = "llmvalve_fallback"  # the control plane itself serves static fallbacks
+STATIC_FALLBACK_HEADER = "x-llmvalve-static-fallback"  # → the fallback server: which feature
 DIRECT_CLUSTER = "llm_direct"  # ORIGINAL_DST: the backend the core picked, by address
 
 Headers = tuple[tuple[str, str], ...]
@@ -109,7 +113,7 @@ class Check:
 class Record:
     """What a decision was, for the metrics and the decision log (never a key or a body)."""
 
-    decision: str  # admitted, rejected, dropped, fallback_static, fallback_reroute, unauthorized…
+    decision: str  # admitted, rejected, dropped, over_budget, fallback_static, unauthorized…
     klass: str
     reason: str = ""
     tenant: str = ""
@@ -233,7 +237,7 @@ class Front:
             request_id=check.check_id, tenant=classified.tenant, priority=classified.priority,
             cost_tokens=0.0, prompt_tokens=est.prompt_tokens, max_tokens=est.max_tokens,
             deadline=None if deadline_ms is None else now + deadline_ms / 1000.0,
-            feature=headers.get(spec.feature_header), pool=pool.name)
+            feature=headers.get(spec.feature_header), pool=pool.name, model=model)
         stream = facts.stream if facts is not None else request_facts.stream_hint(headers)
         waiting = _Waiting(info, classified, klass, model, stream)
         if check.age_s > TOP_LAG_S / 2 ** policy.priorities.index(classified.priority):
@@ -339,11 +343,11 @@ class Front:
     def _verdict(self, waiting: _Waiting, decision: Admit | Reject, now: float,
                  queued: bool) -> Go | Answer:
         if isinstance(decision, Admit):
-            return self._go(waiting, decision.ticket, decision.wait_s)
+            return self._go(waiting, decision.ticket, decision.wait_s, now, waiting.model)
         return self._rejected(waiting, decision, now, queued)
 
-    def _go(self, waiting: _Waiting, ticket: Ticket, wait_s: float,
-            extra: Headers = ()) -> Go:
+    def _go(self, waiting: _Waiting, ticket: Ticket, wait_s: float, now: float,
+            model: str | None, extra: Headers = ()) -> Go:
         pool = self.policy.pool(ticket.pool)
         cluster = pool.cluster if pool is not None else ""
         address = self.addresses.get(ticket.backend)
@@ -351,9 +355,14 @@ class Front:
             cluster = DIRECT_CLUSTER
         record = Record("fallback_reroute" if extra else "admitted", waiting.klass,
                         dict(extra).get("x-llmvalve-reason", ""), ticket.tenant, wait_s)
+        info = waiting.info
+        limits = self.admission.budgets.views(
+            ticket.tenant, model, info.prompt_tokens
+            + (info.max_tokens or self.policy.requests.default_max_tokens), now)
         return Go(ticket.request_id, ticket, cluster, address,
                   (*self._identity(waiting, ticket.pool, wait_s), *extra),
-                  self._client_headers(waiting.klass, wait_s), record)
+                  (*self._client_headers(waiting.klass, wait_s, bool(extra)),
+                   *replies.ratelimit_headers(limits)), record)
 
     def _identity(self, waiting: _Waiting, pool: str, wait_s: float) -> Headers:
         priority = str(waiting.classified.priority)
@@ -367,20 +376,25 @@ class Front:
         return tuple(headers)
 
     @staticmethod
-    def _client_headers(klass: str, wait_s: float) -> Headers:
-        return (("x-llmvalve-class", klass),
-                ("x-llmvalve-queue-wait-ms", str(round(wait_s * 1000))))
+    def _client_headers(klass: str, wait_s: float, rerouted: bool = False) -> Headers:
+        out = (("x-llmvalve-class", klass), ("x-llmvalve-queue-wait-ms", str(round(wait_s * 1000))))
+        return (*out, ("x-llmvalve-fallback", "reroute")) if rerouted else out
 
     def _rejected(self, waiting: _Waiting, reject: Reject, now: float,
                   queued: bool) -> Go | Answer:
+        if reject.reason in replies.BUDGET:  # the tenant's own doing: not an overload shed
+            return Answer(waiting.info.request_id,
+                          replies.over_budget(reject, waiting.klass, waiting.info.tenant),
+                          Record("over_budget", waiting.klass, reject.reason.value,
+                                 waiting.info.tenant, 0.0,
+                                 reject.retry_after_s if reject.retryable else None))
         fallback: FallbackSpec | None = reject.fallback
         record = Record("dropped" if queued else "rejected", waiting.klass,
                         reject.reason.value, waiting.info.tenant, reject.wait_s,
                         reject.retry_after_s)
         if fallback is not None and fallback.kind == "static":
-            headers: Headers = (("x-llmvalve-fallback", "static"),
-                                ("x-llmvalve-reason", reject.reason.value),
-                                ("x-llmvalve-fallback-feature", waiting.info.feature or ""))
+            headers: Headers = ((STATIC_FALLBACK_HEADER, waiting.info.feature or ""),
+                                ("x-llmvalve-reason", reject.reason.value))
             return Go(waiting.info.request_id, None, FALLBACK_CLUSTER, None, headers, (),
                       Record("fallback_static", waiting.klass, reject.reason.value,
                              waiting.info.tenant, reject.wait_s, reject.retry_after_s))
@@ -404,16 +418,16 @@ class Front:
                 return None
             return Go(waiting.info.request_id, None, fallback.cluster, None,
                       (*self._identity(waiting, waiting.info.pool, reject.wait_s), *extra),
-                      self._client_headers(waiting.klass, reject.wait_s),
+                      self._client_headers(waiting.klass, reject.wait_s, rerouted=True),
                       Record("fallback_reroute", waiting.klass, reject.reason.value,
                              waiting.info.tenant, reject.wait_s))
-        info = replace(waiting.info, pool=target.name, feature=None)
+        info = replace(waiting.info, pool=target.name, feature=None, model=fallback.model)
         decision = self.admission.submit(info, now)
         if not isinstance(decision, Admit):  # no room there either: not queued twice
             if isinstance(decision, Queued):
                 self.admission.cancel(info.request_id, now)
             return None
-        return self._go(waiting, decision.ticket, reject.wait_s, extra)
+        return self._go(waiting, decision.ticket, reject.wait_s, now, fallback.model, extra)
 
     def _phase(self, check_id: str) -> Phase | None:
         if check_id in self._waiting:

@@ -79,11 +79,12 @@ def setup(level: str = "INFO", fmt: str = "json", stream: Any = None) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def decision(*, request_id: str, tenant: str, klass: str, decision: str, reason: str,
-             wait_s: float | None, retry_after_s: float | None = None) -> None:
+def decision(*, check_id: str, request_id: str, tenant: str, klass: str, decision: str,
+             reason: str, wait_s: float | None, retry_after_s: float | None = None) -> None:
     if not DECISIONS.isEnabledFor(logging.DEBUG):
         return
-    fields: dict[str, Any] = {"event": "decision", "request_id": request_id, "tenant": tenant,
+    fields: dict[str, Any] = {"event": "decision", "check_id": check_id,
+                              "request_id": request_id, "tenant": tenant,
                               "class": klass, "decision": decision, "reason": reason,
                               "wait_ms": None if wait_s is None else round(wait_s * 1000, 3)}
     if retry_after_s is not None:

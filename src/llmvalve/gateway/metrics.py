@@ -27,7 +27,9 @@ from llmvalve.gateway.telemetry import SignalsSeen, SloTracker, TenantLabels
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60)
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60)
 RETRY_AFTER_BUCKETS = (1, 2, 3, 5, 8, 13, 20, 30, 45, 60, 120)
-# Decisions that answer the request without the backend: a miss of the class's SLO.
+# Decisions that answer the request without the backend: a miss of the class's SLO. A request
+# refused for its tenant's budget (`over_budget`) is not judged: the tenant exceeded what it
+# was granted, and the SLO is the gateway's promise for traffic within it.
 SHED = frozenset({"rejected", "dropped", "fallback_static", "fallback_reroute"})
 
 
@@ -42,6 +44,7 @@ class GatewayMetrics:
         self.signals = SignalsSeen()
         # (class, decision) → count, for the dashboard's rates.
         self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         # class name → its TTFT objective (the server points this at the live policy).
         self.ttft_slo: Callable[[str], float | None] = lambda _klass: None
         r = self.registry
@@ -78,33 +81,50 @@ class GatewayMetrics:
         self.admin_refusals = Counter(
             "llmvalve_admin_refusals", "Admin API calls refused for a missing or wrong token",
             ["api"], registry=r)
+        self.budget_refusals = Counter(
+            "llmvalve_budget_refusals", "Requests refused because their tenant's budget was "
+            "spent (429 rate_limit_exceeded), by the kind of budget", ["tenant", "kind"],
+            registry=r)
         self.scrapes = Counter(
             "llmvalve_backend_scrapes", "Backend /metrics scrapes", ["backend", "ok"], registry=r)
 
-    def record(self, record: Record, check_id: str = "") -> None:
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, looked up once: prometheus_client's `labels` takes a lock
+        and builds a key on every call, which adds up at thousands of requests a second."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def record(self, record: Record, check_id: str = "", request_id: str = "") -> None:
         """One decision delivered to Envoy (or a request that left): counters, the SLO
         view, and one DEBUG log line."""
         klass, decision = record.klass, record.decision
-        self.decisions.labels(decision, klass, self.tenants(record.tenant), record.reason).inc()
+        self._child(self.decisions, decision, klass, self.tenants(record.tenant),
+                    record.reason).inc()
         self.counts[(klass, decision)] += 1
         if record.retry_after_s is not None:
-            self.retry_after.labels(klass, record.reason).observe(record.retry_after_s)
+            self._child(self.retry_after, klass, record.reason).observe(record.retry_after_s)
+        if decision == "over_budget":
+            self._child(self.budget_refusals, self.tenants(record.tenant),
+                        record.reason.removeprefix("budget_")).inc()
         if decision == "admitted":
-            self.waits.labels(klass).observe(record.wait_s)
+            self._child(self.waits, klass).observe(record.wait_s)
         elif decision in SHED:
             self.slo.judge(klass, False, self.clock())
-            self.slo_verdicts.labels(klass, "no").inc()
-        logs.decision(request_id=check_id, tenant=record.tenant, klass=klass,
-                      decision=decision, reason=record.reason, wait_s=record.wait_s,
+            self._child(self.slo_verdicts, klass, "no").inc()
+        logs.decision(check_id=check_id, request_id=request_id, tenant=record.tenant,
+                      klass=klass, decision=decision, reason=record.reason, wait_s=record.wait_s,
                       retry_after_s=record.retry_after_s)
 
     def joined(self, joined: Joined) -> None:
         """An access-log entry joined to its ticket: the request's end, judged against its
         class's TTFT objective at the gateway (queue wait + backend TTFT)."""
         klass, sample = joined.klass, joined.sample
-        self.access_logs.labels("yes" if sample is not None else "no").inc()
+        self._child(self.access_logs, "yes" if sample is not None else "no").inc()
         if joined.released:
-            self.releases.labels(joined.outcome.value).inc()
+            self._child(self.releases, joined.outcome.value).inc()
             if joined.client_left:
                 self.record(Record("cancelled_in_flight", klass, "cancelled",
                                    joined.ticket.tenant), joined.ticket.request_id)
@@ -115,17 +135,17 @@ class GatewayMetrics:
             met = False
         elif joined.ttft_s is not None:  # the first body byte: for a plain answer, all of it
             ttft = joined.ticket.wait_s + joined.ttft_s
-            self.backend_ttft.labels(klass).observe(joined.ttft_s)
-            self.gateway_ttft.labels(klass).observe(ttft)
+            self._child(self.backend_ttft, klass).observe(joined.ttft_s)
+            self._child(self.gateway_ttft, klass).observe(ttft)
             objective = self.ttft_slo(klass)
             if objective is not None:
                 met = ttft <= objective
         if met is not None:
             self.slo.judge(klass, met, self.clock())
-            self.slo_verdicts.labels(klass, "yes" if met else "no").inc()
+            self._child(self.slo_verdicts, klass, "yes" if met else "no").inc()
 
     def admin_refused(self, api: str) -> None:
-        self.admin_refusals.labels(api).inc()
+        self._child(self.admin_refusals, api).inc()
 
     def scraped(self, pool: str, snap: BackendSnapshot) -> None:
         """A backend scrape, as handed to the core."""
@@ -136,7 +156,7 @@ class GatewayMetrics:
                        ok=flipped, level=20 if flipped else 30)
 
     def watch_status(self, status: Callable[[], dict[str, Any]]) -> None:
-        self.registry.register(_StatusCollector(status))
+        self.registry.register(_StatusCollector(status, self.tenants))
         self.registry.register(_SeenCollector(self))
 
 
@@ -165,8 +185,10 @@ class _StatusCollector(Collector):
     llmvalve_pool_<field>; numeric limiter fields → llmvalve_limiter_<field>; per class the
     queue depth, oldest wait and in-flight; the breaker state; the policy version."""
 
-    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, status: Callable[[], dict[str, Any]],
+                 tenants: Callable[[str], str] = lambda name: name) -> None:
         self.status = status
+        self.tenants = tenants
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
@@ -210,12 +232,40 @@ class _StatusCollector(Collector):
                     if number is not None:
                         family(name, doc, ["pool", "class"]).add_metric(
                             [str(pool_name), str(cls.get("name", ""))], number)
+        _budget_gauges(status.get("tenants") or {}, self.tenants, family)
         if status.get("policy_version") is not None:
             family("llmvalve_policy_info", "The running policy (value 1)",
                    ["version", "controller"]).add_metric(
                 [str(status.get("policy_version") or ""), str(status.get("controller", ""))],
                 1.0)
         yield from families.values()
+
+
+BUDGET_FIELDS = {"limit": ("llmvalve_budget_limit", "A budget bucket's size: its per-minute "
+                             "amount times this replica's --budget-share"),
+                 "remaining": ("llmvalve_budget_remaining", "What is left in a budget bucket "
+                               "(it refills at limit / 60 per second)")}
+
+
+def _budget_gauges(tenants: dict[str, Any], label: Callable[[str], str],
+                   family: Callable[[str, str, list[str]], GaugeMetricFamily]) -> None:
+    """Each budget bucket of each tenant (`model` "" for the tenant's own). A tenant without
+    its own metrics label (--metrics-tenants) is left out: levels cannot be summed."""
+    for name, view in tenants.items():
+        if label(name) != name:
+            continue
+        budgets = (view or {}).get("budgets") or {}
+        scopes = [("", budgets), *((m, b) for m, b in (budgets.get("models") or {}).items())]
+        for model, scope in scopes:
+            for kind in ("requests", "tokens"):
+                bucket = scope.get(kind)
+                if not isinstance(bucket, dict):
+                    continue
+                for key, (metric, doc) in BUDGET_FIELDS.items():
+                    number = _number(bucket.get(key))
+                    if number is not None:
+                        family(metric, doc, ["tenant", "model", "kind"]).add_metric(
+                            [name, model, kind], number)
 
 
 BACKEND_FIELDS = {

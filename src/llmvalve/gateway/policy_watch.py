@@ -32,6 +32,8 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from llmvalve.gateway.tasks import Background
+
 log = logging.getLogger("llmvalve.policy_watch")
 
 DEFAULT_INTERVAL_S = 1.0
@@ -113,8 +115,9 @@ class PolicyWatcher:
         self._secrets: Path | None = None
         self._stat = self._stat_now()
         self._digest = self._digest_now()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Background()
         self.changes = 0
+        self.polls = 0  # checks done (a test can wait for the watcher to have looked again)
 
     def _stat_now(self) -> tuple[Any, ...]:
         return (_stat_key(self.path), None if self._secrets is None else _stat_key(self._secrets))
@@ -139,6 +142,7 @@ class PolicyWatcher:
 
     async def check(self) -> bool:
         """One poll: True when the content changed and `on_change` was awaited."""
+        self.polls += 1
         stat = self._stat_now()
         if stat == self._stat:
             return False
@@ -160,14 +164,10 @@ class PolicyWatcher:
         return True
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="llmvalve-policy-watch")
+        self._tasks.start(self._run(), "llmvalve-policy-watch")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._tasks.stop()
 
     async def _run(self) -> None:
         while True:

@@ -4,6 +4,12 @@ Plain values (status, headers, body); the authorization adapters send them as th
 Error bodies follow OpenAI's shape `{"error": {"message", "type", "code"}}` so the OpenAI
 SDKs raise their usual exceptions, and 429/503 carry `retry-after` (whole seconds, rounded
 up) and `retry-after-ms`, which the SDKs' retry loops honour.
+
+A tenant over its budget gets OpenAI's own answer: 429 `rate_limit_exceeded` with the
+`x-ratelimit-{limit,remaining,reset}-{requests,tokens}` headers (reset as OpenAI writes it:
+`120ms`, `17.28s`, `6m0s`), and a Retry-After that is the time its buckets need to refill
+(rounded up to the millisecond, so a client that waits exactly that long fits). A request too
+large to ever fit says `x-should-retry: false` instead (the OpenAI SDKs then do not retry).
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import math
 from dataclasses import dataclass
 
 from llmvalve.core.policy import FallbackSpec
-from llmvalve.core.types import Reason, Reject
+from llmvalve.core.types import RateLimit, Reason, Reject
 
 UNAVAILABLE = frozenset({Reason.BREAKER_OPEN, Reason.POOL_UNAVAILABLE, Reason.DRAINING})
+BUDGET = frozenset({Reason.BUDGET_REQUESTS, Reason.BUDGET_TOKENS})
+PER_MINUTE = {"requests": "requests per minute (RPM)", "tokens": "tokens per minute (TPM)"}
 
 MESSAGES = {
     Reason.QUEUE_FULL: "The {cls} queue is full. Retry after {after} s.",
@@ -52,6 +60,58 @@ def retry_after_headers(retry_after_s: float) -> tuple[tuple[str, str], ...]:
     seconds = max(0.0, retry_after_s)
     return (("retry-after", str(math.ceil(seconds))),
             ("retry-after-ms", str(round(seconds * 1000))))
+
+
+def duration(seconds: float) -> str:
+    """A duration as OpenAI's x-ratelimit-reset-* headers write it (Go's form, to the
+    millisecond, rounded up): 0s, 120ms, 1s, 17.28s, 6m0s, 1h2m3.5s."""
+    ms = math.ceil(max(0.0, seconds) * 1000 - 1e-6)
+    if ms < 1000:
+        return f"{ms}ms" if ms else "0s"
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    secs = f"{rest / 1000:.3f}".rstrip("0").rstrip(".")
+    return (f"{hours}h" if hours else "") + (f"{minutes}m" if hours or minutes else "") + \
+        f"{secs}s"
+
+
+def ratelimit_headers(limits: tuple[RateLimit, ...]) -> tuple[tuple[str, str], ...]:
+    """x-ratelimit-limit-*, -remaining-*, -reset-* per kind (whole requests and tokens)."""
+    out: list[tuple[str, str]] = []
+    for lim in limits:
+        out += [(f"x-ratelimit-limit-{lim.kind}", str(math.floor(lim.limit + 1e-9))),
+                (f"x-ratelimit-remaining-{lim.kind}", str(math.floor(lim.remaining + 1e-9))),
+                (f"x-ratelimit-reset-{lim.kind}", duration(lim.reset_s))]
+    return tuple(out)
+
+
+def over_budget(reject: Reject, class_name: str, tenant: str) -> Reply:
+    """429 rate_limit_exceeded for a tenant over its budget (OpenAI's answer, headers too)."""
+    kind = "requests" if reject.reason is Reason.BUDGET_REQUESTS else "tokens"
+    lim = next((x for x in reject.limits if x.kind == kind), None)
+    scope = f"tenant `{tenant}`" + (f" on model `{lim.model}`" if lim and lim.model else "")
+    numbers = (f": limit {math.floor(lim.limit + 1e-9)}, remaining "
+               f"{math.floor(lim.remaining + 1e-9)}") if lim else ""
+    if reject.retryable:
+        ms = math.ceil(max(0.0, reject.retry_after_s) * 1000 - 1e-6)
+        message = (f"Rate limit reached for {scope} on {PER_MINUTE[kind]}{numbers}. "
+                   f"Please try again in {duration(reject.retry_after_s)}.")
+        retry: tuple[tuple[str, str], ...] = (("retry-after", str(math.ceil(ms / 1000))),
+                                              ("retry-after-ms", str(ms)))
+    elif kind == "tokens":
+        message = (f"Request too large for {scope} on {PER_MINUTE[kind]}{numbers}: it can "
+                   "never fit the budget. Lower the prompt or max_tokens.")
+        retry = (("x-should-retry", "false"),)
+    else:  # this replica's share of the budget is less than one request
+        message = (f"The budget of {scope} on {PER_MINUTE[kind]}{numbers} is less than one "
+                   "request on this gateway replica: no request can fit. The operator must "
+                   "raise requestsPerMinute or the replica's --budget-share.")
+        retry = (("x-should-retry", "false"),)
+    headers = (("content-type", "application/json"), *retry,
+               ("x-llmvalve-reason", reject.reason.value), ("x-llmvalve-class", class_name),
+               *ratelimit_headers(reject.limits))
+    return Reply(429, headers, _error_body(message, kind, "rate_limit_exceeded"),
+                 f"llmvalve_{reject.reason.value}")
 
 
 def shed(reject: Reject, class_name: str) -> Reply:

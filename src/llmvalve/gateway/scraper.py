@@ -12,7 +12,6 @@ backend two small HTTP requests a second.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import aiohttp
@@ -21,6 +20,7 @@ from llmvalve.core.policy import Policy
 from llmvalve.core.signals import SignalReader
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.metrics import GatewayMetrics
+from llmvalve.gateway.tasks import Background
 
 log = logging.getLogger("llmvalve.scraper")
 
@@ -30,37 +30,28 @@ class Scraper:
         self.driver = driver
         self.metrics = metrics or GatewayMetrics()
         self._session: aiohttp.ClientSession | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = Background()
         self._readers: dict[str, SignalReader] = {}
 
     async def start(self, policy: Policy) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, force_close=False))
-        await self._cancel_tasks()
+        await self._tasks.stop()
         for pool in policy.pools:
             for backend in pool.backends:
                 if not backend.metrics_url:
                     continue
                 reader = self._readers.setdefault(backend.metrics_url, SignalReader(backend.name))
-                self._tasks.append(asyncio.create_task(
+                self._tasks.start(
                     self._loop(pool.name, backend.metrics_url, reader, pool.scrape_interval_s,
-                               pool.scrape_timeout_s),
-                    name=f"scrape-{backend.name}"))
+                               pool.scrape_timeout_s), f"scrape-{backend.name}")
 
     async def stop(self) -> None:
-        await self._cancel_tasks()
+        await self._tasks.stop()
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-    async def _cancel_tasks(self) -> None:
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     async def scrape_once(self, url: str, reader: SignalReader, timeout_s: float):
         assert self._session is not None

@@ -7,6 +7,7 @@ import json
 import re
 import sys
 import time
+from dataclasses import replace
 
 _CONTROLLER_RE = re.compile(r"none|seed|adaptive|static(:[1-9][0-9]*)?|schedule:.+")
 
@@ -19,17 +20,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", metavar="LIST",
                    help="run each seed (1,2,3 or 1-3) and report the mean and the worst")
     p.add_argument("--gateways", type=int, help="independent gateway replicas")
+    p.add_argument("--backends", type=int, help="number of backends (default: the scenario's)")
+    p.add_argument("--load-scale", type=float, default=1.0,
+                   help="multiply every class's request rate (default 1)")
     p.add_argument("--oracle", action="store_true",
                    help="also report oracles: the best static:N, none, and the best fixed "
                    "limit per window in hindsight")
     p.add_argument("--oracle-window", type=float, default=20.0, metavar="S",
                    help="the hindsight oracle's window in seconds (default 20)")
+    p.add_argument("--no-hindsight", action="store_true",
+                   help="with --oracle: only the fixed oracles (best static:N, none), not "
+                   "the hindsight search (its runs dominate at fleet scale)")
     p.add_argument("--capacity", action="store_true",
                    help="measure what the backends can serve of this request mix and print "
                    "the scenario's load factor (per seed)")
     p.add_argument("--json", action="store_true", help="print the results JSON only")
     p.add_argument("--plot", metavar="PNG", help="write time series (and sweep) plots")
     p.add_argument("--list", action="store_true", help="list the built-in scenarios")
+    p.add_argument("--stepping", choices=("event", "per-step"), default="event",
+                   help="engine stepping: event-driven (default) or the per-step reference")
 
 
 def _fail(msg: str) -> int:
@@ -62,6 +71,12 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"unknown controller {bad[0]!r} (none, static:N, seed, adaptive)")
     if args.gateways is not None and args.gateways < 1:
         return _fail("--gateways must be >= 1")
+    if args.backends is not None:
+        if args.backends < 1:
+            return _fail("--backends must be >= 1")
+        sc = replace(sc, backends=args.backends)
+    if not args.load_scale > 0:
+        return _fail("--load-scale must be > 0")
     if not args.oracle_window > 0:
         return _fail("--oracle-window must be > 0")
     if args.capacity:
@@ -69,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         result, runs = simulate_seeds(sc, ctrls, seeds, args.oracle, args.gateways,
-                                      args.oracle_window, with_sweep=True)
+                                      args.oracle_window, with_sweep=True,
+                                      hindsight=not args.no_hindsight,
+                                      load_scale=args.load_scale, stepping=args.stepping)
     except ValueError as exc:  # e.g. a bad schedule: controller
         return _fail(str(exc))
     if not args.seeds:

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from llmvalve.sim.report import seeds_table
-from llmvalve.sim.runner import simulate_seeds
+from llmvalve.sim.runner import simulate, simulate_seeds
 from llmvalve.sim.scenario import builtin_names, load_scenario
 
 SEEDS = [1, 2, 3]
+FLEET_BACKENDS = 32  # from this many backends: seed 1 and the fixed oracles only
 
 HEAD = """# Scenarios
 
@@ -31,9 +34,10 @@ over the seeds.
 
 Columns: goodput = output tokens/s of requests that met their class SLO (TTFT and TPOT; see
 `docs/policy.md` for the default SLOs); `att` = SLO attainment (met / offered; a rejected or
-dropped request is a miss); `ttft99` = p99 time to first token of completed requests, from the
-first attempt; rejected = refused at arrival (final, after the client's retries); dropped = left
-the queue at its timeout or deadline, or lost with a backend; preempt = engine preemptions.
+dropped request is a miss, one refused for its tenant's budget is not judged); `ttft99` = p99
+time to first token of completed requests, from the first attempt; rejected = refused at
+arrival (final, after the client's retries); dropped = left the queue at its timeout or
+deadline, or lost with a backend; preempt = engine preemptions.
 
 Oracles (what hindsight could do on the exact same requests):
 - **best static**: the best fixed concurrency limit `static:N` over the scenario's
@@ -47,6 +51,8 @@ Oracles (what hindsight could do on the exact same requests):
   schedule.
 
 `/fixed`, `/hindsi` and `/none` are the controller's goodput over each oracle's at that seed.
+Fleet-scale built-ins (32 backends or more) are run at seed 1 with the fixed oracles only: the
+hindsight search would take tens of minutes there.
 The JSON (`--json`) also has per-tenant results in each class, per-second time series per
 controller (limit, in flight, per-class in flight and queue depth, KV usage, engine running and
 waiting, saturation, rejections) and, with `--seeds`, every seed's results and the mean and
@@ -127,8 +133,9 @@ def _summary(results: dict[str, dict]) -> str:
             continue
         v = summ["vs_oracle"]
         exp = ", ".join(k for k, on in load_scenario(name).extra.items() if on) or "-"
+        hind = f"{v['hindsight']['worst']:.3f}" if "hindsight" in v else "-"
         rows.append(f"| `{name}` | {exp} | {v['fixed']['worst']:.3f} (mean "
-                    f"{v['fixed']['mean']:.3f}) | {v['hindsight']['worst']:.3f} | "
+                    f"{v['fixed']['mean']:.3f}) | {hind} | "
                     f"{v['none']['worst']:.3f} | {summ['slo_attainment']['0']['worst']:.3f} | "
                     f"{summ['worst_seed']} |")
     return ("## Summary: `adaptive` against the oracles\n\nThe worst over seeds 1, 2, 3 of each "
@@ -166,7 +173,10 @@ def _section(name: str, res: dict, elapsed: float | None) -> str:
     if "sweep" in next(iter(res["seeds"]["runs"].values())):
         parts.append(_sweep(res))
     if elapsed is not None:
-        parts.append(f"_(three seeds with the oracles simulated in {elapsed:.0f} s)_\n")
+        n = len(res["seeds"]["seeds"])
+        which = "the oracles" if "hindsight" in res.get("oracles", {}) else "the fixed oracles"
+        seeds = {1: "one seed", 3: "three seeds"}.get(n, f"{n} seeds")
+        parts.append(f"_({seeds} with {which} simulated in {elapsed:.0f} s)_\n")
     return "\n".join(parts)
 
 
@@ -179,12 +189,49 @@ def render(from_json: Path | None = None) -> str:
             res = json.loads((from_json / f"{name}.json").read_text())
         else:
             t0 = time.perf_counter()
-            res, _ = simulate_seeds(load_scenario(name), None, SEEDS, oracle=True,
-                                    with_sweep=True)
+            sc = load_scenario(name)
+            fleet = sc.backends >= FLEET_BACKENDS
+            res, _ = simulate_seeds(sc, None, SEEDS[:1] if fleet else SEEDS, oracle=True,
+                                    with_sweep=True, hindsight=not fleet)
             elapsed = time.perf_counter() - t0
         results[name] = res
         sections.append(_section(name, res, elapsed))
-    return "\n".join([HEAD, _summary(results), *sections])
+    speed_part = [speed()] if from_json is None else []
+    return "\n".join([HEAD, _summary(results), *sections, *speed_part])
+
+
+SPEED = """## Simulator speed
+
+Wall time of `llmvalve simulate` on the machine that wrote this page ({cpus} CPUs, load average
+{load:.2f} when the section started), event-driven engine stepping (the default; `--stepping
+per-step` runs the per-token reference, which gives the same results: see docs/engine.md).
+The last row is `fleet` scaled eight times: `--backends 512 --gateways 32 --load-scale 8`.
+
+| run | requests | wall time | adaptive goodput (tok/s) | P0 attainment |
+|---|---|---|---|---|
+"""
+
+
+def speed() -> str:
+    """The fleet scenario's wall times: alone, with the fixed oracles, and at 8x scale."""
+    sc = load_scenario("fleet")
+    big = replace(sc, backends=sc.backends * 8, gateways=sc.gateways * 4)
+    sweep = ", ".join(str(n) for n in sc.oracle_sweep)
+    cases = [(f"`fleet` ({sc.backends} backends, {sc.gateways} gateways), adaptive", sc, False,
+              1.0),
+             (f"`fleet`, adaptive `--oracle --no-hindsight` (static {sweep}, none)", sc, True,
+              1.0),
+             (f"{big.backends} backends x {big.gateways} gateways, adaptive", big, False, 8.0)]
+    rows = []
+    load = os.getloadavg()[0]
+    for what, s, oracle, scale in cases:
+        t0 = time.perf_counter()
+        res, runs = simulate(s, ["adaptive"], oracle=oracle, load_scale=scale, hindsight=False)
+        wall = time.perf_counter() - t0
+        a = res["controllers"]["adaptive"]
+        rows.append(f"| {what} | {len(runs['adaptive'].jobs):,} | {wall:.1f} s | "
+                    f"{a['goodput_tok_s']:,.0f} | {a['classes']['0']['slo_attainment']:.3f} |")
+    return SPEED.format(cpus=os.cpu_count(), load=load) + "\n".join(rows) + "\n"
 
 
 def main() -> None:

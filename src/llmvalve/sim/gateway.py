@@ -10,16 +10,22 @@ What production sees, and so what the simulation feeds the front:
   of a cancelled request, the backend's time to first body byte (a first token only when the
   answer streams) and the upstream duration. Never the answer's length: production does not
   see it per request (the pool's mean answer length comes from the scraped metrics);
-- scrapes: each backend's metrics, reduced as `core.signals` reduces a /metrics page.
+- scrapes: each backend's metrics as a `core.signals.Reading` — what its /metrics page would
+  say (`backend/exposition.py` renders the same numbers; a test checks that parsing that page
+  gives this reading) — reduced by the same `SignalReader` production uses.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
+from llmvalve.core import signals
 from llmvalve.core.policy import Policy, TenantSpec
 from llmvalve.core.policy_load import hash_api_key
+from llmvalve.engine.engine import Engine
+from llmvalve.engine.metrics import Histogram
 from llmvalve.gateway.front import Answer, Check, LogEntry
 from llmvalve.sim.workload import Job
 
@@ -54,10 +60,17 @@ def check_of(job: Job, check_id: str, policy: Policy, stream: bool) -> Check:
         headers[spec.model_header] = model
     body = None
     if policy.inspects_bodies:
-        doc = {"model": model or "sim", "max_tokens": job.max_tokens, "stream": stream,
+        doc = {"model": model or "sim", "stream": stream,
                "messages": [{"role": "user", "content": "x" * text_bytes}]}
+        if job.max_tokens:
+            doc["max_tokens"] = job.max_tokens
         body = json.dumps(doc).encode()
     return Check(check_id, headers, body)
+
+
+def envoy_ms(seconds: float) -> float:
+    """A duration as Envoy's `%COMMON_DURATION(…:ms)%` logs it: whole milliseconds, cut."""
+    return int(seconds * 1000 + 1e-9) / 1000
 
 
 def log_entry(check_id: str, status: int | None, *, sent_at: float, first_token_at: float | None,
@@ -65,8 +78,8 @@ def log_entry(check_id: str, status: int | None, *, sent_at: float, first_token_
               failed: bool = False) -> LogEntry:
     flags = frozenset({"DC"} if client_left else {"UC"} if failed else set())
     return LogEntry(check_id, status, flags,
-                    ttft_s=None if first_token_at is None else first_token_at - sent_at,
-                    upstream_s=ended_at - sent_at, streamed=streamed)
+                    ttft_s=None if first_token_at is None else envoy_ms(first_token_at - sent_at),
+                    upstream_s=envoy_ms(ended_at - sent_at), streamed=streamed)
 
 
 def retry_after_s(answer: Answer) -> float | None:
@@ -74,3 +87,24 @@ def retry_after_s(answer: Answer) -> float | None:
         if key == "retry-after-ms":
             return int(value) / 1000.0
     return None
+
+
+def _buckets(h: Histogram) -> signals.Buckets:
+    return tuple(zip((*h.bounds, math.inf), (float(c) for c in h.cumulative()), strict=True))
+
+
+def reading_of(engine: Engine) -> signals.Reading:
+    """What the engine's vLLM /metrics page says right now (backend/exposition.py)."""
+    m = engine.metrics
+    hist = {signals.ITL: m.itl, signals.QUEUE_TIME: m.queue_time, signals.TTFT: m.ttft}
+    return signals.Reading(
+        gauges={"vllm:num_requests_running": float(engine.num_running),
+                "vllm:num_requests_waiting": float(engine.num_waiting),
+                "vllm:num_preemptions_total": float(m.preemptions_total),
+                "vllm:request_success_total": float(sum(m.finished.values()))},
+        kv_usage=engine.kv_usage,
+        kv_capacity_tokens=float(engine.num_blocks * engine.profile.block_size),
+        histograms={name: _buckets(h) for name, h in hist.items()},
+        totals={**{name: (h.total, float(h.count)) for name, h in hist.items()},
+                signals.OUTPUT_TOKENS: (m.output_tokens.total, float(m.output_tokens.count))},
+    )

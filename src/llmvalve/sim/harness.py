@@ -4,7 +4,10 @@
 each request's end (its slot's release, its latency) by access log a little after it ends.
 
 The clock is the event heap, keyed (time, sequence): time moves only when an event is popped,
-so the same scenario and seed give the same numbers, to the last digit.
+so the same scenario and seed give the same numbers, to the last digit. Engines advance by
+events (`EventEngine`: one heap event per run of decode steps, synced before anything reads
+them) or, with `stepping="per-step"`, one step per event as the HTTP backend does: the same
+results either way (tests/test_simulate_stepping.py).
 """
 
 from __future__ import annotations
@@ -17,11 +20,10 @@ from dataclasses import dataclass, field
 from llmvalve.client import RetryPolicy, next_delay
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy import Policy
-from llmvalve.core.quantiles import delta, histogram_quantile
-from llmvalve.core.signals import windowed_mean
+from llmvalve.core.signals import SignalReader
 from llmvalve.core.types import BackendSnapshot
 from llmvalve.engine.engine import Engine, PromptTooLong, StepResult
-from llmvalve.engine.metrics import REQUEST_BUCKETS
+from llmvalve.engine.stepper import Advance, EventEngine
 from llmvalve.gateway.front import Answer, Front, Go, Verdict, Wait
 from llmvalve.sim import gateway as sim_gateway
 from llmvalve.sim.scenario import Scenario
@@ -29,6 +31,8 @@ from llmvalve.sim.workload import Job
 
 MAINTAIN_EVERY_S = 1.0  # as the production driver: reclaim leases, reconcile slots
 DROPPED_REASONS = ("queue_timeout", "client_deadline")  # waited, then shed: "dropped"
+BUDGET_REASONS = ("budget_requests", "budget_tokens")  # the tenant's budget: "over_budget"
+FINAL = ("completed", "rejected", "dropped", "cancelled", "over_budget")
 
 DRAIN_LIMIT_S = 120.0  # after the traffic stops, how long unfinished requests may still finish
 
@@ -37,7 +41,8 @@ DRAIN_LIMIT_S = 120.0  # after the traffic stops, how long unfinished requests m
 class JobState:
     job: Job
     attempt: int = 0
-    status: str = "pending"  # pending queued running completed rejected dropped cancelled
+    # pending queued running completed rejected dropped cancelled over_budget
+    status: str = "pending"
     gateway: int = 0
     backend: int = -1
     req_id: str = ""
@@ -56,6 +61,8 @@ class Backend:
     alive: bool = True
     stepping: bool = False
     requests: set[str] = field(default_factory=set)
+    ends_at: float | None = None  # event stepping: when the step or run in flight ends
+    epoch: int = 0  # event stepping: bumped when that end moves (older end events are void)
 
 
 @dataclass
@@ -64,8 +71,7 @@ class Gateway:
     front: Front
     healthy: list[bool]
     inflight: list[int]
-    prev_hist: dict[int, tuple[list[int], tuple[float, float], tuple[float, float]]] = field(
-        default_factory=dict)
+    readers: dict[int, SignalReader] = field(default_factory=dict)  # one per backend
     poll_at: float | None = None
     rr: int = 0
 
@@ -104,17 +110,25 @@ class RunResult:
     max_num_seqs: int
 
 
+STEPPING = ("event", "per-step")
+
+
 class Simulation:
     def __init__(self, sc: Scenario, policy: Policy, controller: str, jobs: list[Job],
-                 seed: int = 1) -> None:
+                 seed: int = 1, stepping: str = "event") -> None:
+        if stepping not in STEPPING:
+            raise ValueError(f"stepping is one of {', '.join(STEPPING)}, got {stepping!r}")
+        self.event = stepping == "event"
         self.sc = sc
         self.policy = policy = sim_gateway.sim_policy(policy, jobs)
         self.controller = controller
         self.profile = sc.engine_profile()
         self.rng = random.Random(f"sim:{seed}:{controller}")
-        self.backends = [Backend(i, Engine(self.profile, f"b{i}")) for i in range(sc.backends)]
+        self.backends = [Backend(i, self._engine(i)) for i in range(sc.backends)]
+        # Each replica enforces 1/N of every tenant budget (`serve --budget-share`).
         self.gateways = [
-            Gateway(g, Front(Admission(policy, random.Random(f"gw:{seed}:{g}"), controller)),
+            Gateway(g, Front(Admission(policy, random.Random(f"gw:{seed}:{g}"), controller,
+                                       budget_share=1.0 / sc.gateways)),
                     [True] * sc.backends, [0] * sc.backends)
             for g in range(sc.gateways)]
         self.states = [JobState(j) for j in jobs]
@@ -127,6 +141,11 @@ class Simulation:
         self.kv_max = 0.0
         self.dead_preemptions = 0
         self.pending = len(jobs)
+
+    def _engine(self, i: int) -> Engine:
+        """Event-driven engines advance many decode steps per event (engine/stepper.py); the
+        per-step reference engine is what the HTTP backend runs."""
+        return (EventEngine if self.event else Engine)(self.profile, f"b{i}")
 
     # ---- event plumbing -------------------------------------------------------------------
     def at(self, t: float, fn: Callable[[float], None]) -> None:
@@ -158,7 +177,7 @@ class Simulation:
                          self.profile.max_num_seqs)
 
     def _settle(self, st: JobState, status: str, now: float) -> None:
-        if st.status in ("completed", "rejected", "dropped", "cancelled"):
+        if st.status in FINAL:
             return
         st.status = status
         st.finished_at = now
@@ -195,7 +214,9 @@ class Simulation:
         if retry_after is not None:
             self.retry_after.append(retry_after)
         self.rejections_since_tick += 1
-        final = "dropped" if answer.record.reason in DROPPED_REASONS else "rejected"
+        reason = answer.record.reason
+        final = ("dropped" if reason in DROPPED_REASONS
+                 else "over_budget" if reason in BUDGET_REASONS else "rejected")
         self._retry_or_settle(st, retry_after, final, now)
 
     def _retry_or_settle(self, st: JobState, retry_after_s: float | None, final: str,
@@ -272,6 +293,8 @@ class Simulation:
         backend.requests.add(st.req_id)
         if not backend.stepping:
             self._step(backend, now)
+        else:
+            self._moved(backend)
 
     def _route(self, g: Gateway) -> int:
         """Envoy's least-request balancing, over the backends this gateway believes healthy
@@ -288,6 +311,7 @@ class Simulation:
         backend = self.backends[st.backend]
         if backend.alive and backend.engine.has(st.req_id):
             backend.engine.abort(st.req_id, now)
+            self._moved(backend)
         backend.requests.discard(st.req_id)
         g = self.gateways[st.gateway]
         g.inflight[st.backend] -= 1
@@ -303,6 +327,7 @@ class Simulation:
         self.at(now + self.sc.als_delay_s, logged)
 
     def scrape(self, g: Gateway, now: float) -> None:
+        self._sync(now)
         for b in self.backends:
             snap = self._snapshot(g, b, now)
             g.healthy[b.index] = snap.ok
@@ -311,35 +336,37 @@ class Simulation:
         self.at(now + self.sc.scrape_interval_s, lambda t: self.scrape(g, t))
 
     def _snapshot(self, g: Gateway, b: Backend, now: float) -> BackendSnapshot:
-        """What a scrape of `b` gives the gateway: the cumulative metrics reduced over the
-        window since this gateway's previous scrape, as `core.signals` reduces a /metrics
-        page."""
+        """What a scrape of `b` gives the gateway: the engine's metrics, reduced over the
+        window since this gateway's previous scrape by production's `SignalReader`."""
+        reader = g.readers.get(b.index)
+        if reader is None:
+            reader = g.readers[b.index] = SignalReader(f"b{b.index}")
         if not b.alive:
-            return BackendSnapshot(backend=f"b{b.index}", at=now, ok=False)
-        e = b.engine
-        m = e.metrics
-        itl = (m.itl.total, float(m.itl.count))
-        out = (m.output_tokens.total, float(m.output_tokens.count))
-        prev = g.prev_hist.get(b.index)
-        itl_mean = q_p90 = out_mean = None
-        finished = 0.0
-        if prev is not None:
-            q_prev, itl_prev, out_prev = prev
-            itl_mean, _ = windowed_mean(itl_prev, itl)
-            out_mean, finished = windowed_mean(out_prev, out)
-            q_p90 = histogram_quantile(0.9, REQUEST_BUCKETS, delta(m.queue_time.counts, q_prev))
-        g.prev_hist[b.index] = (list(m.queue_time.counts), itl, out)
-        return BackendSnapshot(
-            backend=f"b{b.index}", at=now, ok=True, running=e.num_running,
-            waiting=e.num_waiting, kv_usage=e.kv_usage,
-            preemptions_total=m.preemptions_total,
-            kv_capacity_tokens=e.num_blocks * e.profile.block_size,
-            itl_mean_s=itl_mean, queue_time_p90_s=q_p90,
-            requests_finished_total=sum(m.finished.values()),
-            output_tokens_mean=out_mean, finished_in_window=finished)
+            return reader.failed(now)
+        return reader.reduce(sim_gateway.reading_of(b.engine), now)
 
     # ---- backends -------------------------------------------------------------------------
+    def _sync(self, now: float) -> None:
+        """Event stepping: bring every engine to what a per-step engine shows at `now`."""
+        if self.event:
+            for b in self.backends:
+                if b.alive:
+                    b.engine.sync(now)  # type: ignore[attr-defined]
+
+    def _moved(self, b: Backend) -> None:
+        """An input may have ended the engine's run early: move its end event."""
+        if not self.event or not b.stepping:
+            return
+        end = b.engine.busy_until  # type: ignore[attr-defined]
+        if end is not None and end != b.ends_at:
+            b.epoch += 1
+            b.ends_at = end
+            self.at(end, lambda t, b=b, ep=b.epoch: self._advance_end(b, ep, t))
+
     def _step(self, b: Backend, now: float) -> None:
+        if self.event:
+            self._advance(b, now)
+            return
         res = b.engine.step(now)
         if res is None:
             b.stepping = False
@@ -362,12 +389,44 @@ class Simulation:
                 self._settle(st, "completed", now)
         self._step(b, now)
 
+    def _advance(self, b: Backend, now: float) -> None:
+        adv = b.engine.advance(now)  # type: ignore[attr-defined]
+        if adv is None:
+            b.stepping = False
+            b.ends_at = None
+            return
+        b.stepping = True
+        b.epoch += 1
+        b.ends_at = adv.end_s
+        self.at(adv.end_s, lambda t, b=b, ep=b.epoch: self._advance_end(b, ep, t))
+
+    def _advance_end(self, b: Backend, epoch: int, now: float) -> None:
+        if not b.alive or epoch != b.epoch:
+            return
+        res: Advance | None = b.engine.collect(now)  # type: ignore[attr-defined]
+        for req_id, generated, finished in res.tokens if res is not None else ():
+            st = self.by_req.get(req_id)
+            if st is None or st.status != "running" or st.req_id != req_id:
+                continue
+            if st.first_token_at is None:
+                st.first_token_at = now
+            st.output_tokens = generated
+            if finished:
+                self._end_on_backend(st, now)
+                self._settle(st, "completed", now)
+        self._advance(b, now)
+
     def capacity_event(self, ev, now: float) -> None:  # type: ignore[no-untyped-def]
         b = self.backends[ev.backend]
+        if self.event and b.alive:
+            b.engine.cut(now)  # type: ignore[attr-defined]
+            for req_id in b.requests:  # a drop's record carries the tokens streamed so far
+                self.by_req[req_id].output_tokens = b.engine.generated(req_id)  # type: ignore
         if ev.slowdown is not None:
             b.engine.set_slowdown(float(ev.slowdown))
         if ev.kv_blocks is not None:
             b.engine.set_kv_blocks(int(ev.kv_blocks))
+        self._moved(b)
         if ev.leave and b.alive:
             b.alive = False
             b.stepping = False
@@ -378,12 +437,13 @@ class Simulation:
                     self._end_on_backend(st, now, status=503, failed=True)
                     self._retry_or_settle(st, None, "dropped", now)
         if ev.rejoin and not b.alive:
-            b.engine = Engine(self.profile, f"b{b.index}")
+            b.engine = self._engine(b.index)
             b.alive = True
             b.requests.clear()
 
     # ---- observation ----------------------------------------------------------------------
     def tick(self, now: float) -> None:
+        self._sync(now)
         live = [b for b in self.backends if b.alive]
         kv = sum(b.engine.kv_usage for b in live) / max(1, len(live))
         kv_top = max((b.engine.kv_usage for b in live), default=0.0)

@@ -6,14 +6,8 @@ from __future__ import annotations
 import math
 
 from llmvalve.core.policy import Policy, QueueSpec
+from llmvalve.core.quantiles import percentile
 from llmvalve.sim.harness import JobState, RunResult
-
-
-def _pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def _latency(s: JobState) -> tuple[float, float]:
@@ -39,17 +33,25 @@ def good_tokens_by_arrival(run: RunResult, policy: Policy, window_s: float) -> l
     return out
 
 
+def attainment(met: int, offered: int, over_budget: int) -> float:
+    """met / offered, a rejected request counting as a miss; requests refused for their
+    tenant's budget are not judged (the tenant went past what it was granted)."""
+    judged = offered - over_budget
+    return round(met / judged, 4) if judged else 1.0
+
+
 def _tenants(jobs: list[JobState], q: QueueSpec) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for s in jobs:
         t = out.setdefault(s.job.tenant, {"offered": 0, "completed": 0, "rejected": 0,
-                                          "dropped": 0, "cancelled": 0, "slo_met": 0})
+                                          "dropped": 0, "cancelled": 0, "over_budget": 0,
+                                          "slo_met": 0})
         t["offered"] += 1
         if s.status in t:
             t[s.status] += 1
         t["slo_met"] += slo_met(s, q)
     for t in out.values():
-        t["slo_attainment"] = round(t["slo_met"] / t["offered"], 4)
+        t["slo_attainment"] = attainment(t["slo_met"], t["offered"], t["over_budget"])
     return dict(sorted(out.items()))
 
 
@@ -60,7 +62,8 @@ def summarize(run: RunResult, policy: Policy) -> dict:
         jobs = [s for s in run.jobs if s.job.priority == q.priority]
         ttft, tpot, waits = [], [], []
         met = 0
-        counts = {"completed": 0, "rejected": 0, "dropped": 0, "cancelled": 0}
+        counts = {"completed": 0, "rejected": 0, "dropped": 0, "cancelled": 0,
+                  "over_budget": 0}
         for s in jobs:
             if s.status in counts:
                 counts[s.status] += 1
@@ -76,10 +79,11 @@ def summarize(run: RunResult, policy: Policy) -> dict:
                 good_tokens += s.output_tokens
         classes[str(q.priority)] = {
             "offered": len(jobs), **counts, "slo_met": met,
-            "slo_attainment": round(met / len(jobs), 4) if jobs else 1.0,
-            "ttft_p50_s": round(_pct(ttft, 0.5), 3), "ttft_p99_s": round(_pct(ttft, 0.99), 3),
-            "tpot_p99_s": round(_pct(tpot, 0.99), 4),
-            "queue_wait_p99_s": round(_pct(waits, 0.99), 3),
+            "slo_attainment": attainment(met, len(jobs), counts["over_budget"]),
+            "ttft_p50_s": round(percentile(ttft, 0.5, 0.0), 3),
+            "ttft_p99_s": round(percentile(ttft, 0.99, 0.0), 3),
+            "tpot_p99_s": round(percentile(tpot, 0.99, 0.0), 4),
+            "queue_wait_p99_s": round(percentile(waits, 0.99, 0.0), 3),
             "tenants": _tenants(jobs, q),
         }
     ra = run.retry_after

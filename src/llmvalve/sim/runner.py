@@ -17,6 +17,7 @@ Oracles (`--oracle`): yardsticks computed from hindsight on the exact same reque
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from importlib import resources
 
@@ -32,22 +33,26 @@ ORACLES = ("fixed", "static", "none", "hindsight")
 
 
 def default_policy() -> Policy:
+    """What a scenario without a policy runs: the packaged default policy's classes and
+    settings on one pool (its first): scenarios describe one fleet."""
     text = resources.files("llmvalve").joinpath("data", "default-policy.yaml").read_text()
-    return load_policy(text, "default-policy.yaml")
+    policy = load_policy(text, "default-policy.yaml")
+    return dataclasses.replace(policy, pools=policy.pools[:1], features=())
 
 
 def run_one(sc: Scenario, controller: str, seed: int | None = None,
-            load_scale: float = 1.0) -> RunResult:
+            load_scale: float = 1.0, stepping: str = "event") -> RunResult:
     seed = sc.seed if seed is None else seed
     policy = sc.policy or default_policy()
     jobs = generate(sc, load_scale, seed)
-    return Simulation(sc, policy, controller, jobs, seed).run()
+    return Simulation(sc, policy, controller, jobs, seed, stepping).run()
 
 
 def simulate(sc: Scenario, controllers: list[str] | None = None, seed: int | None = None,
              oracle: bool = False, gateways: int | None = None,
              load_scale: float = 1.0, oracle_window_s: float = ORACLE_WINDOW_S,
-             hindsight: bool = True) -> tuple[dict, dict[str, RunResult]]:
+             hindsight: bool = True,
+             stepping: str = "event") -> tuple[dict, dict[str, RunResult]]:
     """Each controller on the scenario at one seed; with `oracle`, the oracles too (the
     hindsight search, the costly part, can be left out)."""
     if gateways is not None:
@@ -59,13 +64,14 @@ def simulate(sc: Scenario, controllers: list[str] | None = None, seed: int | Non
                  "controllers": {}}
     events = sorted({e.at_s for e in sc.events})
     for c in controllers or list(sc.controllers):
-        runs[c] = run_one(sc, c, seed, load_scale)
+        runs[c] = run_one(sc, c, seed, load_scale, stepping)
         out["controllers"][c] = summarize(runs[c], policy)
         out["controllers"][c]["capacity"] = capacity_report(runs[c], events)
         out["controllers"][c]["timeseries"] = timeseries(runs[c])
     if oracle:
         out["oracle"], out["oracles"] = oracles(sc, seed, policy, runs, load_scale,
-                                                oracle_window_s if hindsight else None)
+                                                oracle_window_s if hindsight else None,
+                                                stepping)
         out["vs_oracle"] = {c: ratios(r["goodput_tok_s"], out["oracles"])
                             for c, r in out["controllers"].items()}
     return out, runs
@@ -87,11 +93,12 @@ def _schedule_name(picks: list[str], window_s: float) -> str:
 
 
 def oracles(sc: Scenario, seed: int, policy: Policy, have: dict[str, RunResult],
-            load_scale: float, window_s: float | None) -> tuple[dict, dict]:
+            load_scale: float, window_s: float | None,
+            stepping: str = "event") -> tuple[dict, dict]:
     """(the best static limit as `oracle` always reported it, every oracle; no hindsight
     search when `window_s` is None)."""
     cands = [f"static:{n}" for n in sc.oracle_sweep] + ["none"]
-    sweep_runs = {c: have.get(c) or run_one(sc, c, seed, load_scale) for c in cands}
+    sweep_runs = {c: have.get(c) or run_one(sc, c, seed, load_scale, stepping) for c in cands}
     gp = {c: summarize(r, policy)["goodput_tok_s"] for c, r in sweep_runs.items()}
     static = max((c for c in cands if c != "none"), key=lambda c: gp[c])
     fixed = static if gp[static] >= gp["none"] else "none"
@@ -101,7 +108,7 @@ def oracles(sc: Scenario, seed: int, policy: Policy, have: dict[str, RunResult],
            "fixed": {"controller": fixed, "goodput_tok_s": gp[fixed]}, "sweep": gp}
     if window_s is not None:
         picks, best, tried = _hindsight(sc, seed, policy, sweep_runs, gp, fixed, load_scale,
-                                        window_s)
+                                        window_s, stepping=stepping)
         steps = [[w * window_s, c] for w, c in enumerate(picks) if w == 0 or picks[w - 1] != c]
         out["hindsight"] = {"goodput_tok_s": best, "schedule": steps, "runs": tried}
     return static_best, out
@@ -109,7 +116,8 @@ def oracles(sc: Scenario, seed: int, policy: Policy, have: dict[str, RunResult],
 
 def _hindsight(sc: Scenario, seed: int, policy: Policy, sweep_runs: dict[str, RunResult],
                gp: dict[str, float], fixed: str, load_scale: float,
-               window_s: float, passes: int = 2) -> tuple[list[str], float, int]:
+               window_s: float, passes: int = 2,
+               stepping: str = "event") -> tuple[list[str], float, int]:
     """Greedy search over per-window fixed limits, from the best constant. Window by window,
     the two limits under which that window's arrivals did best in the sweep (when they beat
     the current choice there by more than 1 %) are tried for that window alone and from that
@@ -130,7 +138,7 @@ def _hindsight(sc: Scenario, seed: int, policy: Policy, sweep_runs: dict[str, Ru
                 onward = [*picks[:w]] + [c] * (n - w)
                 for trial in (alone, onward) if alone != onward else (alone,):
                     g = summarize(run_one(sc, _schedule_name(trial, window_s), seed,
-                                          load_scale), policy)["goodput_tok_s"]
+                                          load_scale, stepping), policy)["goodput_tok_s"]
                     tried += 1
                     if g > best:
                         picks, best, improved = trial, g, True
@@ -144,16 +152,19 @@ def _hindsight(sc: Scenario, seed: int, policy: Policy, sweep_runs: dict[str, Ru
 def simulate_seeds(sc: Scenario, controllers: list[str] | None, seeds: list[int],
                    oracle: bool = False, gateways: int | None = None,
                    oracle_window_s: float = ORACLE_WINDOW_S, with_sweep: bool = False,
-                   hindsight: bool = True) -> tuple[dict, dict[str, RunResult]]:
+                   hindsight: bool = True, load_scale: float = 1.0,
+                   stepping: str = "event") -> tuple[dict, dict[str, RunResult]]:
     """Every seed in turn. The top-level fields are the first seed's, exactly as a one-seed
     run prints them; `seeds` holds each seed's results and the mean and worst over seeds."""
     per: dict[int, dict] = {}
     first_runs: dict[str, RunResult] = {}
     for s in seeds:
-        res, runs = simulate(sc, controllers, s, oracle, gateways,
-                             oracle_window_s=oracle_window_s, hindsight=hindsight)
+        res, runs = simulate(sc, controllers, s, oracle, gateways, load_scale,
+                             oracle_window_s=oracle_window_s, hindsight=hindsight,
+                             stepping=stepping)
         if with_sweep and sc.sweep_loads:
-            res["sweep"] = sweep(sc, list(res["controllers"]), list(sc.sweep_loads), s)
+            res["sweep"] = sweep(sc, list(res["controllers"]), list(sc.sweep_loads), s,
+                                 stepping)
         per[s] = res
         first_runs = first_runs or runs
     out = dict(per[seeds[0]])
@@ -195,14 +206,14 @@ def seed_summary(per: dict[int, dict]) -> dict:
 
 
 def sweep(sc: Scenario, controllers: list[str], loads: list[float],
-          seed: int | None = None) -> list[dict]:
+          seed: int | None = None, stepping: str = "event") -> list[dict]:
     """Goodput and attainment per controller at each multiple of the scenario's rates."""
     policy = sc.policy or default_policy()
     out = []
     for load in loads:
         row: dict = {"load": load, "controllers": {}}
         for c in controllers:
-            r = summarize(run_one(sc, c, seed, load), policy)
+            r = summarize(run_one(sc, c, seed, load, stepping), policy)
             row["controllers"][c] = {
                 "goodput_tok_s": r["goodput_tok_s"],
                 "slo_attainment": {p: v["slo_attainment"] for p, v in r["classes"].items()},

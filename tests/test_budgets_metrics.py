@@ -1,0 +1,73 @@
+"""Budgets in the metrics: refusals counted by tenant and kind, bucket levels as gauges from
+/status (tenants without their own label left out), every series documented; and the
+`serve --budget-share` argument."""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from llmvalve.core.admission import Admission
+from llmvalve.core.policy import SEED_QUEUES, Budget, BudgetSpec, Policy, TenantSpec
+from llmvalve.core.types import RequestInfo
+from llmvalve.gateway.front import Record
+from llmvalve.gateway.metrics import GatewayMetrics
+from llmvalve.gateway.telemetry import TenantLabels
+from llmvalve.server import budget_share
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+POLICY = Policy(queues=SEED_QUEUES, tenants=(
+    TenantSpec("a", budgets=BudgetSpec(Budget(60, 6000), (("big", Budget(None, 600)),))),
+    TenantSpec("hidden", budgets=BudgetSpec(Budget(10))),
+))
+
+
+def scrape(labels: TenantLabels) -> str:
+    adm = Admission(POLICY, random.Random(1))
+    adm.submit(RequestInfo("r1", "a", 1, 0.0, 100, 100, model="big"), 0.0)
+    metrics = GatewayMetrics(tenants=labels, clock=lambda: 0.0)
+    metrics.watch_status(lambda: adm.status(0.0))
+    metrics.record(Record("over_budget", "agent-workflow", "budget_tokens", "a", 0.0, 2.5))
+    metrics.record(Record("over_budget", "agent-workflow", "budget_requests", "a", 0.0, 1.0))
+    metrics.record(Record("over_budget", "agent-workflow", "budget_requests", "a", 0.0, 1.0))
+    return generate_latest(metrics.registry).decode()
+
+
+def test_refusals_and_bucket_levels_are_exported():
+    text = scrape(TenantLabels(["a"]))
+    assert 'llmvalve_budget_refusals_total{kind="requests",tenant="a"} 2.0' in text
+    assert 'llmvalve_budget_refusals_total{kind="tokens",tenant="a"} 1.0' in text
+    assert 'llmvalve_budget_limit{kind="tokens",model="",tenant="a"} 6000.0' in text
+    assert 'llmvalve_budget_remaining{kind="tokens",model="",tenant="a"} 5800.0' in text
+    assert 'llmvalve_budget_remaining{kind="tokens",model="big",tenant="a"} 400.0' in text
+    assert 'llmvalve_budget_remaining{kind="requests",model="",tenant="a"} 59.0' in text
+    assert 'tenant="hidden"' not in text  # not on --metrics-tenants: no gauges
+    # over budget is not an SLO verdict and not an overload shed
+    assert "llmvalve_slo_verdicts_total{" not in text
+    assert 'decision="over_budget"' in text
+
+
+def test_every_budget_series_is_documented():
+    docs = DOCS.read_text()
+    names = {line.split()[2] for line in scrape(TenantLabels(None)).splitlines()
+             if line.startswith("# TYPE") and "budget" in line}
+    names -= {"llmvalve_budget_refusals_created"}  # the control plane turns these off
+    assert names == {"llmvalve_budget_refusals_total", "llmvalve_budget_limit",
+                     "llmvalve_budget_remaining"}
+    for name in names:
+        assert f"`{name}`" in docs, name
+
+
+@pytest.mark.parametrize(("text", "share"), [("1", 1.0), ("0.5", 0.5), ("1/3", 1 / 3)])
+def test_budget_share_takes_numbers_and_fractions(text: str, share: float):
+    assert budget_share(text) == pytest.approx(share)
+
+
+@pytest.mark.parametrize("text", ["0", "1.5", "-1/2", "half", "1/0"])
+def test_budget_share_refuses_what_is_not_in_zero_one(text: str):
+    with pytest.raises(argparse.ArgumentTypeError):
+        budget_share(text)

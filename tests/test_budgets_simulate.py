@@ -1,0 +1,62 @@
+"""Budgets in the simulator: the production core behind two simulated gateway replicas, each
+enforcing half of every budget (`serve --budget-share 1/2`). A tenant flooding at 6× its
+budget is refused for budget (never queued) and gets no more than its budget through; the
+other tenants are never refused for budget, and once its first full bucket has been spent
+they are served as if it had sent only its budget. Fixed seeds, virtual time."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from llmvalve.sim.report import summarize
+from llmvalve.sim.runner import run_one
+from llmvalve.sim.scenario import load_scenario
+
+SCENARIO = Path(__file__).parent / "data" / "scenario-budget-flood.yaml"
+BURST_S = 30.0  # the flooder's first full buckets (a minute's budget) are spent by then
+
+
+def after_burst(run, tenant: str) -> tuple[int, int]:
+    """(requests of `tenant` that arrived after the burst, how many of them completed)."""
+    jobs = [s for s in run.jobs if s.job.tenant == tenant and s.job.arrival_s >= BURST_S]
+    return len(jobs), sum(s.status == "completed" for s in jobs)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_flooding_tenant_is_held_to_its_budget_across_replicas(seed: int):
+    sc = load_scenario(str(SCENARIO))
+    assert sc.gateways == 2
+    run = run_one(sc, "adaptive", seed)
+    flood = [s for s in run.jobs if s.job.tenant == "team-flood"]
+    admitted = [s for s in flood if s.status == "completed"]
+    refused = [s for s in flood if s.status == "over_budget"]
+    # 60 requests per minute, halved per replica: each admits at most 30 (its full bucket)
+    # + 30 per minute over the 120 s of traffic, 180 in all; the flood uses nearly all of it.
+    assert 170 <= len(admitted) <= 180, len(admitted)
+    assert len(refused) >= 480
+    result = summarize(run, sc.policy)
+    p1 = result["classes"]["1"]
+    assert p1["tenants"]["team-flood"]["over_budget"] == len(refused)
+    for cls in result["classes"].values():
+        for name, t in cls["tenants"].items():
+            if name != "team-flood":
+                assert t["over_budget"] == 0, name
+    # Not judged against the SLO: the flooder's attainment counts what it was granted.
+    granted = len(flood) - len(refused)
+    assert p1["tenants"]["team-flood"]["slo_attainment"] == round(
+        p1["tenants"]["team-flood"]["slo_met"] / granted, 4)
+    offered, done = after_burst(run, "team-a")
+    assert offered >= 100 and done == offered
+
+
+def test_without_the_budget_the_flood_hurts_the_others():
+    sc = load_scenario(str(SCENARIO))
+    free = tuple(replace(t, budgets=None) if t.name == "team-flood" else t
+                 for t in sc.policy.tenants)
+    unbudgeted = replace(sc, policy=replace(sc.policy, tenants=free))
+    for seed in (1, 2, 3):
+        offered, done = after_burst(run_one(unbudgeted, "adaptive", seed), "team-a")
+        assert done < 0.85 * offered, (seed, done, offered)
