@@ -1,37 +1,37 @@
 """The admission core: one object per gateway replica, pure (time and randomness passed in).
 
 Theory of operation. Each backend pool has a `Scheduler` (priority queues), a `Limit` (how much
-may be in flight) and the in-flight account. A request fits its pool when
+may be in flight), a `Picker` (which backend) and the in-flight account. A request fits when
     inflight + cost ≤ L                         (the shared limit), or
     inflight[class] + cost ≤ reservedShare · C  (its class's reserved share of the capacity
-                                                 estimate C ≥ L: idle share is
-                                                 borrowed by others, as Netflix's partitioned
-                                                 limiter does, but a class under its share
-                                                 gets in even when the pool is at L, as long
-                                                 as the limiter's hard cap — for `adaptive`
-                                                 the KV ceiling — is not passed),
-and the fast gate lets its class through: when the backends' saturation σ ≥ 1 the lowest
-class stops; when σ ≥ 1.25 only the highest class may start new work. The highest class is
-bounded by the limiter's hard cap rather than by L (P0's "penetration right": a limit cut for
-latency stops the lower classes first).
+                                                 estimate C ≥ L: idle share is borrowed by
+                                                 others, as Netflix's partitioned limiter
+                                                 does, but a class under its share gets in
+                                                 even at L, up to the limiter's hard cap),
+the fast gate lets its class through (backends' saturation σ ≥ 1: the lowest class stops;
+σ ≥ 1.25: only the highest may start new work), the engines can run it where sequences bind
+(`Limit.max_requests`: only the top class may queue inside an engine), and, below the top
+class, some engine has less than half the top class's TTFT objective of prompts still to
+prefill (`Picker.prefill_room`). The highest class is bounded by the hard cap rather than by
+L (P0's "penetration right": a limit cut for latency stops the lower classes first).
 
 Dispatch order is strict priority with round-robin between tenants; a class whose head does not
 fit blocks the classes below it (no small low-priority request jumps a waiting P0), except
 through their own reserved share.
 
-"Pressure" (used by the drop policies) means: the pool's in-flight is at least
-`scheduler.pressureThreshold` of L, or σ ≥ 1 (stale metrics count as saturated), or the class's
-queue is not empty.
+The drop policies shed what cannot be served in time (core/waits.py forecasts the wait):
   * tail: queue full → reject the arrival, unless another tenant holds at least two more
     places of the class than the arrival's tenant: then that tenant's newest request gives
     its place up (rejected at the next poll) — one tenant's flood cannot lock the others out
     of a class; past its timeout → dropped at the head.
-  * early-drop-on-pressure: under pressure, reject at arrival when the predicted wait (requests
-    ahead of it over the measured dispatch rate) exceeds the time it may wait: the smallest of
-    its queue timeout, its client deadline and half its class's TTFT objective (a request that
-    waits past its objective is served too late to count, and holds a queue place meanwhile;
-    the other half is left for prefill and for the error of the prediction).
-  * fast-reject: under pressure, reject at once; queue only when calm.
+  * early-drop-on-pressure: reject at arrival when the request's predicted wait — at its
+    tenant's round-robin turn — exceeds what it may wait: the smallest of its queue timeout,
+    its client deadline and half its class's TTFT objective (a request that waits past its
+    objective is served too late to count and holds a queue place meanwhile; the other half
+    is left for prefill and for the error of the prediction).
+  * fast-reject: the class is shed as a whole while it is not being served in time: an
+    arrival is rejected at once when the class's oldest waiting request has already waited
+    past its queue timeout or TTFT objective; otherwise it queues.
 Every rejection carries a Retry-After: the expected drain time of the requests ahead, clamped to
 [retryAfter.min, retryAfter.max] and spread by ±jitter/2 so rejected clients do not return
 together.
@@ -62,6 +62,7 @@ from llmvalve.core.types import (
     Sample,
     Ticket,
 )
+from llmvalve.core.waits import WaitForecast
 
 
 class Rng(Protocol):
@@ -84,34 +85,6 @@ def make_limit(controller: str, policy: Policy, now: float) -> Limit:
     raise ValueError(f"unknown controller {controller!r} (none, static:N, seed, adaptive)")
 
 
-SHORT_HORIZON_S = 5.0  # the recent arrival rate, for forecasts
-
-
-class _Arrivals:
-    """Arrivals per second over a chosen horizon: counts in 1-second buckets for the last
-    `HORIZON_S` seconds."""
-
-    HORIZON_S = 60
-
-    def __init__(self, now: float) -> None:
-        self.start = math.floor(now)
-        self.counts: dict[int, int] = {}
-
-    def add(self, now: float) -> None:
-        second = math.floor(now)
-        self.counts[second] = self.counts.get(second, 0) + 1
-        if len(self.counts) > self.HORIZON_S + 4:
-            for k in [k for k in self.counts if k <= second - self.HORIZON_S]:
-                del self.counts[k]
-
-    def rate(self, now: float, horizon_s: float) -> float:
-        """The mean rate over the last `horizon_s` seconds (or since the first arrival)."""
-        horizon = max(1.0, min(float(self.HORIZON_S), horizon_s, now - self.start))
-        since = now - horizon
-        n = sum(c for k, c in self.counts.items() if k + 1 > since)
-        return n / horizon
-
-
 @dataclass
 class _Pool:
     spec: PoolSpec
@@ -120,8 +93,7 @@ class _Pool:
     inflight: float = 0.0
     inflight_by_class: dict[int, float] = field(default_factory=dict)
     tickets: dict[str, Ticket] = field(default_factory=dict)
-    residence_s: float | None = None  # mean time from admission to release, learned
-    arrivals: dict[int, _Arrivals] = field(default_factory=dict)  # accepted, per class
+    waits: WaitForecast = field(default_factory=WaitForecast)
     override: float | None = None  # an operator's limit (set_override), replaces L
     override_until: float | None = None  # when the override lapses (None: until cleared)
     picker: Picker = field(default_factory=Picker)
@@ -234,38 +206,19 @@ class Admission:
                        tenant: str | None = None, may_wait_s: float | None = None) -> bool:
         """The requests ahead of an arrival of this class (of `tenant`: its round-robin turn;
         None: behind the whole class) cannot be served in time: its predicted wait exceeds
-        what it may wait. Before any release rate is measured, the pool at its limit
-        (`pressureThreshold` of L) or saturated backends stand for it."""
+        what it may wait (`may_wait_s`, by default the class's). Before anything has been
+        released the wait is unknown: nothing is refused for it (the queue timeout still
+        applies)."""
         limit = self.may_wait_s(priority) if may_wait_s is None else may_wait_s
-        if pool.residence_s is None:
-            return False  # nothing has finished yet: the wait is unknown, the timeout decides
+        if pool.waits.residence_s is None:
+            return False
         return self.predicted_wait_s(pool, priority, now, tenant) > limit
-
-    def _rate_above(self, pool: _Pool, priority: int, now: float) -> float:
-        """Arrivals per second of the classes above `priority` (they will be served first)
-        while a request of the class waits: the lower of the rate over the last few seconds
-        and over a window as long as the class may wait. Each is a fair forecast (the recent
-        rate in a ramp, the longer one across bursts); a request is refused only when both
-        say it cannot be served in time."""
-        above = [a for p, a in pool.arrivals.items() if p < priority]
-        horizons = (SHORT_HORIZON_S, max(SHORT_HORIZON_S, self.may_wait_s(priority)))
-        return min(sum(a.rate(now, h) for a in above) for h in horizons)
 
     def predicted_wait_s(self, pool: _Pool, priority: int, now: float,
                          tenant: str | None = None) -> float:
-        """Seconds until an arrival of class `priority` is dispatched: the requests ahead of
-        it (`Scheduler.ahead_of`) and itself, over the rate at which the pool releases
-        requests less the rate at which higher classes arrive (they go first). The release
-        rate is Little's law's: requests in flight over their mean time in flight, so it is
-        right from the first second of a burst, when few requests have finished yet."""
-        if pool.inflight == 0 or not pool.tickets:
-            return 0.0
-        if pool.residence_s is None:
-            return math.inf
-        rate = len(pool.tickets) / max(pool.residence_s, 1e-3)
-        ahead = pool.scheduler.ahead_of(priority, tenant) + 1
-        free = rate - self._rate_above(pool, priority, now)
-        return ahead / free if free > 0 else math.inf
+        """Seconds until an arrival of class `priority` is dispatched (core/waits.py)."""
+        return pool.waits.wait_s(pool.scheduler, len(pool.tickets), priority, now,
+                                 self.may_wait_s(priority), tenant)
 
     def retry_after_s(self, pool: _Pool, priority: int, now: float,
                       floor_s: float = 0.0) -> float:
@@ -322,7 +275,7 @@ class Admission:
         blocked_above = any(pool.scheduler.depth(p) for p in self._ranks if p < req.priority)
         own_queue = pool.scheduler.depth(req.priority)
         if not own_queue and self._fits(pool, req.priority, cost, now, shared=not blocked_above):
-            self._arrived(pool, req.priority, now)
+            pool.waits.arrived(req.priority, now)
             return self._admit(pool, req, cost, now, 0.0)
         spec = self.policy.queue(req.priority)
         full = pool.scheduler.is_full(req.priority)
@@ -346,15 +299,8 @@ class Admission:
             pool.pushed_out.append(self._reject(pool, out.req, Reason.QUEUE_FULL, now,
                                                 now - out.enqueued_at))
         pool.scheduler.push(req, now)
-        self._arrived(pool, req.priority, now)
+        pool.waits.arrived(req.priority, now)
         return Queued(req.request_id, pool.scheduler.depth(req.priority))
-
-    @staticmethod
-    def _arrived(pool: _Pool, priority: int, now: float) -> None:
-        arrivals = pool.arrivals.get(priority)
-        if arrivals is None:
-            arrivals = pool.arrivals[priority] = _Arrivals(now)
-        arrivals.add(now)
 
     def cancel(self, request_id: str, now: float) -> bool:
         """The client left while queued: remove it. True if it was queued."""
@@ -436,10 +382,7 @@ class Admission:
         if not pool.tickets:  # no float drift when idle
             pool.inflight = 0.0
             by_class.clear()
-        # Each release weighs as one sample of an average with decay 0.95.
-        held = now - ticket.admitted_at
-        pool.residence_s = (held if pool.residence_s is None
-                            else pool.residence_s + 0.05 * (held - pool.residence_s))
+        pool.waits.released(now - ticket.admitted_at)
         pool.limit.on_release(ticket, outcome, now)
         pool.breaker.record(outcome, now)
 
