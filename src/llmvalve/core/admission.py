@@ -131,7 +131,7 @@ class Admission:
         # What the top class's objectives leave to the engines: the prompts ahead of a P0
         # request may take half its TTFT to prefill; its engine's inter-token latency
         # should stay at 0.8 of its TPOT (the limiter's own ITL target by default).
-        self._prefill_budget_s = 0.5 * top.slo.ttft_s
+        self._prefill_budget_s = 0.25 * top.slo.ttft_s
         self._itl_target_s = policy.limiter.adaptive.itl_target_s or 0.8 * top.slo.tpot_s
 
     # ---- helpers --------------------------------------------------------------------------
