@@ -67,6 +67,7 @@ class _Backend:
     itl_s: float | None = None  # inter-token latency, averaged over `latency_window_s`
     itl_since: float = -math.inf  # when the average began (it restarts at each decrease)
     cap_hits: int = 0  # scrapes at max_running with requests waiting and KV to spare
+    inflight_at: float = 0.0  # our in-flight cost when `snap` arrived
 
 
 class _PrefillModel:
@@ -118,6 +119,7 @@ class AdaptiveLimit:
         self._window_end = now + s.window_s
         self._drops = 0
         self._peak_inflight = 0.0
+        self._inflight_latest = 0.0  # in flight at the latest update() call
         self._decreased_at = -math.inf
         self._ttft_queue: list[float] = []
         self._prefill = _PrefillModel()  # at low load: TTFT without queueing
@@ -206,11 +208,12 @@ class AdaptiveLimit:
         return max(self.limit(), self.capacity_ceiling())
 
     # ---- the signal -----------------------------------------------------------------------
-    def _fill(self, snap: BackendSnapshot) -> float:
+    def _fill(self, snap: BackendSnapshot, sent_kv: float = 0.0) -> float:
         """How full one engine is against its targets, in proportion to its load. While it
         has requests waiting, something binds (KV, its sequence cap, its token budget): it
         holds running + waiting where it should hold running plus the queue it drains within
-        the queue target (at most waitingTarget requests)."""
+        the queue target (at most waitingTarget requests). `sent_kv`: the KV fraction sent
+        to it since the scrape (not in its numbers yet)."""
         s = self.spec
         queue = 0.0
         if snap.waiting > 0:
@@ -219,7 +222,7 @@ class AdaptiveLimit:
             if qt is not None and qt > 0:
                 allowed = min(allowed, snap.waiting * self.queue_target_s / qt)
             queue = (snap.running + snap.waiting) / (snap.running + allowed)
-        return max(snap.kv_usage / s.kv_target, queue)
+        return max((snap.kv_usage + sent_kv) / s.kv_target, queue)
 
     def _latency(self, b: _Backend) -> float:
         """One engine's inter-token latency against the target, averaged over the latency
@@ -286,8 +289,13 @@ class AdaptiveLimit:
         live = self._live(now)
         r = 0.0
         if live:
+            # A scrape is up to a window old: what was admitted since is not in its KV yet
+            # (spread over the pool by share; readings lag admissions and, while in flight
+            # rises, would let the limit overshoot).
+            per_kv = self._capacity_live() * (self._rho or 1.0)
             for w, b in zip(self._weights(live), live, strict=True):
-                r += w * max(self._fill(b.snap), self._latency(b))
+                sent = (self._inflight_latest - b.inflight_at) / per_kv
+                r += w * max(self._fill(b.snap, sent), self._latency(b))
         if len(self._ttft_queue) >= self.spec.min_samples:
             r = max(r, _p90(self._ttft_queue) / self.queue_target_s)
         return r
@@ -319,7 +327,8 @@ class AdaptiveLimit:
         prev = self.backends.get(snap.backend)
         if prev is None:
             self.backends[snap.backend] = _Backend(snap, snap.preemptions_total, snap.at,
-                                                   snap.running)
+                                                   snap.running,
+                                                   inflight_at=self._inflight_latest)
             return
         if snap.ok:
             if snap.preemptions_total > prev.preemptions_seen:
@@ -327,6 +336,7 @@ class AdaptiveLimit:
             prev.preemptions_seen = snap.preemptions_total
             prev.since = prev.snap.at
             prev.snap = snap
+            prev.inflight_at = self._inflight_latest
             self._average_itl(prev, snap)
             self._observe_sequences(prev, snap)
         else:
@@ -361,6 +371,7 @@ class AdaptiveLimit:
             self._rho = prev + (0.5 if rho < prev else 0.02) * (rho - prev)
 
     def update(self, now: float, inflight: float, requests: int = 0) -> float:
+        self._inflight_latest = inflight
         self._peak_inflight = max(self._peak_inflight, inflight)
         if now < self._window_end:
             return self.limit()
