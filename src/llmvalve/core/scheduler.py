@@ -92,10 +92,6 @@ class Scheduler:
     def depth(self, priority: int) -> int:
         return self._classes[priority].size
 
-    def depth_at_or_above(self, priority: int) -> int:
-        """Requests that will be served before a new arrival of class `priority`."""
-        return sum(c.size for p, c in self._classes.items() if p <= priority)
-
     def ahead_of(self, priority: int, tenant: str | None = None) -> int:
         """Requests served before a new arrival of class `priority`: every request queued in a
         higher class, and in its own class its round-robin turn — the arrival is its tenant's
