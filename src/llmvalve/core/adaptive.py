@@ -9,37 +9,44 @@ moment the longer requests arrive, before any latency moves.
 
 The signal: congestion r, where 1 means "at target". Each backend's scrape gives its own
 reading, the largest of
-  * fill: how full the engine is in whatever resource binds — KV usage / kvTarget, and
-    (running + waiting) / (running + waitingTarget): requests the engine holds over what it
-    can run plus a small queue. Both are proportional to the load on that engine, so an
-    engine whose sequence cap binds before its KV reads 16 + 6 waiting as 1.22 (22 % too
-    much), not as 6 / 2 = 3;
-  * inter-token latency / itlTarget (mean, from histogram deltas between scrapes);
-  * engine queue time p90 / queueTarget, only while that engine has requests waiting (a
-    histogram delta over the last few requests says nothing once the queue is gone).
-Latency readings count only when their scrape window began after the last decrease (they
-describe the load before it otherwise). The pool's r is the mean of the backends' readings
-weighted by each backend's share of the capacity: one backend's long prefill chunk moves r by
-its share, not the whole pool by its worst member. On top, the queueing part of TTFT from the
-access log (TTFT minus a prefill model a + b·prompt fitted online at low load), p90 once the
-window has `min_samples` samples, counts for the whole pool.
+  * fill, proportional to the load on that engine in whatever resource binds:
+    - KV: (kvUsage + what was admitted since the scrape) / kvTarget — a scrape is up to a
+      window old, and admitted requests reach the KV only as they prefill;
+    - queue, while requests wait inside the engine (something binds: KV, its sequence cap or
+      its token budget): (running + waiting) / (running + allowed), allowed = waitingTarget,
+      less when the queue drains slower than queueTarget (engine queue time p90). An engine
+      at a sequence cap of 16 with 6 waiting reads 1.22 (22 % too much), not 6 / 2 = 3;
+  * inter-token latency / itlTarget, averaged over `latencyWindow` (a request's TPOT is a
+    mean over seconds of decoding: one scrape window with a long prefill chunk in it is not a
+    breach); unknown until the average covers a whole window begun after the last decrease.
+The pool's r is the mean of the backends' readings weighted by each backend's share of the
+capacity: one backend's long prefill chunk moves r by its share, not the whole pool by its
+worst member. On top, the queueing part of TTFT from the access log (TTFT minus a prefill
+model a + b·prompt fitted online at low load), p90 once the window has `min_samples` samples,
+counts for the whole pool.
 
 The control law, once per window (`window_s`): a target with a dead band.
   * a drop in the window (backend 5xx/reset, an increase of the preemption counter) →
     L ← min(L, inflight · decreaseOnDrop);
-  * r > 1 → L ← min(L, inflight · max(0.5, 1/r)): aimed at what is in flight (r is
-    proportional to it), never compounding while admitted work drains, and only on a scrape
-    taken after the previous decrease;
+  * r > 1 + band/2 → L ← min(L, inflight · max(0.5, 1/r)): aimed at what is in flight (r
+    is proportional to it), never compounding while admitted work drains, and only on a
+    scrape taken after the previous decrease;
   * L above the KV ceiling K · C · ρ → L ← that ceiling; ρ is the measured ratio of our cost
     estimates to real KV tokens (costs are peaks; KV fills as answers grow), slow to rise and
     quick to fall;
-  * r < 1 − band, and every live backend has been scraped over a window that began after the
-    last decrease → L ← min(ceiling, L · min(maxGrowth, (1 − band/2) / r) + √L). Calm
-    backends are no evidence against the capacity estimate, so L also grows while the pool
-    is app-limited (a cut at a burst's tail does not last through the silence after it);
+  * app-limited (the window's peak in flight < L/2): L ← max(L / maxGrowth, 2 · peak). A limit
+    nobody tests is no evidence, so it follows what is used (as TCP validates an unused
+    window): replicas that each idled at the whole pool's size do not fill it all at once
+    when a burst comes;
+  * r < 1 − band/2, with every live backend scraped over a window begun after the last
+    decrease and its latency known → L ← min(ceiling, L · min(maxGrowth, 1/r) + √L);
   * otherwise hold: inside the band, or waiting for a reading of the load after a decrease
-    (a reading that is not there is not a reading of calm).
-`saturation()` (σ, the fast gate the scheduler uses to stop lower classes first) is the same
+    (a reading that is not there is not a reading of calm: no sawtooth after a cut).
+Where sequences bind before KV (an engine seen, `SEQ_CAP_HITS` times, running as many as it
+ever ran with requests waiting and KV to spare), `max_requests` counts them: the lower classes
+may have in flight what the engines run, the top class that plus waitingTarget per engine, so
+a P0 request queues inside an engine behind other P0 requests only.
+`saturation()` (σ, the fast gate the admission uses to stop lower classes first) is the same
 share-weighted fill without the latency terms, a stale or failing backend counting 1.5.
 After any decrease the epoch advances: access-log samples of requests admitted earlier are
 ignored. Cancellations (`Outcome.IGNORE`) are never samples.
