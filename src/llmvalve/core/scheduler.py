@@ -5,8 +5,7 @@ Theory of operation. Each class (a `QueueSpec`) holds its waiting requests in on
 tenant; the class's next request comes from its tenants in turn, so one tenant that floods a class
 gets one turn in N, not the whole class. `candidates()` yields, in dispatch order, the head of
 each non-empty class (highest priority first; every `starvation_every`-th dispatch, a head of
-the lowest non-empty class that has waited longer than `starvation_after_s` goes first, unless
-a higher class is itself behind: its oldest has waited half its TTFT objective).
+the lowest non-empty class that has waited longer than `starvation_after_s` goes first).
 The scheduler never decides whether a request *fits*: the caller (`Admission`) asks the limiter
 and then calls `pop`. Every waiting request has a wait deadline (its queue timeout, capped by
 the client's deadline); `expire(now)` removes and returns those past it, so an expired request
@@ -206,23 +205,13 @@ class Scheduler:
         _lowest_p, lowest = heads[-1]
         starving = (len(heads) > 1 and lowest is not None
                     and now - lowest.enqueued_at >= s.starvation_after_s
-                    and self._dispatches % max(1, s.starvation_every) == 0
-                    and not any(self._behind(self._classes[p], now) for p, _ in heads[:-1]))
+                    and self._dispatches % max(1, s.starvation_every) == 0)
         if starving:
             yield lowest  # type: ignore[misc]
             heads = heads[:-1]
         for _, w in heads:
             if w is not None:
                 yield w
-
-    @staticmethod
-    def _behind(c: _ClassQueue, now: float) -> bool:
-        """A class that is itself not served in time: its oldest request has waited half its
-        TTFT objective (or its timeout). The lowest class's anti-starvation turn is not taken
-        from it: that turn would make it miss."""
-        oldest = c.oldest_enqueued_at()
-        return oldest is not None and now - oldest >= min(c.spec.timeout_s,
-                                                           0.5 * c.spec.slo.ttft_s)
 
     @staticmethod
     def _standing(c: _ClassQueue, now: float) -> bool:
