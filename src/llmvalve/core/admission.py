@@ -348,13 +348,17 @@ class Admission:
         out: list[Admit] = []
         while True:
             chosen: Waiting | None = None
-            blocked = False
+            blocked_by: int | None = None  # the highest class whose head did not fit
             for w in pool.scheduler.candidates(now):
                 cost = self.cost_of(w.req, pool)
-                if self._fits(pool, w.req.priority, cost, now, shared=not blocked):
+                # a head that does not fit blocks the classes below it, never those above (the
+                # lowest class's anti-starvation turn comes first but blocks nobody)
+                shared = blocked_by is None or blocked_by > w.req.priority
+                if self._fits(pool, w.req.priority, cost, now, shared=shared):
                     chosen = w
                     break
-                blocked = True
+                blocked_by = w.req.priority if blocked_by is None else min(blocked_by,
+                                                                          w.req.priority)
             if chosen is None:
                 return out
             pool.scheduler.pop(chosen)
