@@ -58,6 +58,11 @@ OLD_BASELINE: dict[str, tuple[float, float, float]] = {
 # causes): each scenario must miss exactly these, by seed and target; any other miss fails, and
 # so does a listed miss that is met again (then remove it here).
 KNOWN_MISSES: dict[str, tuple[str, ...]] = {
+    # one P0 request of 45 with a 4,096-token prompt waits for KV on a full small engine
+    "azure-conv": ("seed 2: P0 attainment",),
+    # one P0 request of 97 asks for about 4,000 tokens and is still decoding when the
+    # simulation's drain ends (120 s after the traffic): 0.9897
+    "heavy-tail": ("seed 2: P0 attainment",),
     # one P1 request refused by the early-drop forecast at 0.75x load (`none` serves all)
     "calm-steady": ("seed 1: P1 attainment",),
     # 2-12-token P0 answers whose few decode steps share an engine with 2,048-token prefill
