@@ -30,9 +30,8 @@ The drop policies shed what cannot be served in time (core/waits.py forecasts th
     objective is served too late to count and holds a queue place meanwhile; the other half
     is left for prefill and for the error of the prediction).
   * fast-reject: the class is shed as a whole while it is not being served in time: an
-    arrival is rejected at once when the class's oldest waiting request has waited so long
-    that, dispatched now, it could not prefill (at the measured prefill speed) before its
-    TTFT objective or its queue timeout passes; otherwise it queues.
+    arrival is rejected at once when the class's oldest waiting request has waited past its
+    TTFT objective or its queue timeout, whichever is shorter; otherwise it queues.
 Every rejection carries a Retry-After: the expected drain time of the requests ahead, clamped to
 [retryAfter.min, retryAfter.max] and spread by ±jitter/2 so rejected clients do not return
 together.
@@ -283,11 +282,9 @@ class Admission:
         if full and not pool.scheduler.can_push_out(req.priority, req.tenant):
             return self._reject(pool, req, Reason.QUEUE_FULL, now)
         if spec.drop_policy is DropPolicy.FAST_REJECT:
-            # the class is shed as a whole while its queue is not being served in time: …
-            # … its oldest request has waited so long that, dispatched now, it could not
-            # prefill before its TTFT objective (or its timeout) passes
-            first_token_s = pool.limit.prefill_s_per_token() * req.prompt_tokens
-            allowed = min(spec.timeout_s, spec.slo.ttft_s) - first_token_s
+            # the class is shed as a whole while its queue is not being served in time: its
+            # oldest request has waited past its TTFT objective (or its timeout)
+            allowed = min(spec.timeout_s, spec.slo.ttft_s)
             if pool.scheduler.oldest_wait_s(req.priority, now) > allowed:
                 return self._reject(pool, req, Reason.FAST_REJECT, now)
         elif spec.drop_policy is DropPolicy.EARLY_DROP_ON_PRESSURE:
