@@ -89,49 +89,167 @@ def test_cancellations_and_successes_are_not_drops():
     assert a.epoch == 0 and a.limit() == pytest.approx(8_000.0)
 
 
-@pytest.mark.parametrize(("itl_s", "inflight", "expected"), [
-    (0.16, 4_000.0, 2_500.0),  # r = 1.6: in-flight / r
-    (0.16, 9_000.0, 5_625.0),  # aimed at in-flight even when it is above L
-    (0.40, 4_000.0, 2_000.0),  # r = 4: never below half of in-flight
-    (0.16, 20_000.0, 8_000.0),  # never above the current L
+@pytest.mark.parametrize(("running", "waiting", "inflight", "expected"), [
+    (10.0, 4.0, 6_000.0, 6_000.0 * 12 / 14),  # r = (10 + 4) / (10 + 2): aim in-flight / r
+    (10.0, 4.0, 9_000.0, 9_000.0 * 12 / 14),  # aimed at in-flight even when it is above L
+    (10.0, 4.0, 20_000.0, 8_000.0),  # never above the current L
+    (2.0, 14.0, 4_000.0, 2_000.0),  # r = 16 / 4 = 4: never below half of in-flight
 ])
-def test_decrease_on_pressure_aims_at_inflight(itl_s, inflight, expected):
+def test_decrease_on_pressure_aims_at_inflight(running, waiting, inflight, expected):
     a = make()
+    a.update(0.0, inflight)  # what was in flight when the backend was scraped
     a.on_snapshot(snap(0.0), 0.0)
-    a.on_snapshot(snap(0.5, itl_mean_s=itl_s), 0.5)
+    a.on_snapshot(snap(0.5, running=running, waiting=waiting), 0.5)
     assert a.update(1.0, inflight) == pytest.approx(expected)
     assert a.epoch == 1
     assert a.status()["last_action"] == "pressure"
 
 
+def test_an_engine_at_its_sequence_cap_reads_its_excess_in_proportion():
+    """16 running and 6 waiting where 16 + 2 may be held is 22 / 18 = 1.22: a cut of 18 %,
+    not of half (6 waiting / 2 would have read 3)."""
+    a = make()
+    a.update(0.0, 7_000.0)
+    a.on_snapshot(snap(0.0, running=16.0, waiting=6.0), 0.0)
+    assert a.pressure(0.5) == pytest.approx(22 / 18)
+    assert a.update(1.0, 7_000.0) == pytest.approx(7_000.0 * 18 / 22)
+
+
+def test_queue_time_shrinks_the_queue_an_engine_may_hold():
+    """Requests waiting twice the queue target may hold only half as many: 10 running, 2
+    waiting, queue time p90 1 s against 0.5 s: allowed min(2, 2 · 0.5) = 1 → r = 12 / 11."""
+    a = make()
+    a.on_snapshot(snap(0.0, running=10.0, waiting=2.0, queue_time_p90_s=1.0), 0.0)
+    assert a.pressure(0.5) == pytest.approx(12 / 11)
+
+
+def test_no_waiting_no_queue_reading():
+    a = make()
+    a.on_snapshot(snap(0.0, running=30.0, kv_usage=0.4), 0.0)
+    assert a.pressure(0.5) == pytest.approx(0.5)  # the KV term alone: 0.4 / 0.8
+
+
+def test_dead_band_holds_around_the_target():
+    for kv, action in ((0.77, "hold"), (0.83, "hold"), (0.85, "pressure"), (0.74, "increase")):
+        a = make()
+        a.update(0.0, 6_000.0)
+        a.on_snapshot(snap(0.0, kv_usage=kv), 0.0)
+        a.update(1.0, 6_000.0)
+        assert a.status()["last_action"] == action, kv
+
+
+def test_one_backends_latency_moves_the_pool_by_its_share():
+    """Backend b0's inter-token latency is twice the target, b1's 0.4 of it: r is their
+    capacity-weighted mean (1.2), not the worst (2)."""
+    a = make()
+    for t in (0.0, 0.5, 1.0, 1.5, 2.0, 2.5):
+        a.on_snapshot(snap(t, "b0", itl_mean_s=0.2), t)
+        a.on_snapshot(snap(t, "b1", itl_mean_s=0.04), t)
+    assert a.pressure(2.5) == pytest.approx(1.2)
+
+
+def test_latency_is_averaged_over_the_latency_window():
+    """One scrape window with a long prefill chunk in it (ITL 0.3 s against 0.1) among calm
+    ones is not a breach: the average over 2 s is what a request's TPOT sees."""
+    a = make()
+    for t, itl in ((0.0, 0.05), (0.5, 0.05), (1.0, 0.05), (1.5, 0.05), (2.0, 0.05),
+                   (2.5, 0.3), (3.0, 0.05)):
+        a.on_snapshot(snap(t, itl_mean_s=itl), t)
+    r = a.pressure(3.0)
+    assert 0.5 < r < 1.0  # the spike is in the average, with its weight, not alone
+    assert r == pytest.approx(a.backends["b0"].itl_s / 0.1)
+
+
+def test_latency_is_unknown_until_a_window_after_a_decrease_and_the_limit_waits():
+    """After a cut the latency average restarts; until it covers a whole window begun after
+    the cut the limit neither grows (unknown is not calm) nor reads latency."""
+    a = make()
+    a.update(0.0, 6_000.0)
+    a.on_snapshot(snap(0.0, running=10.0, waiting=4.0, itl_mean_s=0.05), 0.0)
+    a.update(1.0, 6_000.0)
+    assert a.epoch == 1
+    cut = a.limit()
+    a.on_snapshot(snap(1.5, itl_mean_s=0.05), 1.5)  # its window began at 0.0: before the cut
+    a.update(2.0, 3_000.0)
+    assert a.status()["last_action"] == "settling" and a.limit() == pytest.approx(cut)
+    for t in (2.0, 2.5, 3.0):  # windows begun after the cut (at 1.5), but 1.5 s of them
+        a.on_snapshot(snap(t, itl_mean_s=0.05), t)
+    a.update(3.5, 3_000.0)
+    assert a.status()["last_action"] == "settling"
+    a.on_snapshot(snap(3.5, itl_mean_s=0.05), 3.5)  # 2 s of them: latency known, and calm
+    a.update(4.5, cut)
+    assert a.status()["last_action"] == "increase" and a.limit() > cut
+    assert a.epoch == 1
+
+
 def test_pressure_decreases_do_not_compound_until_a_fresh_scrape():
     a = make()
-    a.on_snapshot(snap(0.5, itl_mean_s=0.2, waiting=3.0), 0.5)  # r = max(2, σ 1.5)
-    assert a.update(1.0, 6_000.0) == pytest.approx(3_000.0)
+    a.update(0.0, 6_000.0)
+    a.on_snapshot(snap(0.0, running=10.0, waiting=4.0), 0.0)  # r = 14 / 12
+    assert a.update(1.0, 6_000.0) == pytest.approx(6_000.0 * 12 / 14)
     assert a.epoch == 1
-    # next window: only the pre-decrease scrape (still live, σ 1.5) and a drop: the excess
-    # they show is the one already cut for, so no second cut (and no growth either)
+    cut = a.limit()
+    # next window: only the pre-decrease scrape (still live) and a drop: the excess it shows
+    # is the one already cut for, so no second cut (and no growth either)
     a.on_release(ticket(), Outcome.DROPPED, 1.5)
-    assert a.update(2.0, 3_000.0) == pytest.approx(3_000.0)
-    assert a.epoch == 1
+    assert a.update(2.0, cut) == pytest.approx(cut)
+    assert a.epoch == 1 and a.status()["last_action"] == "settling"
     # a scrape taken after the decrease that still shows pressure: now it may cut again
-    a.on_snapshot(snap(2.5, itl_mean_s=0.2), 2.5)
-    assert a.update(3.0, 3_000.0) == pytest.approx(1_500.0)
+    a.on_snapshot(snap(2.5, running=10.0, waiting=4.0), 2.5)
+    assert a.update(3.0, cut) == pytest.approx(cut * 12 / 14)
     assert a.epoch == 2
 
 
-def test_app_limited_holds():
+def test_a_scrape_is_topped_up_by_what_was_admitted_since():
+    """KV 0.5 when 4,000 were in flight; 6,000 are in flight now: the reading is 0.5 plus the
+    2,000 sent since (0.2 of the 10,000-token backend) → r = 0.7 / 0.8."""
+    a = make()
+    a.update(0.0, 4_000.0)
+    a.on_snapshot(snap(0.0, kv_usage=0.5), 0.0)
+    a.update(0.3, 6_000.0)
+    assert a.pressure(0.3) == pytest.approx(0.7 / 0.8)
+
+
+def test_sequence_cap_is_counted_after_repeated_evidence():
+    a = make()
+    a.on_snapshot(snap(0.0, "b0", running=16.0, kv_usage=0.1), 0.0)
+    a.on_snapshot(snap(0.0, "b1", running=16.0, kv_usage=0.1), 0.0)
+    assert a.max_requests() == math.inf
+    for i in range(1, 4):  # both at their most-ever running, with requests waiting, KV spare
+        a.on_snapshot(snap(0.5 * i, "b0", running=16.0, waiting=2.0, kv_usage=0.1), 0.5 * i)
+        a.on_snapshot(snap(0.5 * i, "b1", running=16.0, waiting=1.0, kv_usage=0.1), 0.5 * i)
+    assert a.max_requests() == 32.0  # the lower classes: what the engines run
+    assert a.max_requests(top=True) == 36.0  # the top class may queue waitingTarget each
+    a.on_snapshot(snap(2.0, "b1", running=18.0, kv_usage=0.1), 2.0)  # it runs more: not a cap
+    assert a.max_requests() == math.inf
+
+
+def test_waiting_with_full_kv_is_not_a_sequence_cap():
+    a = make()
+    a.on_snapshot(snap(0.0, running=16.0, kv_usage=0.5), 0.0)
+    for i in range(1, 6):
+        a.on_snapshot(snap(0.5 * i, running=16.0, waiting=3.0, kv_usage=0.85), 0.5 * i)
+    assert a.max_requests() == math.inf
+
+
+def test_app_limited_limit_follows_what_is_used():
+    """A limit nobody uses is no evidence: it comes down toward twice the peak in flight,
+    by at most maxGrowth per window."""
     a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS)
     a.on_snapshot(snap(0.0), 0.0)
     assert a.limit() == pytest.approx(4_000.0)
-    a.update(0.3, 1_900.0)  # peak in-flight of the window: 1,900 < L/2
-    assert a.update(1.0, 1_000.0) == pytest.approx(4_000.0)
+    a.update(0.3, 1_500.0)  # peak in-flight of the window: 1,500 < L/2
+    assert a.update(1.0, 1_000.0) == pytest.approx(4_000.0 / 1.25)
     assert a.status()["last_action"] == "app-limited"
+    for t in (2.0, 3.0, 4.0):
+        a.update(t, 1_000.0)
+    assert a.limit() == pytest.approx(2_000.0)  # 4,000 / 1.25³ = 2,048 → twice the peak
 
 
 def test_increase_when_calm_multiplicative_plus_sqrt():
     a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS)
     a.on_snapshot(snap(0.0), 0.0)  # r = 0
+    a.update(0.0, 3_000.0)
     # L · 1.25 + √L = 5000 + 63.2456
     assert a.update(1.0, 3_000.0) == pytest.approx(5_000.0 + math.sqrt(4_000.0))
     assert a.status()["last_action"] == "increase"
@@ -139,7 +257,8 @@ def test_increase_when_calm_multiplicative_plus_sqrt():
 
 def test_increase_is_bounded_by_one_over_r_and_by_the_kv_ceiling():
     a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS)
-    a.on_snapshot(snap(0.0, itl_mean_s=0.09), 0.0)  # r = 0.9 → growth 1/0.9 < 1.25
+    a.update(0.0, 3_000.0)
+    a.on_snapshot(snap(0.0, kv_usage=0.72), 0.0)  # r = 0.9 → growth 1/0.9 < 1.25
     assert a.update(1.0, 3_000.0) == pytest.approx(4_000.0 / 0.9 + math.sqrt(4_000.0))
     for t in (2.0, 3.0, 4.0):
         a.on_snapshot(snap(t - 0.5), t - 0.5)
@@ -149,10 +268,11 @@ def test_increase_is_bounded_by_one_over_r_and_by_the_kv_ceiling():
 
 def test_limit_above_kv_ceiling_comes_down_to_it():
     a = make(initial_limit_tokens=FALLBACK_CAPACITY_TOKENS)  # u = 1 → L = 10,000
+    a.update(0.0, 9_000.0)
     a.on_snapshot(snap(0.0), 0.0)
     assert a.limit() == pytest.approx(10_000.0)
     assert a.update(1.0, 9_000.0) == pytest.approx(8_000.0)
-    assert a.status()["last_action"] == "kv-ceiling"
+    assert a.status()["last_action"] == "ceiling"
     assert a.epoch == 0  # not a decrease for congestion
 
 
@@ -237,7 +357,7 @@ def test_too_few_samples_are_not_a_signal():
 
 @pytest.mark.parametrize(("sample_epoch", "expected", "epoch_after"), [
     (1, 1_500.0, 2),  # admitted after the decrease: counts
-    (0, 3_000.0 * 1.25 + math.sqrt(3_000.0), 1),  # admitted before it: ignored, calm growth
+    (0, 3_000.0, 1),  # admitted before it: ignored; no growth before a clean scrape either
 ])
 def test_samples_from_before_a_decrease_are_ignored(sample_epoch, expected, epoch_after):
     a = make()

@@ -1,17 +1,29 @@
-"""Issue 10's acceptance targets on every built-in scenario at seeds 1, 2 and 3, written down
-but not switched on: `adaptive` does not meet them yet (see /work/notes/issue10-baseline.md).
+"""Issue 10's acceptance targets, one test per built-in scenario, each judged at seeds 1, 2 and
+3 against the fixed-limit oracles (the best `static:N` of the scenario's sweep, and `none`),
+run with the same queues and policy:
 
-Off by default: each scenario takes 1-15 s for its three seeds and the fixed-limit sweep (no
-hindsight search), the whole set about 2.5 minutes on a busy 2-core machine. Switch on with the
-environment:
-    LLMVALVE_ISSUE10=xfail   run them, a miss is reported as xfail (non-strict)
-    LLMVALVE_ISSUE10=1       run them as ordinary tests (the target state)
-One test per scenario, so `-n`/`-k` can split them.
+- `adaptive` ≥ 0.95 × max(best static, none) at every seed;
+- P0 SLO attainment ≥ 0.99 where P0's demand stays within its reserved share
+  (`expect.p0WithinShare`);
+- do no harm at low load (`expect.doNoHarm`): goodput ≥ 0.98 × `none`, and no class's
+  attainment below its attainment under `none`;
+- no old built-in's goodput more than 1 % below its baseline (`OLD_BASELINE`).
+
+A target a scenario still misses is listed in `KNOWN_MISSES` (by seed and target, with its
+cause): the scenario must miss exactly those (reported as xfail), nothing else.
+
+`make test` runs every built-in of ordinary size (about two minutes of CPU for the 19 on a
+2-core machine: each seed costs one `adaptive` run and the oracle sweep of about ten fixed
+limits). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep)
+and the held-out workloads of tests/data/holdout/ (written before any tuning looked at them)
+run when asked:
+    LLMVALVE_ISSUE10_FULL=1 pytest tests/test_generalisation.py
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -23,36 +35,54 @@ VS_BEST_FIXED = 0.95  # adaptive ≥ 0.95 × max(best static:N, none), at the wo
 P0_ATTAINMENT = 0.99  # where P0's demand stays within its reserved share (expect.p0WithinShare)
 NO_HARM_GOODPUT = 0.98  # low load (expect.doNoHarm): adaptive ≥ 0.98 × none, and no class worse
 OLD_REGRESSION = 0.01  # no old built-in's adaptive goodput worse than below by more than 1 %
+FLEET_SIZE = 32  # backends from which a built-in is fleet-scale: run on request only
 
-# adaptive's goodput (tok/s) per seed before issue 10's controller work (this branch's
-# baseline, `llmvalve simulate --oracle --seeds 1,2,3`): the old built-ins must not lose more
-# than OLD_REGRESSION of it.
+# adaptive's goodput (tok/s) per seed before issue 10's controller work, measured on main at
+# 7a82ceb (the engine of issue 13 and the input contract of issue 11 merged) with
+# `llmvalve simulate --oracle --seeds 1,2,3`: the old built-ins must not lose more than
+# OLD_REGRESSION of it.
 OLD_BASELINE: dict[str, tuple[float, float, float]] = {
-    "azure-conv": (654.6, 673.7, 664.6),
-    "burst": (562.8, 535.2, 531.9),
-    "cancel-heavy": (613.1, 580.8, 590.8),
-    "capacity-drop": (650.1, 634.0, 633.2),
-    "multi-gateway": (562.9, 535.0, 529.5),
-    "noise": (212.9, 206.1, 195.6),
-    "overload-sweep": (588.7, 599.9, 611.2),
-    "prompt-shift": (697.7, 660.1, 732.2),
-    "retry-storm": (512.3, 512.6, 510.1),
+    "azure-conv": (667.3, 677.9, 652.3),
+    "burst": (552.7, 529.5, 522.0),
+    "cancel-heavy": (617.9, 584.8, 589.8),
+    "capacity-drop": (639.4, 632.5, 636.4),
+    "multi-gateway": (562.3, 520.6, 524.9),
+    "noise": (212.9, 205.8, 195.6),
+    "overload-sweep": (587.9, 595.7, 612.1),
+    "prompt-shift": (682.8, 646.8, 717.0),
+    "retry-storm": (520.2, 513.3, 498.5),
     "steady": (362.0, 364.5, 379.9),
 }
 
-MODE = os.environ.get("LLMVALVE_ISSUE10", "")
-if MODE == "xfail":
-    MARKS = [pytest.mark.xfail(strict=False, reason="issue 10: controller not there yet")]
-elif MODE:
-    MARKS = []
-else:
-    MARKS = [pytest.mark.skip(reason="issue 10 targets: set LLMVALVE_ISSUE10=xfail or 1")]
+# Targets still missed when issue 10's controller work ended (its report has the numbers and the
+# causes): each scenario must miss exactly these, by seed and target; any other miss fails, and
+# so does a listed miss that is met again (then remove it here).
+KNOWN_MISSES: dict[str, tuple[str, ...]] = {
+    # one P0 request of 45 with a 4,096-token prompt waits for KV on a full small engine
+    "azure-conv": ("seed 2: P0 attainment",),
+    # one P0 request of 97 asks for about 4,000 tokens and is still decoding when the
+    # simulation's drain ends (120 s after the traffic): 0.9897
+    "heavy-tail": ("seed 2: P0 attainment",),
+    # one P1 request refused by the early-drop forecast at 0.75x load (`none` serves all)
+    "calm-steady": ("seed 1: P1 attainment",),
+    # 2-12-token P0 answers whose few decode steps share an engine with 2,048-token prefill
+    # chunks (one such step is over the 150 ms TPOT objective): 3 of 138
+    "code-bursty-3x": ("seed 2: P0 attainment",),
+    # three independent replicas overshoot the pool at the burst's start (KV 0.96): 2 of 142
+    "multi-gateway": ("seed 3: P0 attainment",),
+    # the first seconds, before the engines' sequence cap has been seen: 3 of 122
+    "seq-cap": ("seed 2: P0 attainment",),
+}
+
+HOLDOUT = Path(__file__).parent / "data" / "holdout"
+FULL = bool(os.environ.get("LLMVALVE_ISSUE10_FULL"))
+ON_REQUEST = pytest.mark.skipif(not FULL, reason="set LLMVALVE_ISSUE10_FULL=1 to run")
 
 
-def misses(name: str) -> list[str]:
+def misses(scenario: str, seeds: list[int] = SEEDS) -> list[str]:
     """Every target the scenario misses, one line each (empty: all met)."""
-    sc = load_scenario(name)
-    res, _ = simulate_seeds(sc, ["none", "adaptive"], SEEDS, oracle=True, hindsight=False)
+    sc = load_scenario(scenario)
+    res, _ = simulate_seeds(sc, ["none", "adaptive"], seeds, oracle=True, hindsight=False)
     out = []
     for seed, r in res["seeds"]["runs"].items():
         a, none = r["controllers"]["adaptive"], r["controllers"]["none"]
@@ -70,7 +100,7 @@ def misses(name: str) -> list[str]:
                 if c["slo_attainment"] < none["classes"][p]["slo_attainment"]:
                     out.append(f"seed {seed}: P{p} attainment {c['slo_attainment']:.3f} below "
                                f"none's {none['classes'][p]['slo_attainment']:.3f}")
-        old = OLD_BASELINE.get(name)
+        old = OLD_BASELINE.get(sc.name)
         if old is not None:
             before = old[SEEDS.index(int(seed))]
             if a["goodput_tok_s"] < (1 - OLD_REGRESSION) * before:
@@ -79,7 +109,46 @@ def misses(name: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=MARKS) for n in builtin_names()])
+def _fleet_scale(name: str) -> bool:
+    return load_scenario(name).backends >= FLEET_SIZE
+
+
+ORDINARY = [n for n in builtin_names() if not _fleet_scale(n)]
+FLEET = [n for n in builtin_names() if _fleet_scale(n)]
+
+
+def judge(name: str, found: list[str]) -> None:
+    known = KNOWN_MISSES.get(name, ())
+    unexpected = [m for m in found if not m.startswith(known)]
+    assert not unexpected, f"{name}:\n" + "\n".join(unexpected)
+    met_again = [k for k in known if not any(m.startswith(k) for m in found)]
+    assert not met_again, f"{name}: met again, remove from KNOWN_MISSES: {met_again}"
+    if found:
+        pytest.xfail(f"{name}: known misses: " + "; ".join(found))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ORDINARY)
 def test_adaptive_meets_issue_10_targets(name):
+    judge(name, misses(name))
+
+
+@ON_REQUEST
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FLEET)
+def test_fleet_scale_meets_issue_10_targets(name):
     found = misses(name)
     assert not found, f"{name}:\n" + "\n".join(found)
+
+
+@ON_REQUEST
+@pytest.mark.slow
+@pytest.mark.parametrize("path", sorted(HOLDOUT.glob("*.yaml")), ids=lambda p: p.stem)
+def test_held_out_workloads_meet_issue_10_targets(path):
+    found = misses(str(path))
+    assert not found, f"{path.stem}:\n" + "\n".join(found)
+
+
+def test_every_built_in_is_judged():
+    assert sorted(ORDINARY + FLEET) == builtin_names()
+    assert len(list(HOLDOUT.glob("*.yaml"))) >= 2

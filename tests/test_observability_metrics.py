@@ -27,7 +27,8 @@ POLICY = load_policy(f"""
 queues:
   - {{priority: 0, name: interactive, maxQueueSize: 1, timeout: 8s, dropPolicy: tail,
      slo: {{ttft: 2s, tpot: 150ms}}}}
-  - {{priority: 2, name: batch, maxQueueSize: 10, timeout: 60s, dropPolicy: fast-reject}}
+  - {{priority: 2, name: batch, maxQueueSize: 10, timeout: 60s, dropPolicy: fast-reject,
+     slo: {{ttft: 20ms, tpot: 1s}}}}
 tenants:
   - {{name: app, apiKeyHashes: ["{hash_api_key(SECRET)}"], maxPriority: 0, defaultPriority: 0}}
   - {{name: noisy, apiKeyHashes: ["{hash_api_key('k-noisy')}"], maxPriority: 2,
@@ -155,10 +156,13 @@ async def test_decisions_by_class_tenant_and_outcome_and_one_log_line_each():
         await asyncio.sleep(0.05)
         full = await driver.decide(check("r-full", SECRET))  # … the queue (size 1) is full
         assert isinstance(full, Answer) and full.reply.status == 429
+        waiting = asyncio.create_task(driver.decide(check("r-batch0", "k-noisy")))  # queued
+        await asyncio.sleep(0.05)  # … past its class's 20 ms objective: not served in time
         batch = await driver.decide(check("r-batch", "k-noisy"))  # fast-reject, not listed
         assert isinstance(batch, Answer) and batch.reply.status == 429
-        second.cancel()  # the client leaves while queued
-        await asyncio.gather(second, return_exceptions=True)
+        for task in (second, waiting):  # the clients leave while queued
+            task.cancel()
+        await asyncio.gather(second, waiting, return_exceptions=True)
         driver.logged(LogEntry("r-admit", 200, frozenset({"DC"})))  # … and mid-stream
     finally:
         logs.DECISIONS.removeHandler(handler)
@@ -180,7 +184,8 @@ async def test_decisions_by_class_tenant_and_outcome_and_one_log_line_each():
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [(r["check_id"], r["decision"]) for r in lines] == [
         ("r-admit", "admitted"), ("r-full", "rejected"), ("r-batch", "rejected"),
-        ("r-queued", "cancelled_in_queue"), ("r-admit", "cancelled_in_flight")]
+        ("r-queued", "cancelled_in_queue"), ("r-batch0", "cancelled_in_queue"),
+        ("r-admit", "cancelled_in_flight")]
     for r in lines:
         assert {"ts", "level", "check_id", "request_id", "tenant", "class", "decision",
                 "reason", "wait_ms"} <= set(r)

@@ -83,3 +83,52 @@ def test_add_and_remove_keep_cost_non_negative_and_ignore_unknowns():
     p.add("a", 10.0)
     p.remove("a", 25.0)
     assert p.cost == {"a": 0.0}
+
+
+def test_balance_counts_requests_as_well_as_cost():
+    """An engine whose sequence cap binds fills up in requests, whatever they cost: cheap
+    requests on one backend count against it too."""
+    p = Picker(("a", "b"))
+    for _ in range(6):
+        p.add("a", 100.0)  # six cheap ones
+    p.add("b", 900.0)  # one dear one: b has more cost, a far more requests
+    assert p.pick(0.0) == "b"  # 900/1500 + 1/7 < 600/1500 + 6/7
+
+
+def test_saturation_is_corrected_by_what_ended_since_the_scrape():
+    p = Picker(("a", "b"), kv_target=0.8)
+    p.observe("a", ok=True, at=0.0, waiting=2.0)
+    p.add("b", 500.0)
+    assert p.pick(0.0) == "b"  # a queues two requests
+    p.add("a", 100.0)
+    for _ in range(3):  # three of a's requests end: its engine took the two waiting ones
+        p.remove("a", 100.0)
+    assert not p.saturated("a")
+    assert p.pick(0.1) == "a"
+
+
+def test_top_class_goes_where_it_starts_soonest():
+    p = Picker(("a", "b", "c"), kv_target=0.8)
+    p.prefill_s_per_token = 0.001  # 1 ms per prompt token
+    p.observe("a", ok=True, at=0.0, kv_usage=0.2, capacity_tokens=10_000.0)
+    p.observe("b", ok=True, at=0.0, kv_usage=0.1, waiting=1.0, capacity_tokens=10_000.0)
+    p.observe("c", ok=True, at=0.0, kv_usage=0.5, capacity_tokens=10_000.0)
+    p.add("a", 2_500.0, prompt_tokens=2_000, now=0.0)  # a prefills for 2 s from now
+    assert p.pick(0.5, first=True) == "c"  # b queues; a has 1.5 s of prompts ahead
+    assert p.pick(2.5, first=True) == "a"  # backlog done; KV 0.2 + 2,500 sent since < 0.5
+    assert p.prefill_room(0.5, 1.0)  # c (and b) have no prompts ahead
+    p.add("c", 2_000.0, prompt_tokens=1_500, now=0.5)
+    p.add("b", 2_000.0, prompt_tokens=1_500, now=0.5)
+    assert not p.prefill_room(0.5, 1.0)  # every engine has more than 1 s of prompts ahead
+    assert p.prefill_room(1.5, 1.0)
+
+
+def test_an_engine_decoding_the_top_class_too_slowly_gets_no_new_prompts():
+    p = Picker(("a", "b"), kv_target=0.8, itl_target_s=0.12)
+    p.add("a", 100.0, top=True)  # a P0 request decodes on a
+    p.add("b", 300.0)
+    p.observe("a", ok=True, at=0.0, itl_s=0.2)  # slower than the P0 TPOT allows
+    p.observe("b", ok=True, at=0.0, itl_s=0.2)
+    assert p.pick(0.0) == "b"  # b is as slow but has no P0 on it
+    p.remove("a", 100.0, top=True)
+    assert p.pick(0.0) == "a"

@@ -57,6 +57,23 @@ def test_round_robin_between_tenants_inside_a_class():
     assert drain(s, 1.0) == ["a1", "b1", "c1", "a2", "a3"]
 
 
+def test_ahead_of_counts_the_tenants_round_robin_turn():
+    s = Scheduler(policy())
+    s.push(req("h", 0), 0.0)
+    for i in range(5):
+        s.push(req(f"f{i}", 1, tenant="flood"), 0.0)
+    s.push(req("a1", 1, tenant="a"), 0.0)
+    s.push(req("a2", 1, tenant="a"), 0.0)
+    # a's next is its 3rd: behind its own 2, up to 3 of the flooder's, and the P0 one
+    assert s.ahead_of(1, "a") == 1 + 2 + 3
+    assert s.ahead_of(1, "new") == 1 + 1 + 1  # a newcomer's first: one turn of each
+    assert s.ahead_of(1, "flood") == 1 + 5 + 2
+    assert s.ahead_of(1) == 1 + 7  # behind the whole class
+    # and the scheduler serves them in that order: a newcomer is the 4th out
+    s.push(req("n1", 1, tenant="new"), 0.0)
+    assert drain(s, 1.0).index("n1") == 3
+
+
 def test_depth_counts_and_queue_full():
     s = Scheduler(policy())
     for i in range(3):
@@ -64,9 +81,9 @@ def test_depth_counts_and_queue_full():
     s.push(req("m", 1), 0.0)
     s.push(req("l", 2), 0.0)
     assert s.depth(0) == 3 and s.is_full(0) and not s.is_full(1)
-    assert s.depth_at_or_above(0) == 3
-    assert s.depth_at_or_above(1) == 4
-    assert s.depth_at_or_above(2) == 5
+    assert s.ahead_of(0) == 3
+    assert s.ahead_of(1) == 4
+    assert s.ahead_of(2) == 5
     assert s.oldest_wait_s(0, 4.0) == 4.0
     assert s.oldest_wait_s(1, 4.0) == 4.0
     s2 = Scheduler(policy())

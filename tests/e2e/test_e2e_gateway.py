@@ -15,7 +15,16 @@ import time
 import aiohttp
 import openai
 import pytest
-from e2e_support import P0_KEY, P2_KEY, cancel_all, chat_body, client, headers, hold_slots
+from e2e_support import (
+    P0_KEY,
+    P2_KEY,
+    batch_backlog,
+    cancel_all,
+    chat_body,
+    client,
+    headers,
+    hold_slots,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -126,8 +135,9 @@ async def test_sdk_sees_429_as_rate_limit_error(e2e):
     url = e2e.base_url + "/chat/completions"
     async with aiohttp.ClientSession() as session:
         holders = await hold_slots(session, url, 8)
+        holders.append(await batch_backlog(session, url))
         try:
-            # P2 under pressure is fast-rejected: the SDK raises RateLimitError.
+            # P2 not served in time is fast-rejected: the SDK raises RateLimitError.
             with pytest.raises(openai.RateLimitError) as info:
                 await asyncio.to_thread(
                     client(e2e, key=P2_KEY).chat.completions.create, **chat_body(4))
@@ -147,6 +157,7 @@ async def test_shed_request_with_a_feature_gets_its_fallback(e2e):
     fallback_before = e2e.fallback_stats()["requests_received"]
     async with aiohttp.ClientSession() as session:
         holders = await hold_slots(session, url, 8)
+        holders.append(await batch_backlog(session, url))
         try:
             raw = await asyncio.to_thread(c.chat.completions.with_raw_response.create,
                                           **chat_body(4), extra_headers=suggest)

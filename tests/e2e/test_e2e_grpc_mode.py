@@ -14,6 +14,7 @@ import pytest
 from e2e_support import (
     P0_KEY,
     P2_KEY,
+    batch_backlog,
     cancel_all,
     chat_body,
     client,
@@ -50,6 +51,7 @@ async def test_queue_cancel_shed_and_fallback(e2e):
             await asyncio.gather(leaving, return_exceptions=True)
             await wait_until(lambda: e2e.status()["gateway"]["checks_held"] == 1, 5,
                              "the client that left to be dequeued")
+            holders.insert(0, await batch_backlog(session, url))  # batch not served in time
             with pytest.raises(openai.RateLimitError) as info:
                 await asyncio.to_thread(client(e2e, key=P2_KEY).chat.completions.create,
                                         **chat_body(4))

@@ -68,10 +68,17 @@ async def test_flooding_one_model_sheds_only_that_models_traffic(e2e):
         holders = [asyncio.create_task(hold()) for _ in range(4)]  # the large pool's limit
         for _ in range(4):
             await asyncio.wait_for(started.get(), 20)
-        try:
-            batch = {**body, "stream": False, "max_tokens": 4}
+        batch = {**body, "stream": False, "max_tokens": 4}
+
+        async def waiting() -> None:  # a batch request queued behind the full pool …
             async with session.post(url, json=batch, headers=headers(P2_KEY)) as r:
-                assert r.status == 429  # batch on the full pool: fast-reject
+                await r.read()
+
+        holders.append(asyncio.create_task(waiting()))
+        await asyncio.sleep(0.6)  # … past its class's 500 ms TTFT objective
+        try:
+            async with session.post(url, json=batch, headers=headers(P2_KEY)) as r:
+                assert r.status == 429  # batch not served in time: fast-reject
                 assert r.headers["x-llmvalve-class"] == "batch-extraction"
             tiny = {**batch, "model": "sim-tiny"}
             async with session.post(url, json=tiny, headers=headers(P0_KEY)) as r:

@@ -1,36 +1,55 @@
 """`adaptive`: our concurrency limit for one backend pool, in tokens of KV cache.
 
-Theory of operation (fixes every flaw listed in shared/research/limiters.md).
+Theory of operation.
 The limit is `L = u · C`: C is the KV capacity of the backends that are alive (from
 `vllm:cache_config_info`; a fixed fallback when the engine does not say), u a float utilisation
 multiplier. A backend that leaves takes its share of C with it at once. Requests are charged
 their cost in tokens (prompt + expected output), so a prompt-length shift tightens admission the
 moment the longer requests arrive, before any latency moves.
 
-Once per window (`window_s`), the pool's pressure r is the largest of:
-  * saturation σ = mean over backends of max(waiting / waitingTarget, kvUsage / kvTarget), a
-    backend whose metrics are stale or failing counting as σ = 1.5 (the fast gate, also used by
-    the scheduler so that lower classes stop first);
-  * mean inter-token latency / itlTarget (TPOT does not depend on output length: the cleanest
-    congestion signal), from histogram deltas between scrapes;
-  * p90 engine queue time / queueTarget (the queueing part of TTFT, separated from prefill by
-    the engine itself);
-  * p90 of the queueing part of TTFT from the access log, with a prefill model a + b·prompt
-    fitted online on low-load samples, once the window has `min_samples` samples.
-Then:
+The signal: congestion r, where 1 means "at target". Each backend's scrape gives its own
+reading, the largest of
+  * fill, proportional to the load on that engine in whatever resource binds:
+    - KV: (kvUsage + what was admitted since the scrape) / kvTarget — a scrape is up to a
+      window old, and admitted requests reach the KV only as they prefill;
+    - queue, while requests wait inside the engine (something binds: KV, its sequence cap or
+      its token budget): (running + waiting) / (running + allowed), allowed = waitingTarget,
+      less when the queue drains slower than queueTarget (engine queue time p90). An engine
+      at a sequence cap of 16 with 6 waiting reads 1.22 (22 % too much), not 6 / 2 = 3;
+  * inter-token latency / itlTarget, averaged over `latencyWindow` (a request's TPOT is a
+    mean over seconds of decoding: one scrape window with a long prefill chunk in it is not a
+    breach); unknown until the average covers a whole window begun after the last decrease.
+The pool's r is the mean of the backends' readings weighted by each backend's share of the
+capacity: one backend's long prefill chunk moves r by its share, not the whole pool by its
+worst member. On top, the queueing part of TTFT from the access log (TTFT minus a prefill
+model a + b·prompt fitted online at low load), p90 once the window has `min_samples` samples,
+counts for the whole pool.
+
+The control law, once per window (`window_s`): a target with a dead band.
   * a drop in the window (backend 5xx/reset, an increase of the preemption counter) →
     L ← min(L, inflight · decreaseOnDrop);
-  * r > 1 → L ← min(L, inflight · max(0.5, 1/r)) — aimed at what is in flight, never
-    compounding while admitted work drains;
+  * r > 1 + band/2 → L ← min(L, inflight · max(0.5, 1/r)): aimed at what is in flight (r
+    is proportional to it), never compounding while admitted work drains, and only on a
+    scrape taken after the previous decrease;
   * L above the KV ceiling K · C · ρ → L ← that ceiling; ρ is the measured ratio of our cost
     estimates to real KV tokens (costs are peaks; KV fills as answers grow), slow to rise and
     quick to fall;
-  * app-limited (peak in-flight in the window < L/2) → hold;
-  * else L ← min(ceiling, L · min(maxGrowth, 1/r) + √L) (multiplicative approach plus an
-    additive probe).
+  * app-limited (the window's peak in flight < L/2): L ← max(L / maxGrowth, 2 · peak). A limit
+    nobody tests is no evidence, so it follows what is used (as TCP validates an unused
+    window): replicas that each idled at the whole pool's size do not fill it all at once
+    when a burst comes;
+  * r < 1 − band/2, with every live backend scraped over a window begun after the last
+    decrease and its latency known → L ← min(ceiling, L · min(maxGrowth, 1/r) + √L);
+  * otherwise hold: inside the band, or waiting for a reading of the load after a decrease
+    (a reading that is not there is not a reading of calm: no sawtooth after a cut).
+Where sequences bind before KV (an engine seen, `SEQ_CAP_HITS` times, running as many as it
+ever ran with requests waiting and KV to spare), `max_requests` counts them: the lower classes
+may have in flight what the engines run, the top class that plus waitingTarget per engine, so
+a P0 request queues inside an engine behind other P0 requests only.
+`saturation()` (σ, the fast gate the admission uses to stop lower classes first) is the same
+share-weighted fill without the latency terms, a stale or failing backend counting 1.5.
 After any decrease the epoch advances: access-log samples of requests admitted earlier are
-ignored, and no second decrease happens until a scrape taken after the decrease arrives.
-Cancellations (`Outcome.IGNORE`) are never samples.
+ignored. Cancellations (`Outcome.IGNORE`) are never samples.
 """
 
 from __future__ import annotations
@@ -42,6 +61,7 @@ from llmvalve.core.policy import AdaptiveLimitSpec, Policy
 from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
 
 STALE_SIGMA = 1.5
+SEQ_CAP_HITS = 3  # scrapes that show the sequence cap binding before it is counted
 FALLBACK_CAPACITY_TOKENS = 65_536.0
 
 
@@ -49,6 +69,12 @@ FALLBACK_CAPACITY_TOKENS = 65_536.0
 class _Backend:
     snap: BackendSnapshot
     preemptions_seen: float
+    since: float  # when the scrape before `snap` was taken: its histogram deltas start there
+    max_running: float = 0.0  # the most requests it was seen running at once
+    itl_s: float | None = None  # inter-token latency, averaged over `latency_window_s`
+    itl_since: float = -math.inf  # when the average began (it restarts at each decrease)
+    cap_hits: int = 0  # scrapes at max_running with requests waiting and KV to spare
+    inflight_at: float = 0.0  # our in-flight cost when `snap` arrived
 
 
 class _PrefillModel:
@@ -76,14 +102,8 @@ class _PrefillModel:
         return (self.sy - b * self.sx) / self.n, b
 
     def predict(self, x: float) -> float | None:
-        if self.n < 5:
-            return None
-        var = self.n * self.sxx - self.sx * self.sx
-        if var <= 1e-9:
-            return self.sy / self.n
-        b = max(0.0, (self.n * self.sxy - self.sx * self.sy) / var)
-        a = (self.sy - b * self.sx) / self.n
-        return a + b * x
+        fit = self.coefficients()
+        return None if fit is None else fit[0] + fit[1] * x
 
 
 def _p90(xs: list[float]) -> float:
@@ -106,9 +126,11 @@ class AdaptiveLimit:
         self._window_end = now + s.window_s
         self._drops = 0
         self._peak_inflight = 0.0
+        self._inflight_latest = 0.0  # in flight at the latest update() call
         self._decreased_at = -math.inf
         self._ttft_queue: list[float] = []
-        self._prefill = _PrefillModel()
+        self._prefill = _PrefillModel()  # at low load: TTFT without queueing
+        self._prefill_speed = _PrefillModel()  # at any load: its slope
         self._last_pressure = 0.0
         self._last_action = "start"
         self._rho: float | None = None
@@ -126,11 +148,14 @@ class AdaptiveLimit:
         s = self.spec
         self.itl_target_s = s.itl_target_s or min(q.slo.tpot_s for q in policy.queues) * 0.8
         self.queue_target_s = s.queue_target_s or min(q.slo.ttft_s for q in policy.queues) / 4
+        self._sat_cache: tuple[float, float, float] | None = None  # targets may have changed
 
     # ---- capacity and limit ---------------------------------------------------------------
+    def _is_live(self, b: _Backend, now: float) -> bool:
+        return b.snap.ok and now - b.snap.at <= self.spec.stale_after_s
+
     def _live(self, now: float) -> list[_Backend]:
-        return [b for b in self.backends.values()
-                if b.snap.ok and now - b.snap.at <= self.spec.stale_after_s]
+        return [b for b in self.backends.values() if self._is_live(b, now)]
 
     def capacity(self, now: float | None = None) -> float:
         live = self.backends.values() if now is None else self._live(now)
@@ -157,43 +182,130 @@ class AdaptiveLimit:
         """The in-flight cost that should fill the KV cache to its target."""
         return self.spec.kv_target * self._capacity_live() * (self._rho or 1.0)
 
+    def max_requests(self, top: bool = False) -> float:
+        """Sequences counted where they bind before KV: when every live backend was seen, at
+        least `SEQ_CAP_HITS` times, running as many requests as it ever ran with requests
+        waiting and KV to spare, the requests they run at once (∞ otherwise). It grows if a
+        backend is seen running more. Only the top class (`top`) may queue in the engines,
+        up to the waiting target each: a P0 request then waits for the next free sequence
+        behind other P0 requests only, not behind the lower classes."""
+        live = [b for b in self.backends.values() if b.snap.ok]
+        if not live or any(b.cap_hits < SEQ_CAP_HITS for b in live):
+            return math.inf
+        extra = self.spec.waiting_target if top else 0.0
+        return sum(b.max_running + extra for b in live)
+
+    def capacity_ceiling(self) -> float:
+        """What the backends hold, in cost units."""
+        return self.kv_ceiling()
+
     def hard_cap(self, reserved: bool = False) -> float:
         """Nothing is admitted past this. A class inside its reserved share may use the
         headroom above the KV target (up to 10 points of KV, at most 95 %): a reservation
         that is borrowed when idle must still be there, at once, when its class arrives."""
+        ceiling = self.capacity_ceiling()
         if not reserved:
-            return self.kv_ceiling()
+            return max(self.limit(), ceiling)
         k = self.spec.kv_target
-        return self.kv_ceiling() * max(k, min(0.95, k + 0.1)) / k
+        return max(self.limit(), ceiling * max(k, min(0.95, k + 0.1)) / k)
 
     def reserve_base(self) -> float:
         """Reserved shares are shares of the capacity estimate, not of a limit that was just
         cut: a P0 reservation must hold through a pressure dip."""
-        return max(self.limit(), self.kv_ceiling())
+        return max(self.limit(), self.capacity_ceiling())
+
+    # ---- the signal -----------------------------------------------------------------------
+    def _fill(self, snap: BackendSnapshot, sent_kv: float = 0.0) -> float:
+        """How full one engine is against its targets, in proportion to its load. While it
+        has requests waiting, something binds (KV, its sequence cap, its token budget): it
+        holds running + waiting where it should hold running plus the queue it drains within
+        the queue target (at most waitingTarget requests). `sent_kv`: the KV fraction sent
+        to it since the scrape (not in its numbers yet)."""
+        s = self.spec
+        queue = 0.0
+        if snap.waiting > 0:
+            allowed = s.waiting_target
+            qt = snap.queue_time_p90_s
+            if qt is not None and qt > 0:
+                allowed = min(allowed, snap.waiting * self.queue_target_s / qt)
+            queue = (snap.running + snap.waiting) / (snap.running + allowed)
+        return max((snap.kv_usage + sent_kv) / s.kv_target, queue)
+
+    def _latency(self, b: _Backend) -> float:
+        """One engine's inter-token latency against the target, averaged over the latency
+        window: a request's TPOT is its mean over seconds of decoding, so one scrape window
+        with a long prefill chunk in it is not a breach. 0 until the average covers a whole
+        window begun after the last decrease (before, it describes the load before the
+        cut)."""
+        if not self._latency_known(b):
+            return 0.0
+        return (b.itl_s or 0.0) / self.itl_target_s
+
+    def _latency_known(self, b: _Backend) -> bool:
+        """The latency average covers a whole window begun after the last decrease (or the
+        engine decodes nothing: no latency to know)."""
+        if b.itl_s is None:
+            return b.snap.itl_mean_s is None and b.since >= self._decreased_at
+        return b.snap.at - b.itl_since >= self.spec.latency_window_s
+
+    def _average_itl(self, b: _Backend, snap: BackendSnapshot) -> None:
+        if snap.itl_mean_s is None:
+            return
+        if b.itl_s is None or b.since < self._decreased_at:
+            if b.since >= self._decreased_at:  # the first window wholly after the decrease
+                b.itl_s, b.itl_since = snap.itl_mean_s, b.since
+            return
+        gain = 1.0 - math.exp(-(snap.at - b.since) / self.spec.latency_window_s)
+        b.itl_s += gain * (snap.itl_mean_s - b.itl_s)
+
+    def _weights(self, backends: list[_Backend]) -> list[float]:
+        """Each backend's share of the pool (by KV capacity; equal when unknown)."""
+        caps = [b.snap.kv_capacity_tokens for b in backends]
+        total = sum(caps)
+        if total <= 0 or any(c <= 0 for c in caps):
+            return [1.0 / len(backends)] * len(backends)
+        return [c / total for c in caps]
 
     def saturation(self, now: float) -> float:
-        """σ, the fast gate: ≥ 1 means the backends are saturated right now."""
+        """σ, the fast gate: ≥ 1 means the backends are full right now (share-weighted)."""
         if not self.backends:
             return 0.0
         c = self._sat_cache
         if c is not None and c[0] < now < c[1]:
             return c[2]
-        s = self.spec
+        backends = list(self.backends.values())
+        stale_after = self.spec.stale_after_s
         total = 0.0
         lo, hi = -math.inf, math.inf
-        for b in self.backends.values():
-            snap = b.snap
-            if not snap.ok:
-                total += STALE_SIGMA
-            elif now - snap.at > s.stale_after_s:
-                total += STALE_SIGMA
-                lo = max(lo, snap.at + s.stale_after_s)
+        for w, b in zip(self._weights(backends), backends, strict=True):
+            if not b.snap.ok:
+                total += w * STALE_SIGMA
+            elif now - b.snap.at > stale_after:
+                total += w * STALE_SIGMA
+                lo = max(lo, b.snap.at + stale_after)
             else:
-                total += max(snap.waiting / s.waiting_target, snap.kv_usage / s.kv_target)
-                hi = min(hi, snap.at + s.stale_after_s)
-        sigma = total / len(self.backends)
-        self._sat_cache = (lo + 1e-9, hi - 1e-9, sigma)  # margins: no rounding at the edges
-        return sigma
+                total += w * self._fill(b.snap)
+                hi = min(hi, b.snap.at + stale_after)
+        # cached until a snapshot arrives or a backend's freshness changes (same floats)
+        self._sat_cache = (lo + 1e-9, hi - 1e-9, total)
+        return total
+
+    def pressure(self, now: float) -> float:
+        """r: the share-weighted congestion of the live backends, and the access log's
+        queueing TTFT."""
+        live = self._live(now)
+        r = 0.0
+        if live:
+            # A scrape is up to a window old: what was admitted since is not in its KV yet
+            # (spread over the pool by share; readings lag admissions and, while in flight
+            # rises, would let the limit overshoot).
+            per_kv = self._capacity_live() * (self._rho or 1.0)
+            for w, b in zip(self._weights(live), live, strict=True):
+                sent = (self._inflight_latest - b.inflight_at) / per_kv
+                r += w * max(self._fill(b.snap, sent), self._latency(b))
+        if len(self._ttft_queue) >= self.spec.min_samples:
+            r = max(r, _p90(self._ttft_queue) / self.queue_target_s)
+        return r
 
     # ---- inputs ---------------------------------------------------------------------------
     def on_release(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
@@ -204,6 +316,9 @@ class AdaptiveLimit:
         if sample.outcome is not Outcome.SUCCESS or sample.ttft_s is None:
             return
         if sample.prompt_tokens is not None:
+            # the slope of TTFT over prompt length is the prefill speed under any load
+            # (queueing adds to every prompt alike); the intercept only at low load
+            self._prefill_speed.add(float(sample.prompt_tokens), sample.ttft_s)
             if self._last_pressure < 0.5:
                 self._prefill.add(float(sample.prompt_tokens), sample.ttft_s)
             prefill = self._prefill.predict(float(sample.prompt_tokens))
@@ -218,77 +333,93 @@ class AdaptiveLimit:
         self._cap_cache = self._sat_cache = None
         prev = self.backends.get(snap.backend)
         if prev is None:
-            self.backends[snap.backend] = _Backend(snap, snap.preemptions_total)
+            self.backends[snap.backend] = _Backend(snap, snap.preemptions_total, snap.at,
+                                                   snap.running,
+                                                   inflight_at=self._inflight_latest)
             return
         if snap.ok:
             if snap.preemptions_total > prev.preemptions_seen:
                 self._drops += 1
             prev.preemptions_seen = snap.preemptions_total
+            prev.since = prev.snap.at
             prev.snap = snap
+            prev.inflight_at = self._inflight_latest
+            self._average_itl(prev, snap)
+            self._observe_sequences(prev, snap)
         else:
             # keep the last good numbers (capacity) but mark it failing
             prev.snap = BackendSnapshot(backend=snap.backend, at=prev.snap.at, ok=False,
                                         kv_capacity_tokens=prev.snap.kv_capacity_tokens)
 
+    def _observe_sequences(self, b: _Backend, snap: BackendSnapshot) -> None:
+        """Evidence that the engine's sequence cap binds: requests wait while it runs as many
+        as it ever ran and its KV has room (once is a request that arrived within a step)."""
+        if snap.running > b.max_running:
+            b.max_running, b.cap_hits = snap.running, 0
+        elif (snap.waiting > 0 and snap.running == b.max_running
+              and snap.kv_usage < self.spec.kv_target):
+            b.cap_hits += 1
+
     # ---- the window -----------------------------------------------------------------------
     def next_update(self) -> float | None:
         return self._window_end
 
-    def pressure(self, now: float) -> float:
-        s = self.spec
-        r = self.saturation(now)
-        for b in self._live(now):
-            if b.snap.at <= self._decreased_at:
-                continue  # taken before our last decrease: says nothing about it
-            if b.snap.itl_mean_s is not None:
-                r = max(r, b.snap.itl_mean_s / self.itl_target_s)
-            if b.snap.queue_time_p90_s is not None:
-                r = max(r, b.snap.queue_time_p90_s / self.queue_target_s)
-        if len(self._ttft_queue) >= s.min_samples:
-            r = max(r, _p90(self._ttft_queue) / self.queue_target_s)
-        return r
+    def _learn_cost_ratio(self, now: float, inflight: float) -> None:
+        """How many of our cost tokens one token of real KV is worth right now (costs are peak
+        estimates, KV fills as answers grow): the exchange rate that turns the KV target into
+        a target for in-flight cost. Slow to rise, quick to fall: requests admitted but not
+        yet prefilled make it look higher than it is for a few seconds after every load
+        step."""
+        live = self._live(now)
+        kv = sum(b.snap.kv_usage for b in live) / len(live) if live else 0.0
+        if kv >= 0.1 and inflight > 0:
+            rho = min(2.0, max(1.0, inflight / (kv * self._capacity_live())))
+            prev = 1.0 if self._rho is None else self._rho
+            self._rho = prev + (0.5 if rho < prev else 0.02) * (rho - prev)
 
-    def update(self, now: float, inflight: float) -> float:
+    def update(self, now: float, inflight: float, requests: int = 0) -> float:
+        self._inflight_latest = inflight
         self._peak_inflight = max(self._peak_inflight, inflight)
         if now < self._window_end:
             return self.limit()
         s = self.spec
-        L = self.limit()
-        cap = self._capacity_live()
-        live = self._live(now)
-        kv = sum(b.snap.kv_usage for b in live) / len(live) if live else 0.0
-        if kv >= 0.1 and inflight > 0:
-            # How many of our cost tokens one token of real KV is worth right now (costs are
-            # peak estimates, KV fills as answers grow): the exchange rate that turns the KV
-            # target into a target for in-flight cost.
-            # Slow to rise, quick to fall: requests admitted but not yet prefilled make it
-            # look higher than it is for a few seconds after every load step.
-            rho = min(2.0, max(1.0, inflight / (kv * cap)))
-            prev = 1.0 if self._rho is None else self._rho
-            self._rho = prev + (0.5 if rho < prev else 0.02) * (rho - prev)
-        kv_ceiling = self.kv_ceiling()
+        self._learn_cost_ratio(now, inflight)
         r = self.pressure(now)
         self._last_pressure = r
-        fresh = any(b.snap.at > self._decreased_at for b in live) or not self.backends
-        # Decreases aim at what is in flight now, and never compound: while admitted work
-        # drains (seconds, for LLM requests) the signals stay high, and cutting L again for
-        # the same excess would overshoot to starvation.
-        if self._drops and fresh:
-            self._decrease(min(L, inflight * s.decrease_on_drop), now, "drop")
-        elif r > 1.0 and fresh:
-            self._decrease(min(L, inflight * max(0.5, 1.0 / r)), now, "pressure")
-        elif L > kv_ceiling:
-            self._set(kv_ceiling, "kv-ceiling")
-        elif self._peak_inflight < L / 2:
-            self._last_action = "app-limited"
-        elif r <= 1.0:
-            grown = L * min(s.max_growth, 1.0 / max(r, 1e-6)) + math.sqrt(L)
-            self._set(min(kv_ceiling, grown), "increase")
+        self._step(now, inflight, r)
         self._drops = 0
         self._ttft_queue.clear()
         self._peak_inflight = inflight
         self._window_end = now + s.window_s
         return self.limit()
+
+    def _step(self, now: float, inflight: float, r: float) -> None:
+        """The control law (see the module's docstring)."""
+        s = self.spec
+        L = self.limit()
+        ceiling = self.capacity_ceiling()
+        live = self._live(now)
+        fresh = any(b.snap.at > self._decreased_at for b in live) or not self.backends
+        settled = all(b.since >= self._decreased_at and self._latency_known(b) for b in live)
+        # Decreases aim at what is in flight now, and never compound: while admitted work
+        # drains (seconds, for LLM requests) the signals stay high, and cutting L again for
+        # the same excess would overshoot to starvation.
+        if self._drops and fresh:
+            self._decrease(min(L, inflight * s.decrease_on_drop), now, "drop")
+        elif r > 1.0 + s.band / 2 and fresh:
+            self._decrease(min(L, inflight * max(0.5, 1.0 / r)), now, "pressure")
+        elif L > ceiling:
+            self._set(ceiling, "ceiling")
+        elif self._peak_inflight < L / 2:
+            # L unused: a limit nobody tests is no evidence; it follows what is used (as TCP
+            # validates an unused window), so that replicas that each idled at the whole
+            # pool's size do not all fill it at once when a burst comes
+            self._set(max(L / s.max_growth, 2 * self._peak_inflight), "app-limited")
+        elif r < 1.0 - s.band / 2 and settled:
+            aim = 1.0 / max(r, 1e-6)
+            self._set(min(ceiling, L * min(s.max_growth, aim) + math.sqrt(L)), "increase")
+        else:
+            self._last_action = "hold" if settled else "settling"
 
     def _set(self, limit: float, why: str) -> None:
         cap = self._capacity_live()
@@ -300,6 +431,13 @@ class AdaptiveLimit:
         self._set(limit, why)
         self.epoch += 1
         self._decreased_at = now
+        for b in self.backends.values():
+            b.itl_s = None
+
+    def prefill_s_per_token(self) -> float:
+        """The backends' measured prefill time per prompt token (0 until fitted)."""
+        fit = self._prefill_speed.coefficients()
+        return 0.0 if fit is None else fit[1]
 
     def status(self) -> dict:
         fit = self._prefill.coefficients()

@@ -1,37 +1,37 @@
 """The admission core: one object per gateway replica, pure (time and randomness passed in).
 
 Theory of operation. Each backend pool has a `Scheduler` (priority queues), a `Limit` (how much
-may be in flight) and the in-flight account. A request fits its pool when
+may be in flight), a `Picker` (which backend) and the in-flight account. A request fits when
     inflight + cost ≤ L                         (the shared limit), or
     inflight[class] + cost ≤ reservedShare · C  (its class's reserved share of the capacity
-                                                 estimate C ≥ L: idle share is
-                                                 borrowed by others, as Netflix's partitioned
-                                                 limiter does, but a class under its share
-                                                 gets in even when the pool is at L, as long
-                                                 as the limiter's hard cap — for `adaptive`
-                                                 the KV ceiling — is not passed),
-and the fast gate lets its class through: when the backends' saturation σ ≥ 1 the lowest
-class stops; when σ ≥ 1.25 only the highest class may start new work. The highest class is
-bounded by the limiter's hard cap rather than by L (P0's "penetration right": a limit cut for
-latency stops the lower classes first).
+                                                 estimate C ≥ L: idle share is borrowed by
+                                                 others, as Netflix's partitioned limiter
+                                                 does, but a class under its share gets in
+                                                 even at L, up to the limiter's hard cap),
+the fast gate lets its class through (backends' saturation σ ≥ 1: the lowest class stops;
+σ ≥ 1.25: only the highest may start new work), the engines can run it where sequences bind
+(`Limit.max_requests`: only the top class may queue inside an engine), and, below the top
+class, some engine has less than half the top class's TTFT objective of prompts still to
+prefill (`Picker.prefill_room`). The highest class is bounded by the hard cap rather than by
+L (P0's "penetration right": a limit cut for latency stops the lower classes first).
 
 Dispatch order is strict priority with round-robin between tenants; a class whose head does not
 fit blocks the classes below it (no small low-priority request jumps a waiting P0), except
 through their own reserved share.
 
-"Pressure" (used by the drop policies) means: the pool's in-flight is at least
-`scheduler.pressureThreshold` of L, or σ ≥ 1 (stale metrics count as saturated), or the class's
-queue is not empty.
+The drop policies shed what cannot be served in time (core/waits.py forecasts the wait):
   * tail: queue full → reject the arrival, unless another tenant holds at least two more
     places of the class than the arrival's tenant: then that tenant's newest request gives
     its place up (rejected at the next poll) — one tenant's flood cannot lock the others out
     of a class; past its timeout → dropped at the head.
-  * early-drop-on-pressure: under pressure, reject at arrival when the predicted wait (requests
-    ahead of it over the measured dispatch rate) exceeds the time it may wait: the smallest of
-    its queue timeout, its client deadline and half its class's TTFT objective (a request that
-    waits past its objective is served too late to count, and holds a queue place meanwhile;
-    the other half is left for prefill and for the error of the prediction).
-  * fast-reject: under pressure, reject at once; queue only when calm.
+  * early-drop-on-pressure: reject at arrival when the request's predicted wait — at its
+    tenant's round-robin turn — exceeds what it may wait: the smallest of its queue timeout,
+    its client deadline and half its class's TTFT objective (a request that waits past its
+    objective is served too late to count and holds a queue place meanwhile; the other half
+    is left for prefill and for the error of the prediction).
+  * fast-reject: the class is shed as a whole while it is not being served in time: an
+    arrival is rejected at once when the class's oldest waiting request has waited past its
+    TTFT objective or its queue timeout, whichever is shorter; otherwise it queues.
 Every rejection carries a Retry-After: the expected drain time of the requests ahead, clamped to
 [retryAfter.min, retryAfter.max] and spread by ±jitter/2 so rejected clients do not return
 together.
@@ -62,6 +62,7 @@ from llmvalve.core.types import (
     Sample,
     Ticket,
 )
+from llmvalve.core.waits import WaitForecast
 
 
 class Rng(Protocol):
@@ -84,29 +85,6 @@ def make_limit(controller: str, policy: Policy, now: float) -> Limit:
     raise ValueError(f"unknown controller {controller!r} (none, static:N, seed, adaptive)")
 
 
-class _Rate:
-    """Events per second, an exponentially weighted average over 1-second buckets."""
-
-    def __init__(self, now: float) -> None:
-        self.bucket_start = now
-        self.count = 0
-        self.rate: float | None = None
-
-    def add(self, now: float) -> None:
-        self.roll(now)
-        self.count += 1
-
-    def roll(self, now: float) -> None:
-        while now - self.bucket_start >= 1.0:
-            r = float(self.count)
-            self.rate = r if self.rate is None else 0.7 * self.rate + 0.3 * r
-            self.count = 0
-            self.bucket_start += 1.0
-            if now - self.bucket_start > 30:  # long idle: skip ahead
-                self.rate = 0.0 if self.rate is not None else None
-                self.bucket_start = now
-
-
 @dataclass
 class _Pool:
     spec: PoolSpec
@@ -115,7 +93,7 @@ class _Pool:
     inflight: float = 0.0
     inflight_by_class: dict[int, float] = field(default_factory=dict)
     tickets: dict[str, Ticket] = field(default_factory=dict)
-    releases: _Rate | None = None
+    waits: WaitForecast = field(default_factory=WaitForecast)
     override: float | None = None  # an operator's limit (set_override), replaces L
     override_until: float | None = None  # when the override lapses (None: until cleared)
     picker: Picker = field(default_factory=Picker)
@@ -141,19 +119,27 @@ class Admission:
         self.budgets = Budgets(policy, budget_share, now)  # per tenant: core/budgets.py
         self.rng = rng
         self.controller = controller or policy.limiter.controller
+        self._read_policy(policy)
         self.pools: dict[str, _Pool] = {}
         for spec in policy.pools:
             self.pools[spec.name] = self._new_pool(spec, now)
-        self._ranks = {p: i for i, p in enumerate(policy.priorities)}
         self.draining = False
+
+    def _read_policy(self, policy: Policy) -> None:
+        self._ranks = {p: i for i, p in enumerate(policy.priorities)}
+        top = policy.queue(policy.priorities[0])
+        # What the top class's objectives leave to the engines: the prompts ahead of a P0
+        # request may take half its TTFT to prefill; its engine's inter-token latency
+        # should stay at 0.8 of its TPOT (the limiter's own ITL target by default).
+        self._prefill_budget_s = 0.25 * top.slo.ttft_s
+        self._itl_target_s = policy.limiter.adaptive.itl_target_s or 0.8 * top.slo.tpot_s
 
     # ---- helpers --------------------------------------------------------------------------
     def _new_pool(self, spec: PoolSpec, now: float) -> _Pool:
         a = self.policy.limiter.adaptive
         return _Pool(spec, Scheduler(self.policy), make_limit(self.controller, self.policy, now),
-                     releases=_Rate(now),
                      picker=Picker(tuple(b.name for b in spec.backends), a.stale_after_s,
-                                   a.kv_target),
+                                   a.kv_target, self._itl_target_s),
                      breaker=Breaker(spec.breaker))
 
     def _pool(self, name: str) -> _Pool:
@@ -188,6 +174,11 @@ class Admission:
               shared: bool = True) -> bool:
         if not self._gate_allows(pool, priority, now):
             return False
+        top = self._ranks[priority] == 0
+        if pool.tickets and len(pool.tickets) >= pool.limit.max_requests(top):
+            return False  # the engines run no more at once: it would queue there
+        if not top and not pool.picker.prefill_room(now, self._prefill_budget_s):
+            return False  # every engine has more prompts to prefill than a P0 could wait
         L = pool.current_limit()
         if self._ranks[priority] == 0 and pool.override is None:
             # The top class punches through a limit cut for latency: it stops only at the
@@ -203,20 +194,31 @@ class Admission:
         return (share > 0 and pool.inflight_by_class.get(priority, 0.0) + cost <= share
                 and pool.inflight + cost <= pool.limit.hard_cap(reserved=True))
 
-    def under_pressure(self, pool: _Pool, priority: int, now: float) -> bool:
-        L = pool.current_limit()
-        return (pool.inflight >= self.policy.scheduler.pressure_threshold * L
-                or pool.limit.saturation(now) >= 1.0
-                or pool.scheduler.depth(priority) > 0)
+    def may_wait_s(self, priority: int) -> float:
+        """How long a request of the class may wait in the queue and still be useful: its
+        queue timeout, and half its TTFT objective (a request that waits past its objective
+        is served too late to count, and holds a queue place meanwhile; the other half is
+        left for prefill and for the error of the prediction)."""
+        spec = self.policy.queue(priority)
+        return min(spec.timeout_s, 0.5 * spec.slo.ttft_s)
 
-    def predicted_wait_s(self, pool: _Pool, priority: int, now: float) -> float:
-        assert pool.releases is not None
-        pool.releases.roll(now)
-        rate = pool.releases.rate
-        ahead = pool.scheduler.depth_at_or_above(priority) + 1
-        if not rate:
-            return 0.0 if pool.inflight == 0 else math.inf
-        return ahead / rate
+    def under_pressure(self, pool: _Pool, priority: int, now: float,
+                       tenant: str | None = None, may_wait_s: float | None = None) -> bool:
+        """The requests ahead of an arrival of this class (of `tenant`: its round-robin turn;
+        None: behind the whole class) cannot be served in time: its predicted wait exceeds
+        what it may wait (`may_wait_s`, by default the class's). Before anything has been
+        released the wait is unknown: nothing is refused for it (the queue timeout still
+        applies)."""
+        limit = self.may_wait_s(priority) if may_wait_s is None else may_wait_s
+        if pool.waits.residence_s is None:
+            return False
+        return self.predicted_wait_s(pool, priority, now, tenant) > limit
+
+    def predicted_wait_s(self, pool: _Pool, priority: int, now: float,
+                         tenant: str | None = None) -> float:
+        """Seconds until an arrival of class `priority` is dispatched (core/waits.py)."""
+        return pool.waits.wait_s(pool.scheduler, len(pool.tickets), priority, now,
+                                 self.may_wait_s(priority), tenant)
 
     def retry_after_s(self, pool: _Pool, priority: int, now: float,
                       floor_s: float = 0.0) -> float:
@@ -244,8 +246,8 @@ class Admission:
 
     def _admit(self, pool: _Pool, req: RequestInfo, cost: float, now: float,
                wait_s: float) -> Admit:
-        backend = pool.picker.pick(now)
-        pool.picker.add(backend, cost)
+        backend = pool.picker.pick(now, first=self._ranks[req.priority] == 0)
+        pool.picker.add(backend, cost, req.prompt_tokens, now, self._ranks[req.priority] == 0)
         ticket = Ticket(req.request_id, pool.spec.name, req.priority, req.tenant, cost, now,
                         pool.limit.epoch, backend, req.prompt_tokens, wait_s)
         pool.inflight += cost
@@ -273,20 +275,24 @@ class Admission:
         blocked_above = any(pool.scheduler.depth(p) for p in self._ranks if p < req.priority)
         own_queue = pool.scheduler.depth(req.priority)
         if not own_queue and self._fits(pool, req.priority, cost, now, shared=not blocked_above):
+            pool.waits.arrived(req.priority, now)
             return self._admit(pool, req, cost, now, 0.0)
         spec = self.policy.queue(req.priority)
         full = pool.scheduler.is_full(req.priority)
         if full and not pool.scheduler.can_push_out(req.priority, req.tenant):
             return self._reject(pool, req, Reason.QUEUE_FULL, now)
-        if spec.drop_policy is not DropPolicy.TAIL and self.under_pressure(pool, req.priority, now):
-            if spec.drop_policy is DropPolicy.FAST_REJECT:
+        if spec.drop_policy is DropPolicy.FAST_REJECT:
+            # the class is shed as a whole while its queue is not being served in time: its
+            # oldest request has waited past its TTFT objective (or its timeout)
+            allowed = min(spec.timeout_s, spec.slo.ttft_s)
+            if pool.scheduler.oldest_wait_s(req.priority, now) > allowed:
                 return self._reject(pool, req, Reason.FAST_REJECT, now)
-            # Waiting past the class's TTFT objective only turns a rejection into a miss; half
-            # of it leaves room for prefill and for the error of the prediction.
-            may_wait = min(spec.timeout_s, 0.5 * spec.slo.ttft_s)
+        elif spec.drop_policy is DropPolicy.EARLY_DROP_ON_PRESSURE:
+            # this request, at its tenant's turn, within its own deadline
+            may_wait = self.may_wait_s(req.priority)
             if req.deadline is not None:
                 may_wait = min(may_wait, req.deadline - now)
-            if self.predicted_wait_s(pool, req.priority, now) > may_wait:
+            if self.under_pressure(pool, req.priority, now, req.tenant, may_wait):
                 return self._reject(pool, req, Reason.PREDICTED_WAIT, now)
         if full:  # the tenant that holds the most places of the class gives one up
             out = pool.scheduler.push_out(req.priority, req.tenant)
@@ -294,6 +300,7 @@ class Admission:
             pool.pushed_out.append(self._reject(pool, out.req, Reason.QUEUE_FULL, now,
                                                 now - out.enqueued_at))
         pool.scheduler.push(req, now)
+        pool.waits.arrived(req.priority, now)
         return Queued(req.request_id, pool.scheduler.depth(req.priority))
 
     def cancel(self, request_id: str, now: float) -> bool:
@@ -327,7 +334,7 @@ class Admission:
             pool.pushed_out.clear()
             if pool.override_until is not None and now >= pool.override_until:
                 pool.override = pool.override_until = None
-            pool.limit.update(now, pool.inflight)
+            pool.limit.update(now, pool.inflight, len(pool.tickets))
             for w in pool.scheduler.expire(now):
                 reason = Reason.DEADLINE if w.by_client_deadline else Reason.QUEUE_TIMEOUT
                 out.append(self._reject(pool, w.req, reason, now, now - w.enqueued_at))
@@ -338,13 +345,17 @@ class Admission:
         out: list[Admit] = []
         while True:
             chosen: Waiting | None = None
-            blocked = False
+            blocked_by: int | None = None  # the highest class whose head did not fit
             for w in pool.scheduler.candidates(now):
                 cost = self.cost_of(w.req, pool)
-                if self._fits(pool, w.req.priority, cost, now, shared=not blocked):
+                # a head that does not fit blocks the classes below it, never those above (the
+                # lowest class's anti-starvation turn comes first but blocks nobody)
+                shared = blocked_by is None or blocked_by > w.req.priority
+                if self._fits(pool, w.req.priority, cost, now, shared=shared):
                     chosen = w
                     break
-                blocked = True
+                blocked_by = w.req.priority if blocked_by is None else min(blocked_by,
+                                                                          w.req.priority)
             if chosen is None:
                 return out
             pool.scheduler.pop(chosen)
@@ -369,14 +380,14 @@ class Admission:
         if pool.tickets.pop(ticket.request_id, None) is None:
             raise ValueError(f"ticket {ticket.request_id} released twice or never admitted")
         pool.inflight = max(0.0, pool.inflight - ticket.cost_tokens)
-        pool.picker.remove(ticket.backend, ticket.cost_tokens)
+        pool.picker.remove(ticket.backend, ticket.cost_tokens,
+                           self._ranks.get(ticket.priority) == 0)
         by_class = pool.inflight_by_class
         by_class[ticket.priority] = max(0.0, by_class.get(ticket.priority, 0) - ticket.cost_tokens)
         if not pool.tickets:  # no float drift when idle
             pool.inflight = 0.0
             by_class.clear()
-        assert pool.releases is not None
-        pool.releases.add(now)
+        pool.waits.released(now - ticket.admitted_at)
         pool.limit.on_release(ticket, outcome, now)
         pool.breaker.record(outcome, now)
 
@@ -386,11 +397,13 @@ class Admission:
         pool.samples += 1
         pool.limit.on_sample(sample, pool.limit.epoch if ticket_epoch is None else ticket_epoch,
                              now)
+        pool.picker.prefill_s_per_token = pool.limit.prefill_s_per_token()
 
     def on_snapshot(self, pool: str, snap: BackendSnapshot, now: float) -> None:
         """A scrape of one backend (ok=False when it failed)."""
         p = self._pool(pool)
-        p.picker.observe(snap.backend, snap.ok, snap.at, snap.kv_usage, snap.waiting)
+        p.picker.observe(snap.backend, snap.ok, snap.at, snap.kv_usage, snap.waiting,
+                         snap.kv_capacity_tokens, snap.itl_mean_s)
         p.limit.on_snapshot(snap, now)
         if snap.ok and snap.output_tokens_mean is not None and snap.finished_in_window > 0:
             # Each finished request weighs as one sample of an average with decay 0.95.
@@ -422,7 +435,7 @@ class Admission:
         in-flight requests to their end and takes no new ones."""
         old_policy, self.policy = self.policy, policy
         self.budgets.reconfigure(policy, now)
-        self._ranks = {p: i for i, p in enumerate(policy.priorities)}
+        self._read_policy(policy)
         names = [spec.name for spec in policy.pools]
         for spec in policy.pools:
             pool = self.pools.get(spec.name)

@@ -6,7 +6,8 @@ expected output). It learns from three kinds of input, all with time passed in:
   * `on_release(ticket, outcome, now)` — an admitted request ended (success / ignore / dropped);
   * `on_sample(sample, ticket_epoch, now)` — per-request latency from the access log;
   * `on_snapshot(snap, now)` — a scrape of one backend's metrics.
-`update(now, inflight)` runs the periodic part (windows) and returns the new limit.
+`update(now, inflight, requests)` runs the periodic part (windows) and returns the new limit
+(`requests`: how many requests make up `inflight`).
 `UNLIMITED` (`none`) admits everything: the baseline with no protection.
 
 `SeedLimit` is the seed's Go `AdaptiveLimiter`, transcribed as published, flaws included: it is
@@ -33,6 +34,10 @@ class Limit(Protocol):
 
     def hard_cap(self, reserved: bool = False) -> float: ...
 
+    def max_requests(self, top: bool = False) -> float: ...
+
+    def prefill_s_per_token(self) -> float: ...
+
     def saturation(self, now: float) -> float: ...
 
     def on_release(self, ticket: Ticket, outcome: Outcome, now: float) -> None: ...
@@ -41,7 +46,7 @@ class Limit(Protocol):
 
     def on_snapshot(self, snap: BackendSnapshot, now: float) -> None: ...
 
-    def update(self, now: float, inflight: float) -> float: ...
+    def update(self, now: float, inflight: float, requests: int = 0) -> float: ...
 
     def next_update(self) -> float | None: ...
 
@@ -65,7 +70,7 @@ class _Passive:
     def on_snapshot(self, snap: BackendSnapshot, now: float) -> None:
         pass
 
-    def update(self, now: float, inflight: float) -> float:
+    def update(self, now: float, inflight: float, requests: int = 0) -> float:
         return self.limit()
 
     def next_update(self) -> float | None:
@@ -79,6 +84,12 @@ class _Passive:
 
     def hard_cap(self, reserved: bool = False) -> float:
         return math.inf
+
+    def max_requests(self, top: bool = False) -> float:
+        return math.inf
+
+    def prefill_s_per_token(self) -> float:
+        return 0.0
 
     def status(self) -> dict:
         limit = self.limit()
@@ -189,7 +200,7 @@ class ScheduledLimit(_Passive):
         n = self.schedule[self._i][1]
         return math.inf if n is None else float(n)
 
-    def update(self, now: float, inflight: float) -> float:
+    def update(self, now: float, inflight: float, requests: int = 0) -> float:
         while self._i + 1 < len(self.schedule) and self.schedule[self._i + 1][0] <= now:
             self._i += 1
         return self.limit()

@@ -2,12 +2,20 @@
 
 Theory of operation. Envoy's least-request balancing counts requests, but LLM requests differ
 a hundredfold in KV cache: two 7,000-token prompts on one small engine and none on its neighbour
-make the first preempt while the second idles. The picker sends each admitted request to the
-healthy backend with the least in-flight *cost* (tokens) admitted by this replica, ties broken
-in turn, preferring backends that are not saturated by their last scrape (KV usage at or above
-the target, or requests waiting in the engine): costs are estimates, and what a backend really
-holds is what its own metrics say. A backend is healthy unless its last scrape failed or is
-older than `stale_after_s`.
+make the first preempt while the second idles; and an engine whose sequence cap binds first
+fills up in requests, whatever they cost. The picker sends each admitted request to the
+healthy backend with the least load admitted by this replica — its share of the in-flight
+cost (what fills KV) plus its share of the in-flight requests (what fills the sequence
+slots) — ties broken in turn, preferring backends that are not saturated by their last scrape
+(KV usage at or above the target, or requests waiting in the engine): costs are estimates,
+and what a backend really holds is what its own metrics say. A request of the top class
+(`first=True`) is not balanced but placed where it can start soonest: a backend whose engine
+queues nothing, whose prompts sent lately are prefilled soonest (a backlog clock: each prompt
+adds its tokens at the pool's measured prefill speed, time drains it), with the most free KV
+by its last scrape less what was sent to it since — an engine runs its own queue first come
+first served and prefills the requests it started first, so a P0 request sent behind them
+waits for them. A backend is healthy unless its last scrape failed or
+is older than `stale_after_s`.
 Backends come from the pool's spec or, when it lists none, from the scrapes seen. With no known
 backend the pick is "" and Envoy's own load balancing decides.
 """
@@ -17,18 +25,38 @@ from __future__ import annotations
 
 class Picker:
     def __init__(self, names: tuple[str, ...] = (), stale_after_s: float = 2.0,
-                 kv_target: float = 0.85) -> None:
+                 kv_target: float = 0.85, itl_target_s: float = 0.0) -> None:
         self.stale_after_s = stale_after_s
         self.kv_target = kv_target
-        self.saturated: dict[str, bool] = dict.fromkeys(names, False)
+        self.itl_target_s = itl_target_s  # what the top class's TPOT needs (0: not judged)
+        self.top: dict[str, int] = dict.fromkeys(names, 0)  # top-class requests on it
+        self.itl: dict[str, float] = dict.fromkeys(names, 0.0)  # by the last scrape
         self.cost: dict[str, float] = dict.fromkeys(names, 0.0)
+        self.count: dict[str, int] = dict.fromkeys(names, 0)
         self.last_ok: dict[str, float | None] = dict.fromkeys(names)
+        # By the last scrape: KV usage, waiting requests, KV capacity (tokens); and the cost
+        # sent since that scrape (not in its numbers yet).
+        self.kv: dict[str, float] = dict.fromkeys(names, 0.0)
+        self.waiting: dict[str, float] = dict.fromkeys(names, 0.0)
+        self.capacity: dict[str, float] = dict.fromkeys(names, 0.0)
+        self.sent: dict[str, float] = dict.fromkeys(names, 0.0)
+        self.sent_n: dict[str, int] = dict.fromkeys(names, 0)  # requests sent since it
+        self.done_n: dict[str, int] = dict.fromkeys(names, 0)  # requests ended since it
+        self.prefill_done_at: dict[str, float] = dict.fromkeys(names, 0.0)
+        self.prefill_s_per_token = 0.0  # set by the caller once measured
         self._turn = 0
 
     def observe(self, name: str, ok: bool, at: float, kv_usage: float = 0.0,
-                waiting: float = 0.0) -> None:
+                waiting: float = 0.0, capacity_tokens: float = 0.0,
+                itl_s: float | None = None) -> None:
         self.cost.setdefault(name, 0.0)
-        self.saturated[name] = kv_usage >= self.kv_target or waiting >= 1
+        self.count.setdefault(name, 0)
+        self.kv[name], self.waiting[name], self.sent[name] = kv_usage, waiting, 0.0
+        self.sent_n[name] = self.done_n[name] = 0
+        if itl_s is not None:
+            self.itl[name] = itl_s
+        if capacity_tokens > 0:
+            self.capacity[name] = capacity_tokens
         if ok:
             self.last_ok[name] = at
         else:
@@ -38,20 +66,67 @@ class Picker:
         t = self.last_ok.get(name)
         return t is None or (t >= 0 and now - t <= self.stale_after_s)
 
-    def pick(self, now: float) -> str:
+    def pick(self, now: float, first: bool = False) -> str:
         names = list(self.cost)
         if not names:
             return ""
         live = [i for i, b in enumerate(names) if self.healthy(b, now)] or range(len(names))
         self._turn += 1
-        n, turn, sat, cost = len(names), self._turn, self.saturated, self.cost
-        return names[min(live, key=lambda i: (sat.get(names[i], False), cost[names[i]],
-                                              (i - turn) % n))]
+        n, turn = len(names), self._turn
+        if first:
+            return names[min(live, key=lambda i: (
+                self._queue_now(names[i]) >= 1, max(now, self.prefill_done_at.get(names[i], 0.0)),
+                self._kv_now(names[i]), (i - turn) % n))]
+        cost_total = sum(self.cost[names[i]] for i in live) or 1.0
+        count_total = sum(self.count.get(names[i], 0) for i in live) or 1
 
-    def add(self, name: str, cost: float) -> None:
+        def key(i: int) -> tuple[bool, float, int]:
+            b = names[i]
+            load = self.cost[b] / cost_total + self.count.get(b, 0) / count_total
+            return self.saturated(b), load, (i - turn) % n
+
+        return names[min(live, key=key)]
+
+    def prefill_room(self, now: float, budget_s: float) -> bool:
+        """Some healthy backend has less than `budget_s` of prompts sent to it still to
+        prefill (by the backlog clock; always true before the prefill speed is known)."""
+        names = [n for n in self.cost if self.healthy(n, now)] or list(self.cost)
+        return not names or any(self.prefill_done_at.get(b, 0.0) - now < budget_s
+                                for b in names)
+
+    def saturated(self, name: str) -> bool:
+        """Full by its last scrape, corrected for what was sent to it and what ended on it
+        since: each end frees a place its engine fills from its own queue; or decoding
+        top-class requests slower than their TPOT allows (more prompts there would make it
+        slower still: each prefill chunk lengthens the step every request decodes in)."""
+        return (self._kv_now(name) >= self.kv_target or self._queue_now(name) >= 1
+                or (self.itl_target_s > 0 and self.top.get(name, 0) > 0
+                    and self.itl.get(name, 0.0) > self.itl_target_s))
+
+    def _queue_now(self, name: str) -> float:
+        return (self.waiting.get(name, 0.0) + self.sent_n.get(name, 0)
+                - self.done_n.get(name, 0)) if self.waiting.get(name, 0.0) > 0 else 0.0
+
+    def _kv_now(self, name: str) -> float:
+        """KV usage by the last scrape plus what was sent since (when the size is known)."""
+        cap = self.capacity.get(name, 0.0)
+        sent = self.sent.get(name, 0.0) / cap if cap > 0 else 0.0
+        return self.kv.get(name, 0.0) + sent
+
+    def add(self, name: str, cost: float, prompt_tokens: int = 0, now: float = 0.0,
+            top: bool = False) -> None:
         if name:
+            self.top[name] = self.top.get(name, 0) + top
+            start = max(now, self.prefill_done_at.get(name, 0.0))
+            self.prefill_done_at[name] = start + prompt_tokens * self.prefill_s_per_token
             self.cost[name] = self.cost.get(name, 0.0) + cost
+            self.count[name] = self.count.get(name, 0) + 1
+            self.sent[name] = self.sent.get(name, 0.0) + cost
+            self.sent_n[name] = self.sent_n.get(name, 0) + 1
 
-    def remove(self, name: str, cost: float) -> None:
+    def remove(self, name: str, cost: float, top: bool = False) -> None:
         if name in self.cost:
+            self.top[name] = max(0, self.top.get(name, 0) - top)
             self.cost[name] = max(0.0, self.cost[name] - cost)
+            self.count[name] = max(0, self.count.get(name, 0) - 1)
+            self.done_n[name] = self.done_n.get(name, 0) + 1

@@ -77,12 +77,14 @@ class AdaptiveLimitSpec:
     window_s: float = 0.5
     min_samples: int = 10
     kv_target: float = 0.8  # KV usage fraction the pool is steered to
-    waiting_target: float = 2.0  # engine waiting requests per backend considered saturated
+    waiting_target: float = 1.0  # engine waiting requests per backend it may queue
     queue_target_s: float = 0.0  # 0 → a quarter of the tightest class TTFT SLO
     itl_target_s: float = 0.0  # 0 → the tightest class TPOT SLO
     stale_after_s: float = 2.0  # backend metrics older than this count as saturated
     max_growth: float = 1.25
     decrease_on_drop: float = 0.9
+    band: float = 0.1  # dead band around the target: hold while |r - 1| <= band / 2
+    latency_window_s: float = 2.0  # inter-token latency is averaged over this long
 
 
 @dataclass(frozen=True)

@@ -805,7 +805,8 @@ def _limiter(top: _Fields) -> LimiterSpec:
                   f"maxLimit {seed.max_limit} is below minLimit {seed.min_limit}")
     a = f.sub("adaptive", ("initialLimitTokens", "minLimitTokens", "maxLimitTokens", "window",
                            "minSamples", "kvTarget", "waitingTarget", "queueTarget", "itlTarget",
-                           "staleAfter", "maxGrowth", "decreaseOnDrop"))
+                           "staleAfter", "maxGrowth", "decreaseOnDrop", "band",
+                           "latencyWindow"))
     ad = d.adaptive
     adaptive = AdaptiveLimitSpec(
         initial_limit_tokens=a.number("initialLimitTokens", ad.initial_limit_tokens, ge=0),
@@ -820,6 +821,8 @@ def _limiter(top: _Fields) -> LimiterSpec:
         stale_after_s=a.duration("staleAfter", ad.stale_after_s),
         max_growth=a.number("maxGrowth", ad.max_growth, ge=1),
         decrease_on_drop=a.number("decreaseOnDrop", ad.decrease_on_drop, gt=0, le=1),
+        band=a.number("band", ad.band, ge=0, lt=1),
+        latency_window_s=a.duration("latencyWindow", ad.latency_window_s),
     )
     lo, hi = adaptive.min_limit_tokens, adaptive.max_limit_tokens
     if hi < lo:

@@ -92,9 +92,18 @@ class Scheduler:
     def depth(self, priority: int) -> int:
         return self._classes[priority].size
 
-    def depth_at_or_above(self, priority: int) -> int:
-        """Requests that will be served before a new arrival of class `priority`."""
-        return sum(c.size for p, c in self._classes.items() if p <= priority)
+    def ahead_of(self, priority: int, tenant: str | None = None) -> int:
+        """Requests served before a new arrival of class `priority`: every request queued in a
+        higher class, and in its own class its round-robin turn — the arrival is its tenant's
+        k-th waiting request, so each other tenant serves at most k before it (None: the
+        whole class, as for an arrival behind all of it)."""
+        above = sum(c.size for p, c in self._classes.items() if p < priority)
+        c = self._classes[priority]
+        if tenant is None:
+            return above + c.size
+        k = self.tenant_depth(priority, tenant) + 1
+        others = sum(min(len(q), k) for t, q in c.tenants.items() if t != tenant)
+        return above + others + k - 1
 
     def is_full(self, priority: int) -> bool:
         c = self._classes[priority]

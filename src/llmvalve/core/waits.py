@@ -1,0 +1,90 @@
+"""How long a request arriving now would wait in its pool's queue: the forecast behind the drop
+policies and Retry-After.
+
+Theory of operation. A request of class p is dispatched once the requests ahead of it have
+been: those queued in higher classes and, in its own class, its round-robin turn
+(`Scheduler.ahead_of`). They drain at the rate the pool releases requests, less the rate at
+which higher classes arrive (they go first). So
+
+    wait = (ahead + 1) / (release rate − arrival rate of the classes above p)
+
+(∞ when the higher classes alone take all the pool releases). The release rate is Little's
+law's: requests in flight over their mean time in flight (learned from every release), right
+from the first second of a burst, when few requests have finished yet; none is known before
+the first release. The arrival rate of the classes above is forecast twice, from the last few
+seconds (a ramp) and from a window as long as the class may wait (bursts average out over
+it); the lower of the two is used, so a request is refused only when both forecasts say it
+cannot be served in time — refusing what could have been served is the harm a controller
+must not do at low mean load.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llmvalve.core.scheduler import Scheduler
+
+SHORT_HORIZON_S = 5.0  # the recent arrival rate
+LONG_HORIZON_S = 60  # the longest window the arrival counts cover
+RESIDENCE_GAIN = 0.05  # each release weighs as one sample of an average with decay 0.95
+
+
+class Arrivals:
+    """Arrivals per second over a chosen horizon: counts in 1-second buckets for the last
+    `LONG_HORIZON_S` seconds."""
+
+    def __init__(self, now: float) -> None:
+        self.start = math.floor(now)
+        self.counts: dict[int, int] = {}
+
+    def add(self, now: float) -> None:
+        second = math.floor(now)
+        self.counts[second] = self.counts.get(second, 0) + 1
+        if len(self.counts) > LONG_HORIZON_S + 4:
+            for k in [k for k in self.counts if k <= second - LONG_HORIZON_S]:
+                del self.counts[k]
+
+    def rate(self, now: float, horizon_s: float) -> float:
+        """The mean rate over the last `horizon_s` seconds (or since the first arrival)."""
+        horizon = max(1.0, min(float(LONG_HORIZON_S), horizon_s, now - self.start))
+        since = now - horizon
+        return sum(c for k, c in self.counts.items() if k + 1 > since) / horizon
+
+
+class WaitForecast:
+    """One pool's measurements for the forecast: arrivals per class, time in flight."""
+
+    def __init__(self) -> None:
+        self.arrivals: dict[int, Arrivals] = {}
+        self.residence_s: float | None = None  # mean time from admission to release
+
+    def arrived(self, priority: int, now: float) -> None:
+        """A request of the class was accepted (admitted or queued)."""
+        a = self.arrivals.get(priority)
+        if a is None:
+            a = self.arrivals[priority] = Arrivals(now)
+        a.add(now)
+
+    def released(self, held_s: float) -> None:
+        prev = self.residence_s
+        self.residence_s = held_s if prev is None else prev + RESIDENCE_GAIN * (held_s - prev)
+
+    def rate_above(self, priority: int, now: float, may_wait_s: float) -> float:
+        """Arrivals per second of the classes above `priority` while a request of it waits
+        (the lower of the short and the long forecast)."""
+        above = [a for p, a in self.arrivals.items() if p < priority]
+        horizons = (SHORT_HORIZON_S, max(SHORT_HORIZON_S, may_wait_s))
+        return min(sum(a.rate(now, h) for a in above) for h in horizons)
+
+    def wait_s(self, scheduler: Scheduler, in_flight: int, priority: int, now: float,
+               may_wait_s: float, tenant: str | None = None) -> float:
+        """Seconds until an arrival of class `priority` (of `tenant`: its round-robin turn;
+        None: behind the whole class) is dispatched."""
+        if in_flight == 0:
+            return 0.0
+        if self.residence_s is None:
+            return math.inf
+        rate = in_flight / max(self.residence_s, 1e-3)
+        ahead = scheduler.ahead_of(priority, tenant) + 1
+        free = rate - self.rate_above(priority, now, may_wait_s)
+        return ahead / free if free > 0 else math.inf
