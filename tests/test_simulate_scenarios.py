@@ -4,6 +4,7 @@ thresholds. These run the real core and the real engine in virtual time (no netw
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -125,6 +126,17 @@ def test_same_seed_same_numbers():
     assert a == b
     c, _ = simulate(sc, ["adaptive"], seed=2)
     assert c["controllers"]["adaptive"] != a["controllers"]["adaptive"]
+
+
+def test_same_numbers_in_every_process():
+    """A run does not depend on the process's string hashing (a backend that leaves fails its
+    requests in arrival order, not in a set's order)."""
+    def run(hash_seed: str) -> str:
+        return subprocess.run(
+            [sys.executable, "-m", "llmvalve.cli", "simulate", "--scenario", "capacity-drop",
+             "--controllers", "static:32", "--json"], capture_output=True, text=True,
+            check=True, env={**os.environ, "PYTHONHASHSEED": hash_seed}).stdout
+    assert run("1") == run("2")
 
 
 def test_results_json_has_the_design_shape():

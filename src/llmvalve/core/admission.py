@@ -452,7 +452,7 @@ class Admission:
                     req = replace(req, priority=lower[0] if lower else policy.lowest_priority)
                 pool.scheduler.push(req, now, enqueued_at=w.enqueued_at)
             for b in spec.backends:
-                pool.picker.cost.setdefault(b.name, 0.0)
+                pool.picker.include(b.name)
             pool.limit = self._carry_limit(pool.limit, old_policy, policy, now)
             if pool.breaker.spec != spec.breaker:
                 pool.breaker = Breaker(spec.breaker)

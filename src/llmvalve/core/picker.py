@@ -22,6 +22,8 @@ backend the pick is "" and Envoy's own load balancing decides.
 
 from __future__ import annotations
 
+from math import inf
+
 
 class Picker:
     def __init__(self, names: tuple[str, ...] = (), stale_after_s: float = 2.0,
@@ -45,10 +47,19 @@ class Picker:
         self.prefill_done_at: dict[str, float] = dict.fromkeys(names, 0.0)
         self.prefill_s_per_token = 0.0  # set by the caller once measured
         self._turn = 0
+        # Positions (in `cost`'s order) of the healthy backends, kept until a scrape changes a
+        # backend's health, a backend is added, or the earliest of them goes stale: the picker
+        # runs at every admission, over every backend.
+        self._names: list[str] = []
+        self._live: list[int] = []
+        self._healthy: set[str] = set()
+        self._oldest_ok = -inf  # the healthy backends' oldest good scrape
 
     def observe(self, name: str, ok: bool, at: float, kv_usage: float = 0.0,
                 waiting: float = 0.0, capacity_tokens: float = 0.0,
                 itl_s: float | None = None) -> None:
+        if name not in self.cost or ok != (name in self._healthy):
+            self._oldest_ok = -inf  # its health changed (a fresher good scrape cannot)
         self.cost.setdefault(name, 0.0)
         self.count.setdefault(name, 0)
         self.kv[name], self.waiting[name], self.sent[name] = kv_usage, waiting, 0.0
@@ -62,27 +73,44 @@ class Picker:
         else:
             self.last_ok[name] = -1.0  # failing until a good scrape
 
+    def include(self, name: str) -> None:
+        """Know a backend before its first scrape (a policy that lists it)."""
+        if name not in self.cost:
+            self.cost[name] = 0.0
+            self._oldest_ok = -inf
+
     def healthy(self, name: str, now: float) -> bool:
         t = self.last_ok.get(name)
         return t is None or (t >= 0 and now - t <= self.stale_after_s)
 
+    def _live_positions(self, now: float) -> list[int]:
+        """Positions of the healthy backends in `cost`'s order (all of them when none is)."""
+        if now - self._oldest_ok > self.stale_after_s:
+            self._names = names = list(self.cost)
+            self._healthy = {b for b in names if self.healthy(b, now)}
+            self._live = ([i for i, b in enumerate(names) if b in self._healthy]
+                          or list(range(len(names))))
+            fresh = [t for b in self._healthy if (t := self.last_ok.get(b)) is not None]
+            self._oldest_ok = min(fresh, default=inf)
+        return self._live
+
     def pick(self, now: float, first: bool = False) -> str:
-        names = list(self.cost)
-        if not names:
+        if not self.cost:
             return ""
-        live = [i for i, b in enumerate(names) if self.healthy(b, now)] or range(len(names))
+        live = self._live_positions(now)
+        names, cost, count, done_at = self._names, self.cost, self.count, self.prefill_done_at
         self._turn += 1
         n, turn = len(names), self._turn
         if first:
             return names[min(live, key=lambda i: (
-                self._queue_now(names[i]) >= 1, max(now, self.prefill_done_at.get(names[i], 0.0)),
+                self._queue_now(names[i]) >= 1, max(now, done_at.get(names[i], 0.0)),
                 self._kv_now(names[i]), (i - turn) % n))]
-        cost_total = sum(self.cost[names[i]] for i in live) or 1.0
-        count_total = sum(self.count.get(names[i], 0) for i in live) or 1
+        cost_total = sum(cost[names[i]] for i in live) or 1.0
+        count_total = sum(count.get(names[i], 0) for i in live) or 1
 
         def key(i: int) -> tuple[bool, float, int]:
             b = names[i]
-            load = self.cost[b] / cost_total + self.count.get(b, 0) / count_total
+            load = cost[b] / cost_total + count.get(b, 0) / count_total
             return self.saturated(b), load, (i - turn) % n
 
         return names[min(live, key=key)]
@@ -90,9 +118,11 @@ class Picker:
     def prefill_room(self, now: float, budget_s: float) -> bool:
         """Some healthy backend has less than `budget_s` of prompts sent to it still to
         prefill (by the backlog clock; always true before the prefill speed is known)."""
-        names = [n for n in self.cost if self.healthy(n, now)] or list(self.cost)
-        return not names or any(self.prefill_done_at.get(b, 0.0) - now < budget_s
-                                for b in names)
+        if not self.cost:
+            return True
+        live = self._live_positions(now)
+        names, done_at = self._names, self.prefill_done_at
+        return any(done_at.get(names[i], 0.0) - now < budget_s for i in live)
 
     def saturated(self, name: str) -> bool:
         """Full by its last scrape, corrected for what was sent to it and what ended on it
@@ -116,6 +146,8 @@ class Picker:
     def add(self, name: str, cost: float, prompt_tokens: int = 0, now: float = 0.0,
             top: bool = False) -> None:
         if name:
+            if name not in self.cost:
+                self._oldest_ok = -inf
             self.top[name] = self.top.get(name, 0) + top
             start = max(now, self.prefill_done_at.get(name, 0.0))
             self.prefill_done_at[name] = start + prompt_tokens * self.prefill_s_per_token

@@ -60,7 +60,8 @@ class Backend:
     engine: Engine
     alive: bool = True
     stepping: bool = False
-    requests: set[str] = field(default_factory=set)
+    requests: dict[str, None] = field(default_factory=dict)  # in arrival order: set order
+    # would follow string hashing, which changes from process to process
     ends_at: float | None = None  # event stepping: when the step or run in flight ends
     epoch: int = 0  # event stepping: bumped when that end moves (older end events are void)
 
@@ -290,7 +291,7 @@ class Simulation:
             self._end_on_backend(st, now, status=400)
             self._settle(st, "rejected", now)
             return
-        backend.requests.add(st.req_id)
+        backend.requests[st.req_id] = None
         if not backend.stepping:
             self._step(backend, now)
         else:
@@ -312,7 +313,7 @@ class Simulation:
         if backend.alive and backend.engine.has(st.req_id):
             backend.engine.abort(st.req_id, now)
             self._moved(backend)
-        backend.requests.discard(st.req_id)
+        backend.requests.pop(st.req_id, None)
         g = self.gateways[st.gateway]
         g.inflight[st.backend] -= 1
         st.status = "ended"
