@@ -54,6 +54,8 @@ class Picker:
         self._live: list[int] = []
         self._healthy: set[str] = set()
         self._oldest_ok = -inf  # the healthy backends' oldest good scrape
+        # saturated(name), kept up to date: it changes only with a scrape, a send or an end.
+        self._saturated: dict[str, bool] = dict.fromkeys(names, False)
 
     def observe(self, name: str, ok: bool, at: float, kv_usage: float = 0.0,
                 waiting: float = 0.0, capacity_tokens: float = 0.0,
@@ -72,11 +74,13 @@ class Picker:
             self.last_ok[name] = at
         else:
             self.last_ok[name] = -1.0  # failing until a good scrape
+        self._saturated[name] = self.saturated(name)
 
     def include(self, name: str) -> None:
         """Know a backend before its first scrape (a policy that lists it)."""
         if name not in self.cost:
             self.cost[name] = 0.0
+            self._saturated[name] = self.saturated(name)
             self._oldest_ok = -inf
 
     def healthy(self, name: str, now: float) -> bool:
@@ -108,10 +112,12 @@ class Picker:
         cost_total = sum(cost[names[i]] for i in live) or 1.0
         count_total = sum(count.get(names[i], 0) for i in live) or 1
 
+        saturated = self._saturated
+
         def key(i: int) -> tuple[bool, float, int]:
             b = names[i]
             load = cost[b] / cost_total + count.get(b, 0) / count_total
-            return self.saturated(b), load, (i - turn) % n
+            return saturated[b], load, (i - turn) % n
 
         return names[min(live, key=key)]
 
@@ -155,6 +161,7 @@ class Picker:
             self.count[name] = self.count.get(name, 0) + 1
             self.sent[name] = self.sent.get(name, 0.0) + cost
             self.sent_n[name] = self.sent_n.get(name, 0) + 1
+            self._saturated[name] = self.saturated(name)
 
     def remove(self, name: str, cost: float, top: bool = False) -> None:
         if name in self.cost:
@@ -162,3 +169,4 @@ class Picker:
             self.cost[name] = max(0.0, self.cost[name] - cost)
             self.count[name] = max(0, self.count.get(name, 0) - 1)
             self.done_n[name] = self.done_n.get(name, 0) + 1
+            self._saturated[name] = self.saturated(name)

@@ -3,8 +3,10 @@ Prometheus text with vLLM's names and the simulator can read them without any te
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 # vLLM v1's bucket bounds (seconds) for the latency histograms it exports.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -26,6 +28,9 @@ class Histogram:
     counts: list[int] = field(default_factory=list)
     total: float = 0.0
     count: int = 0
+    _buckets: tuple[tuple[float, int], ...] | None = field(default=None, repr=False,
+                                                          compare=False)
+    _buckets_at: int = field(default=-1, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.counts:
@@ -74,6 +79,16 @@ class Histogram:
             acc += c
             out.append(acc)
         return out
+
+    def buckets(self) -> tuple[tuple[float, int], ...]:
+        """(upper bound, observations at or below it) per bucket, +Inf last, as an exposition
+        shows them; kept until the next observation (every gateway of a simulated fleet reads
+        every engine at each scrape)."""
+        if self._buckets_at != self.count or self._buckets is None:
+            self._buckets = tuple(zip((*self.bounds, math.inf), accumulate(self.counts),
+                                      strict=True))
+            self._buckets_at = self.count
+        return self._buckets
 
 
 @dataclass

@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-from itertools import accumulate
 
 from llmvalve.core import signals
 from llmvalve.core.policy import Policy, TenantSpec
 from llmvalve.core.policy_load import hash_api_key
 from llmvalve.engine.engine import Engine
-from llmvalve.engine.metrics import Histogram
 from llmvalve.gateway.front import Answer, Check, LogEntry
 from llmvalve.sim.workload import Job
 
@@ -90,10 +87,6 @@ def retry_after_s(answer: Answer) -> float | None:
     return None
 
 
-def _buckets(h: Histogram) -> signals.Buckets:
-    return tuple(zip((*h.bounds, math.inf), accumulate(h.counts), strict=True))
-
-
 def reading_of(engine: Engine) -> signals.Reading:
     """What the engine's vLLM /metrics page says right now (backend/exposition.py)."""
     m = engine.metrics
@@ -105,7 +98,7 @@ def reading_of(engine: Engine) -> signals.Reading:
                 "vllm:request_success_total": float(sum(m.finished.values()))},
         kv_usage=engine.kv_usage,
         kv_capacity_tokens=float(engine.num_blocks * engine.profile.block_size),
-        histograms={name: _buckets(h) for name, h in hist.items()},
+        histograms={name: h.buckets() for name, h in hist.items()},
         totals={**{name: (h.total, float(h.count)) for name, h in hist.items()},
                 signals.OUTPUT_TOKENS: (m.output_tokens.total, float(m.output_tokens.count))},
     )
