@@ -76,3 +76,26 @@ def test_lost_probes_do_not_wedge_the_breaker():
 def test_bad_spec_is_refused():
     with pytest.raises(ValueError, match="bad breaker spec"):
         Breaker(BreakerSpec(window_s=0))
+
+
+def test_one_backend_of_three_failing_does_not_open_the_pool():
+    """A backend that dies fails everything it held: the picker routes around it; the pool's
+    breaker opens only when most of its backends fail."""
+    b = Breaker(SPEC)
+    for _ in range(6):
+        b.record(S, 1.0, "a")
+        b.record(S, 1.0, "b")
+    for _ in range(20):
+        b.record(D, 1.0, "c")  # 20 failed of 32: over the ratio, but one backend's
+    assert b.state(1.0) is BreakerState.CLOSED
+    for _ in range(7):
+        b.record(D, 1.0, "b")  # now b fails at the ratio too: two of three
+    assert b.state(1.0) is BreakerState.OPEN
+
+
+def test_two_backends_one_failing_stays_closed():
+    b = Breaker(SPEC)
+    feed(b, [S] * 5, 1.0)  # backend unknown ("") counts as one
+    for _ in range(10):
+        b.record(D, 1.0, "x")
+    assert b.state(1.0) is BreakerState.CLOSED

@@ -3,7 +3,7 @@ saturated backends skipped while others exist."""
 
 from __future__ import annotations
 
-from llmvalve.core.picker import Picker
+from llmvalve.core.picker import EJECT_AFTER, Picker
 
 
 def test_no_known_backend_lets_envoy_decide():
@@ -132,3 +132,22 @@ def test_an_engine_decoding_the_top_class_too_slowly_gets_no_new_prompts():
     assert p.pick(0.0) == "b"  # b is as slow but has no P0 on it
     p.remove("a", 100.0, top=True)
     assert p.pick(0.0) == "a"
+
+
+def test_failures_in_a_row_take_a_backend_out_until_a_good_scrape():
+    p = Picker(("a", "b"))
+    for t in (0.0,):
+        p.observe("a", True, t)
+        p.observe("b", True, t)
+    p.add("a", 1000.0)  # a carries more: b is picked while both are healthy
+    assert p.pick(0.1) == "b"
+    for _ in range(EJECT_AFTER - 1):
+        p.remove("b", 0.0, failed=True)
+    p.remove("b", 0.0)  # a success in between: the count starts again
+    for _ in range(EJECT_AFTER - 1):
+        p.remove("b", 0.0, failed=True)
+    assert p.pick(0.2) == "b"
+    p.remove("b", 0.0, failed=True)
+    assert p.pick(0.3) == "a"
+    p.observe("b", True, 0.5)
+    assert p.pick(0.6) == "b"

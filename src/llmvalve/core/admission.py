@@ -381,7 +381,7 @@ class Admission:
             raise ValueError(f"ticket {ticket.request_id} released twice or never admitted")
         pool.inflight = max(0.0, pool.inflight - ticket.cost_tokens)
         pool.picker.remove(ticket.backend, ticket.cost_tokens,
-                           self._ranks.get(ticket.priority) == 0)
+                           self._ranks.get(ticket.priority) == 0, outcome is Outcome.DROPPED)
         by_class = pool.inflight_by_class
         by_class[ticket.priority] = max(0.0, by_class.get(ticket.priority, 0) - ticket.cost_tokens)
         if not pool.tickets:  # no float drift when idle
@@ -389,7 +389,7 @@ class Admission:
             by_class.clear()
         pool.waits.released(now - ticket.admitted_at)
         pool.limit.on_release(ticket, outcome, now)
-        pool.breaker.record(outcome, now)
+        pool.breaker.record(outcome, now, ticket.backend)
 
     def observe(self, sample: Sample, now: float, ticket_epoch: int | None = None) -> None:
         """Per-request feedback (an access-log entry joined to its ticket), after release."""

@@ -2,8 +2,13 @@
 
 Theory of operation (states and rules):
 - CLOSED: requests pass. Outcomes are counted in a sliding window of `window_s` (kept as
-  `BUCKETS` time buckets). When the window holds at least `min_requests` counted outcomes and
-  the failure ratio DROPPED / (SUCCESS + DROPPED) is ≥ `failure_ratio`, the breaker OPENs.
+  `BUCKETS` time buckets), by backend. When the window holds at least `min_requests` counted
+  outcomes, the failure ratio DROPPED / (SUCCESS + DROPPED) is ≥ `failure_ratio`, and the
+  failures are the pool's, not one backend's — more than half of the backends that answered
+  in the window failed at that ratio — the breaker OPENs. (A backend that dies takes its
+  requests with it: that is for the picker to route around, not a reason to refuse the
+  whole pool. A request whose backend is unknown counts as one backend's: with Envoy
+  balancing, the pool's failures are one backend's as far as the breaker can tell.)
   IGNORE outcomes (client cancellations, 4xx) are not counted.
 - OPEN: requests are refused for `open_s`; outcomes of requests admitted before it opened are
   ignored. `retry_after_s(now)` is the time left.
@@ -42,8 +47,8 @@ class Breaker:
         self._state = BreakerState.CLOSED
         self._opened_at = -math.inf
         self._bucket_s = spec.window_s / BUCKETS
-        # bucket index (floor(now / bucket_s)) → [successes, failures]
-        self._window: dict[int, list[int]] = {}
+        # bucket index (floor(now / bucket_s)) → backend → [successes, failures]
+        self._window: dict[int, dict[str, list[int]]] = {}
         self._probes_out = 0
         self._probes_since = 0.0
         self.times_opened = 0
@@ -55,10 +60,18 @@ class Breaker:
 
     def counts(self, now: float) -> tuple[int, int]:
         """(successes, failures) in the current window."""
+        by_backend = self._by_backend(now)
+        return (sum(c[0] for c in by_backend.values()), sum(c[1] for c in by_backend.values()))
+
+    def _by_backend(self, now: float) -> dict[str, list[int]]:
         self._trim(now)
-        ok = sum(b[0] for b in self._window.values())
-        failed = sum(b[1] for b in self._window.values())
-        return ok, failed
+        out: dict[str, list[int]] = {}
+        for bucket in self._window.values():
+            for backend, (ok, failed) in bucket.items():
+                c = out.setdefault(backend, [0, 0])
+                c[0] += ok
+                c[1] += failed
+        return out
 
     def retry_after_s(self, now: float) -> float:
         """How long until requests may pass again (0 when they may now)."""
@@ -92,8 +105,8 @@ class Breaker:
             return True
         return False
 
-    def record(self, outcome: Outcome, now: float) -> None:
-        """One request ended with `outcome`."""
+    def record(self, outcome: Outcome, now: float, backend: str = "") -> None:
+        """One request ended with `outcome` (on `backend`: "" when not known)."""
         self._advance(now)
         if self._state is BreakerState.OPEN:
             return
@@ -107,11 +120,16 @@ class Breaker:
             return
         if outcome is Outcome.IGNORE:
             return
-        bucket = self._window.setdefault(math.floor(now / self._bucket_s), [0, 0])
-        bucket[0 if outcome is Outcome.SUCCESS else 1] += 1
-        ok, failed = self.counts(now)
-        total = ok + failed
-        if total >= self.spec.min_requests and failed / total >= self.spec.failure_ratio:
+        bucket = self._window.setdefault(math.floor(now / self._bucket_s), {})
+        bucket.setdefault(backend, [0, 0])[0 if outcome is Outcome.SUCCESS else 1] += 1
+        by_backend = self._by_backend(now)
+        ok = sum(c[0] for c in by_backend.values())
+        failed = sum(c[1] for c in by_backend.values())
+        total, ratio = ok + failed, self.spec.failure_ratio
+        if total < self.spec.min_requests or failed / total < ratio:
+            return
+        failing = sum(1 for o, f in by_backend.values() if f / (o + f) >= ratio)
+        if failing > len(by_backend) / 2:
             self._open(now)
 
     # -- internals --------------------------------------------------------------------------

@@ -15,7 +15,7 @@ adds its tokens at the pool's measured prefill speed, time drains it), with the 
 by its last scrape less what was sent to it since — an engine runs its own queue first come
 first served and prefills the requests it started first, so a P0 request sent behind them
 waits for them. A backend is healthy unless its last scrape failed or
-is older than `stale_after_s`.
+is older than `stale_after_s`, or its last `EJECT_AFTER` requests failed (until a good scrape).
 Backends come from the pool's spec or, when it lists none, from the scrapes seen. With no known
 backend the pick is "" and Envoy's own load balancing decides.
 """
@@ -23,6 +23,8 @@ backend the pick is "" and Envoy's own load balancing decides.
 from __future__ import annotations
 
 from math import inf
+
+EJECT_AFTER = 3  # request failures in a row that take a backend out until a good scrape
 
 
 class Picker:
@@ -54,6 +56,7 @@ class Picker:
         self._live: list[int] = []
         self._healthy: set[str] = set()
         self._oldest_ok = -inf  # the healthy backends' oldest good scrape
+        self._failures: dict[str, int] = {}  # request failures in a row, by backend
         # saturated(name), kept up to date: it changes only with a scrape, a send or an end.
         self._saturated: dict[str, bool] = dict.fromkeys(names, False)
 
@@ -163,8 +166,20 @@ class Picker:
             self.sent_n[name] = self.sent_n.get(name, 0) + 1
             self._saturated[name] = self.saturated(name)
 
-    def remove(self, name: str, cost: float, top: bool = False) -> None:
+    def remove(self, name: str, cost: float, top: bool = False, failed: bool = False) -> None:
+        """A request sent to `name` ended; `failed`: with a backend failure (5xx, reset,
+        timeout). `EJECT_AFTER` failures in a row take the backend out of the picks until its
+        next good scrape, as Envoy's outlier detection would: a backend that died fails every
+        request sent to it, and its scrapes show it only a scrape interval or two later."""
         if name in self.cost:
+            if not failed:
+                self._failures[name] = 0
+            elif (n := self._failures.get(name, 0) + 1) < EJECT_AFTER:
+                self._failures[name] = n
+            else:
+                self._failures[name] = 0
+                self.last_ok[name] = -1.0  # failing until a good scrape
+                self._oldest_ok = -inf
             self.top[name] = max(0, self.top.get(name, 0) - top)
             self.cost[name] = max(0.0, self.cost[name] - cost)
             self.count[name] = max(0, self.count.get(name, 0) - 1)
