@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmvalve.core.policy import Budget, BudgetSpec
-from llmvalve.core.policy_load import PolicyError, load_policy
+from llmvalve.core.policy import Budget, BudgetSpec, PolicyError, load_policy
 
 HEAD = """\
 queues:

@@ -19,7 +19,7 @@ from google.protobuf import wrappers_pb2
 
 from authz_support import ask
 from llmvalve.core.admission import Admission
-from llmvalve.core.policy_load import hash_api_key, load_policy
+from llmvalve.core.policy import hash_api_key, load_policy
 from llmvalve.core.signals import SignalReader
 from llmvalve.core.types import Admit, BackendSnapshot, Outcome, RequestInfo
 from llmvalve.gateway.access_log import AccessLogServicer

@@ -78,8 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from llmvalve.core.policy_load import load_policy_file
     from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
+    from llmvalve.gateway.policy_file import load_policy_file
 
     policy = load_policy_file(args.policy or default_policy_path())
     plane = ControlPlane(policy, ControlPlaneConfig(
@@ -104,7 +104,7 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from llmvalve.core.policy_load import PolicyError
+    from llmvalve.core.policy import PolicyError
     from llmvalve.gateway import logs
     from llmvalve.stack import raise_fd_limit
 

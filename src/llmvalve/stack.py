@@ -241,7 +241,7 @@ class Stack:
         return proc, 0
 
     def _policy(self) -> Any:
-        from llmvalve.core.policy_load import load_policy_file
+        from llmvalve.gateway.policy_file import load_policy_file
         from llmvalve.server import default_policy_path
 
         return load_policy_file(self.config.policy or default_policy_path())

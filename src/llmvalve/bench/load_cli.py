@@ -108,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     from llmvalve.bench.cli import raise_fd_limit
     from llmvalve.bench.loadgen import LoadGenerator, Target
     from llmvalve.bench.report import notes
-    from llmvalve.core.policy_load import PolicyError, load_policy_file
+    from llmvalve.core.policy import PolicyError
+    from llmvalve.gateway.policy_file import load_policy_file
     from llmvalve.sim.harness import RunResult
     from llmvalve.sim.report import summarize, table
     from llmvalve.sim.runner import default_policy

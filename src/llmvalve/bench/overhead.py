@@ -38,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from llmvalve.core.policy_load import hash_api_key
+from llmvalve.core.policy import hash_api_key
 from llmvalve.core.quantiles import percentile
 from llmvalve.gateway.envoy_config import EnvoyParams, render, without_admission
 from llmvalve.stack import Proc, envoy_binary, free_port, http_get, wait_until
