@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 from llmvalve.core.policy import hash_api_key
-from llmvalve.stack import http_get
+from llmvalve.processes import http_get
 
 KEY = "sk-do-not-log-me-4242"
 POLICY = f"""

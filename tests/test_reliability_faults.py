@@ -27,7 +27,7 @@ from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.front import Front, Go, LogEntry
 from llmvalve.gateway.scraper import Scraper
-from llmvalve.stack import free_port
+from llmvalve.processes import free_port
 
 GOOD = """vllm:num_requests_running{engine="0"} 2
 vllm:num_requests_waiting{engine="0"} 0

@@ -47,7 +47,8 @@ import aiohttp
 
 from llmvalve.client import Backoff, RetryBudget, RetryPolicy, retry_after_s
 from llmvalve.core.quantiles import percentile
-from llmvalve.stack import Stack, StackConfig, http_get
+from llmvalve.processes import http_get
+from llmvalve.stack import Stack, StackConfig
 
 P0_KEY = "sk-llmvalve-demo-p0"  # interactive-app: may use every class
 P2_KEY = "sk-llmvalve-demo-p2"  # batch-jobs: P2 only

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 from llmvalve.core.policy import Policy, load_policy_source
@@ -18,3 +19,8 @@ def load_policy_file(path: str | Path) -> Policy:
     be read.
     """
     return load_policy_source(str(path), read_text)
+
+
+def default_policy_path() -> Path:
+    """The packaged default policy (`llmvalve/data/default-policy.yaml`)."""
+    return Path(str(resources.files("llmvalve").joinpath("data/default-policy.yaml")))

@@ -105,11 +105,11 @@ def live_line(gen, last: dict) -> str:  # type: ignore[no-untyped-def]
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from llmvalve.bench.cli import raise_fd_limit
     from llmvalve.bench.loadgen import LoadGenerator, Target
     from llmvalve.bench.report import notes
     from llmvalve.core.policy import PolicyError
     from llmvalve.gateway.policy_file import load_policy_file
+    from llmvalve.processes import raise_fd_limit
     from llmvalve.sim.harness import RunResult
     from llmvalve.sim.report import summarize, table
     from llmvalve.sim.runner import default_policy
