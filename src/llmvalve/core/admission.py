@@ -45,7 +45,7 @@ from dataclasses import replace
 from llmvalve.core.adaptive import AdaptiveLimit
 from llmvalve.core.breaker import Breaker
 from llmvalve.core.budgets import Budgets
-from llmvalve.core.limiter import Limit, SeedLimit, StaticLimit
+from llmvalve.core.limiter import PoolLimit, SeedLimit, StaticLimit
 from llmvalve.core.picker import Picker
 from llmvalve.core.policy import DropPolicy, Policy, PoolSpec
 from llmvalve.core.pool import Pool, Rng, finite, make_limit
@@ -419,7 +419,8 @@ class Admission:
                         req = replace(req, priority=policy.lowest_priority)
                     first.scheduler.push(req, now, enqueued_at=w.enqueued_at)
 
-    def _carry_limit(self, limit: Limit, old: Policy, new: Policy, now: float) -> Limit:
+    def _carry_limit(self, limit: PoolLimit, old: Policy, new: Policy,
+                    now: float) -> PoolLimit:
         if isinstance(limit, AdaptiveLimit):
             limit.reconfigure(new)
         elif isinstance(limit, SeedLimit):

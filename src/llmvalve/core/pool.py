@@ -13,7 +13,7 @@ from typing import Protocol
 
 from llmvalve.core.adaptive import AdaptiveLimit
 from llmvalve.core.breaker import Breaker
-from llmvalve.core.limiter import Limit, ScheduledLimit, SeedLimit, StaticLimit, Unlimited
+from llmvalve.core.limiter import PoolLimit, ScheduledLimit, SeedLimit, StaticLimit, Unlimited
 from llmvalve.core.picker import Picker
 from llmvalve.core.policy import BreakerSpec, Policy, PoolSpec
 from llmvalve.core.scheduler import Scheduler
@@ -25,7 +25,7 @@ class Rng(Protocol):
     def random(self) -> float: ...
 
 
-def make_limit(controller: str, policy: Policy, now: float) -> Limit:
+def make_limit(controller: str, policy: Policy, now: float) -> PoolLimit:
     if controller == "none":
         return Unlimited()
     if controller == "seed":
@@ -45,7 +45,7 @@ def make_limit(controller: str, policy: Policy, now: float) -> Limit:
 class Pool:
     spec: PoolSpec
     scheduler: Scheduler
-    limit: Limit
+    limit: PoolLimit
     inflight: float = 0.0
     inflight_by_class: dict[int, float] = field(default_factory=dict)
     tickets: dict[str, Ticket] = field(default_factory=dict)
