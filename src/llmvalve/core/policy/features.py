@@ -17,16 +17,12 @@ def read_features(top: NodeFields) -> tuple[FeatureSpec, ...]:
     node = top.get("features")
     items = (r.seq(node, "features") or []) if node is not None else []
     features = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for i, item in enumerate(items):
         f = r.fields(item, join("features", i), ("name", "fallback"), required=True)
         if f.node is None:
             continue
-        name_node = f.require("name")
-        name = None if name_node is None else r.string(name_node, f.field("name"))
-        if name is not None and name in seen:
-            r.error(name_node, f.field("name"), f"duplicate feature name {name!r}")
-        seen.add(name or "")
+        name = f.unique_name(seen, "feature", say_where=False)
         fallback = None
         fb = f.sub("fallback", ("type", "content", "cluster", "model"))
         if fb.node is not None:

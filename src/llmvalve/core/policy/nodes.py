@@ -335,6 +335,18 @@ class NodeFields:
         value = None if node is None else self.r.boolean(node, self.field(key))
         return default if value is None else value
 
+    def unique_name(self, seen: dict[str, str], what: str, *, say_where: bool = True) -> str | None:
+        """The required `name` of a list entry; one already in `seen` (name → the path of the
+        entry that has it) is an error, naming that entry when `say_where`."""
+        node = self.require("name")
+        name = None if node is None else self.r.string(node, self.field("name"))
+        if name is not None and name in seen:
+            where = f" (already used by {seen[name]})" if say_where else ""
+            self.r.error(node, self.field("name"), f"duplicate {what} name {name!r}{where}")
+        elif name is not None:
+            seen[name] = self.path
+        return name
+
     def sub(self, key: str, allowed: Sequence[str]) -> NodeFields:
         return self.r.fields(self.get(key), self.field(key), allowed)
 

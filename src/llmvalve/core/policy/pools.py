@@ -69,17 +69,13 @@ def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str]) -> 
 def _backends(r: NodeReader, f: NodeFields) -> tuple[BackendSpec, ...]:
     backends = []
     backends_node = f.get("backends")
-    names: set[str] = set()
+    names: dict[str, str] = {}
     for j, b in enumerate((r.seq(backends_node, f.field("backends")) or [])
                           if backends_node is not None else []):
         bf = r.fields(b, join(f.field("backends"), j), ("name", "metricsUrl"), required=True)
         if bf.node is None:
             continue
-        b_node = bf.require("name")
-        b_name = None if b_node is None else r.string(b_node, bf.field("name"))
-        if b_name is not None and b_name in names:
-            r.error(b_node, bf.field("name"), f"duplicate backend name {b_name!r}")
-        names.add(b_name or "")
+        b_name = bf.unique_name(names, "backend", say_where=False)
         url = bf.string("metricsUrl", "")
         if url and not url.startswith(("http://", "https://")):
             r.error(bf.get("metricsUrl"), bf.field("metricsUrl"),

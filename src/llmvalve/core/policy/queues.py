@@ -66,13 +66,7 @@ def read_queues(top: NodeFields) -> tuple[list[QueueDraft], bool]:
             prio = None
         else:
             seen_priority[prio] = path
-        name_node = f.require("name")
-        name = None if name_node is None else r.string(name_node, f.field("name"))
-        if name is not None and name in seen_name:
-            r.error(name_node, f.field("name"),
-                    f"duplicate queue name {name!r} (already used by {seen_name[name]})")
-        elif name is not None:
-            seen_name[name] = path
+        name = f.unique_name(seen_name, "queue")
         size_node = f.require("maxQueueSize")
         size = None if size_node is None else r.integer(size_node, f.field("maxQueueSize"), gt=0)
         timeout_node = f.require("timeout")

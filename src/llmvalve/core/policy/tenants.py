@@ -125,13 +125,7 @@ def read_tenants(top: NodeFields, queues: tuple[QueueSpec, ...], queues_ok: bool
         f = r.fields(item, path, TENANT_KEYS, required=True)
         if f.node is None:
             continue
-        name_node = f.require("name")
-        name = None if name_node is None else r.string(name_node, f.field("name"))
-        if name is not None and name in seen:
-            r.error(name_node, f.field("name"),
-                    f"duplicate tenant name {name!r} (already used by {seen[name]})")
-        elif name is not None:
-            seen[name] = path
+        name = f.unique_name(seen, "tenant")
         hashes_node = f.get("apiKeyHashes")
         hashes = ([] if hashes_node is None
                   else _key_hashes(r, hashes_node, f.field("apiKeyHashes")))
