@@ -155,9 +155,9 @@ def _exercise(plane) -> None:
 
 
 async def _exposition(controller: str) -> str:
-    from llmvalve.core.policy import Budget, BudgetSpec, TenantSpec
-    from llmvalve.core.policy_load import hash_api_key, load_policy_file
+    from llmvalve.core.policy import Budget, BudgetSpec, TenantSpec, hash_api_key
     from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
+    from llmvalve.gateway.policy_file import load_policy_file
 
     policy = load_policy_file(K8S / "policy-configmap.yaml")
     # A budgeted tenant, so that the budget gauges are exported too.

@@ -21,8 +21,8 @@ from llmvalve.core.policy import (
     QueueSpec,
     RetryAfterSpec,
     Slo,
+    load_policy,
 )
-from llmvalve.core.policy_load import load_policy
 from llmvalve.core.types import (
     Admit,
     BackendSnapshot,

@@ -12,7 +12,7 @@ from llmvalve.bench.envoy_alone import render_alone
 from llmvalve.bench.policygen import bench_policy, policy_dict, scale_policy, tenant_key
 from llmvalve.bench.runner import resolve_modes
 from llmvalve.core.classify import Classified, Classifier
-from llmvalve.core.policy_load import load_policy
+from llmvalve.core.policy import load_policy
 from llmvalve.gateway.envoy_config import EnvoyParams
 from llmvalve.sim.runner import default_policy
 from llmvalve.sim.scenario import load_scenario

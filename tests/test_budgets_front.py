@@ -11,7 +11,7 @@ import random
 import pytest
 
 from llmvalve.core.admission import Admission
-from llmvalve.core.policy_load import hash_api_key, load_policy
+from llmvalve.core.policy import hash_api_key, load_policy
 from llmvalve.gateway import replies
 from llmvalve.gateway.front import Answer, Check, Front, Go, Wait
 

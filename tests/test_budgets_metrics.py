@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from llmvalve.commands.serve import budget_share
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy import SEED_QUEUES, Budget, BudgetSpec, Policy, TenantSpec
 from llmvalve.core.types import RequestInfo
 from llmvalve.gateway.front import Record
 from llmvalve.gateway.metrics import GatewayMetrics
 from llmvalve.gateway.telemetry import TenantLabels
-from llmvalve.server import budget_share
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
 POLICY = Policy(queues=SEED_QUEUES, tenants=(

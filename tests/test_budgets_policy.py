@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmvalve.core.policy import Budget, BudgetSpec
-from llmvalve.core.policy_load import PolicyError, load_policy
+from llmvalve.core.policy import Budget, BudgetSpec, PolicyError, load_policy
 
 HEAD = """\
 queues:
@@ -78,7 +77,7 @@ def test_duplicate_models_are_named():
 
 
 def test_policy_check_names_the_tenants_with_budgets():
-    from llmvalve.policy_cli import summary
+    from llmvalve.commands.policy import summary
 
     text = tenants("    budgets: {requestsPerMinute: 5}\n")
     assert ", 1 tenant (1 with budgets), anonymous" in summary("p.yaml", load_policy(text))

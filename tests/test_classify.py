@@ -15,8 +15,8 @@ from llmvalve.core.classify import (
     Unauthorized,
     bearer_token,
 )
-from llmvalve.core.policy import SEED_QUEUES, Policy, TenantSpec
-from llmvalve.core.policy_load import hash_api_key, load_policy_file
+from llmvalve.core.policy import SEED_QUEUES, Policy, TenantSpec, hash_api_key
+from llmvalve.gateway.policy_file import load_policy_file
 
 GOLD, AGENT, BATCH = "sk-gold-123", "sk-agent-456", "sk-batch-789"
 

@@ -12,7 +12,7 @@ import llmvalve
 
 PKG = Path(llmvalve.__file__).parent
 FORBIDDEN = frozenset({"asyncio", "grpc", "time", "random", "socket", "threading", "aiohttp"})
-MODULES = sorted((PKG / "core").glob("*.py")) + sorted((PKG / "engine").glob("*.py"))
+MODULES = sorted((PKG / "core").rglob("*.py")) + sorted((PKG / "engine").glob("*.py"))
 
 
 def forbidden_imports(source: str) -> list[str]:

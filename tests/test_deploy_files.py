@@ -28,9 +28,9 @@ from deploy_support import (
     split_addr,
 )
 from llmvalve.cli import build_parser
-from llmvalve.core.policy import SEED_QUEUES
-from llmvalve.core.policy_load import load_policy, load_policy_file
+from llmvalve.core.policy import SEED_QUEUES, load_policy
 from llmvalve.gateway.envoy_config import EnvoyParams, render
+from llmvalve.gateway.policy_file import load_policy_file
 
 
 @pytest.fixture(scope="module")

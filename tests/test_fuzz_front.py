@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from llmvalve.core.admission import Admission
-from llmvalve.core.policy_load import hash_api_key, load_policy
+from llmvalve.core.policy import hash_api_key, load_policy
 from llmvalve.core.types import Admit, BackendSnapshot, Outcome, RequestInfo, Ticket
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.front import Check, Front, LogEntry

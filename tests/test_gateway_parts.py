@@ -206,7 +206,7 @@ async def test_scraper_feeds_snapshots_and_reports_failures(aiohttp_free_port):
 
 @pytest.fixture
 def aiohttp_free_port():
-    from llmvalve.stack import free_port
+    from llmvalve.processes import free_port
 
     return free_port()
 
@@ -251,7 +251,7 @@ def test_reject_type_used_by_the_tests_is_current():
 
 
 def test_status_command_renders_pools_and_classes():
-    from llmvalve.admin_cli import render
+    from llmvalve.commands.status import render
 
     text = render({"policy_version": "abc", "controller": "static", "ready": True,
                    "draining": False, "gateway": {"checks_held": 2},

@@ -7,12 +7,14 @@ SeedLimit is the seed's Go limiter as published: base = min ever, sample = EWMA(
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
-from llmvalve.core.limiter import SeedLimit, StaticLimit, Unlimited
-from llmvalve.core.policy import SeedLimitSpec
-from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
+from llmvalve.core.admission import Admission
+from llmvalve.core.limiter import LimitBase, SeedLimit, StaticLimit, Unlimited
+from llmvalve.core.policy import SeedLimitSpec, load_policy
+from llmvalve.core.types import Admit, BackendSnapshot, Outcome, Queued, RequestInfo, Sample, Ticket
 
 
 def ticket(admitted_at: float) -> Ticket:
@@ -121,3 +123,35 @@ def test_seed_flaw_pure_noise_drags_the_limit_to_min():
     assert limits[:10] == [5.0, 6.0, 7.0, 8.0, 6.0, 5.0, 4.0, 4.0, 4.0, 4.0]
     assert set(limits[6:]) == {4.0}
     assert s.base_rtt == 0.085
+
+
+class Aimd(LimitBase):
+    """A newcomer's limit: +1 per success, halved on a drop (the whole of it)."""
+
+    name = "aimd"
+    unit = "requests"
+
+    def __init__(self, start: float = 4.0) -> None:
+        self.value = start
+
+    def limit(self) -> float:
+        return self.value
+
+    def on_release(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
+        if outcome is Outcome.DROPPED:
+            self.value = max(1.0, self.value / 2)
+        elif outcome is Outcome.SUCCESS:
+            self.value += 1.0
+
+
+def test_a_limit_written_on_limitbase_drives_admission():
+    a = Admission(load_policy("queues:\n- {priority: 0, name: p0, maxQueueSize: 10, "
+                              "timeout: 60s, dropPolicy: tail}\n"), random.Random(1), "static:1")
+    a.pools["default"].limit = Aimd(start=4.0)
+    decisions = [a.submit(RequestInfo(f"r{i}", "t", 0, 1.0), 0.0) for i in range(5)]
+    assert [type(d) for d in decisions] == [Admit] * 4 + [Queued]
+    tickets = [d.ticket for d in decisions if isinstance(d, Admit)]
+    a.release(tickets[0], Outcome.DROPPED, 1.0)  # limit 4 → 2 with 3 in flight: r4 waits
+    assert a.poll(1.0) == [] and a.status(1.0)["pools"]["default"]["limit"] == 2.0
+    a.release(tickets[1], Outcome.SUCCESS, 2.0)  # limit 3 with 2 in flight: r4 goes
+    assert [d.request_id for d in a.poll(2.0)] == ["r4"]

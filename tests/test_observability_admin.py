@@ -16,7 +16,7 @@ from aiohttp import web
 
 from llmvalve.admin.v1 import admin_pb2 as pb
 from llmvalve.admin.v1 import admin_pb2_grpc as pb_grpc
-from llmvalve.core.policy_load import load_policy
+from llmvalve.core.policy import load_policy
 from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
 from llmvalve.gateway.front import Record
 

@@ -11,8 +11,8 @@ import sys
 import time
 import urllib.request
 
-from llmvalve.core.policy_load import hash_api_key
-from llmvalve.stack import http_get
+from llmvalve.core.policy import hash_api_key
+from llmvalve.processes import http_get
 
 KEY = "sk-do-not-log-me-4242"
 POLICY = f"""

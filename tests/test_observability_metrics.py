@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmvalve.core.admission import Admission
-from llmvalve.core.policy_load import hash_api_key, load_policy
+from llmvalve.core.policy import hash_api_key, load_policy
 from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
 from llmvalve.gateway import logs
 from llmvalve.gateway.driver import Driver

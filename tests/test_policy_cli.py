@@ -85,7 +85,7 @@ def test_policy_needs_a_subcommand():
 def test_check_does_not_import_heavy_modules():
     code = (
         "import sys, argparse\n"
-        "from llmvalve import policy_cli\n"
+        "from llmvalve.commands import policy as policy_cli\n"
         "p = argparse.ArgumentParser(); policy_cli.add_arguments(p)\n"
         f"rc = policy_cli.run(p.parse_args(['check', {str(SEED_CM)!r}]))\n"
         "heavy = [m for m in ('grpc', 'aiohttp', 'matplotlib') if m in sys.modules]\n"

@@ -16,19 +16,17 @@ from llmvalve.core.policy import (
     FallbackSpec,
     FeatureSpec,
     LimiterSpec,
+    PolicyError,
+    PolicyIssue,
     PoolSpec,
     QueueSpec,
     RequestSpec,
     Slo,
     TenantSpec,
-)
-from llmvalve.core.policy_load import (
-    PolicyError,
-    PolicyIssue,
     hash_api_key,
     load_policy,
-    load_policy_file,
 )
+from llmvalve.gateway.policy_file import load_policy_file
 
 HERE = Path(__file__).parent
 DATA = HERE / "data"

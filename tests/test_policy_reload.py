@@ -7,7 +7,7 @@ import random
 import pytest
 
 from llmvalve.core.admission import Admission
-from llmvalve.core.policy_load import load_policy
+from llmvalve.core.policy import load_policy
 from llmvalve.core.types import Admit, Outcome, Queued, Reason, Reject, RequestInfo
 
 BASE = """

@@ -19,7 +19,7 @@ from google.protobuf import wrappers_pb2
 
 from authz_support import ask
 from llmvalve.core.admission import Admission
-from llmvalve.core.policy_load import hash_api_key, load_policy
+from llmvalve.core.policy import hash_api_key, load_policy
 from llmvalve.core.signals import SignalReader
 from llmvalve.core.types import Admit, BackendSnapshot, Outcome, RequestInfo
 from llmvalve.gateway.access_log import AccessLogServicer
@@ -27,7 +27,7 @@ from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.front import Front, Go, LogEntry
 from llmvalve.gateway.scraper import Scraper
-from llmvalve.stack import free_port
+from llmvalve.processes import free_port
 
 GOOD = """vllm:num_requests_running{engine="0"} 2
 vllm:num_requests_waiting{engine="0"} 0

@@ -15,9 +15,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from llmvalve.core.policy_load import hash_api_key, load_policy_file
+from llmvalve.core.policy import hash_api_key
 from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
 from llmvalve.gateway.front import Check, Go, LogEntry
+from llmvalve.gateway.policy_file import load_policy_file
 from llmvalve.gateway.policy_watch import PolicyWatcher
 
 POLICY = f"""

@@ -10,7 +10,7 @@ import random
 
 from authz_support import Checker
 from llmvalve.core.admission import Admission
-from llmvalve.core.policy_load import hash_api_key, load_policy
+from llmvalve.core.policy import hash_api_key, load_policy
 from llmvalve.core.types import Admit, Outcome, Queued, Reason, Reject, RequestInfo
 
 FLOOD = """

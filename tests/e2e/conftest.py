@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from e2e_support import E2E
 
-from llmvalve.stack import Stack, StackConfig, envoy_binary
+from llmvalve.processes import envoy_binary
+from llmvalve.stack import Stack, StackConfig
 
 HERE = Path(__file__).parent
 

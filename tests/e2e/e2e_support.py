@@ -10,7 +10,8 @@ from pathlib import Path
 import aiohttp
 import openai
 
-from llmvalve.stack import Stack, http_get
+from llmvalve.processes import http_get
+from llmvalve.stack import Stack
 
 HERE = Path(__file__).parent
 P0_KEY = "sk-llmvalve-demo-p0"

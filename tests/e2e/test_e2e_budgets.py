@@ -22,7 +22,8 @@ import openai
 import pytest
 from e2e_support import E2E, HERE, P0_KEY, cancel_all, chat_body, headers, hold_slots
 
-from llmvalve.stack import Stack, StackConfig, envoy_binary, http_get
+from llmvalve.processes import envoy_binary, http_get
+from llmvalve.stack import Stack, StackConfig
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,7 @@ from e2e_support import HERE, P0_KEY
 from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
-from llmvalve.stack import free_port, http_get
+from llmvalve.processes import free_port, http_get
 
 pytestmark = pytest.mark.e2e
 

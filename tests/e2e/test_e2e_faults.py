@@ -26,7 +26,7 @@ from e2e_support import (
     wait_until,
 )
 
-from llmvalve.stack import http_get
+from llmvalve.processes import http_get
 
 pytestmark = pytest.mark.e2e
 

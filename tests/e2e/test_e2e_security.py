@@ -18,7 +18,8 @@ import aiohttp
 import pytest
 from e2e_support import E2E, HERE, P0_KEY, P2_KEY, chat_body, headers
 
-from llmvalve.stack import Stack, StackConfig, envoy_binary, http_get, raise_fd_limit
+from llmvalve.processes import envoy_binary, http_get, raise_fd_limit
+from llmvalve.stack import Stack, StackConfig
 
 pytestmark = pytest.mark.e2e
 

@@ -1,9 +1,9 @@
 """Prometheus text (format 0.0.4) for one simulated engine, under vLLM v1, TensorRT-LLM serve or
 SGLang metric names. Pure: the numbers come in as arguments.
 
-Rendered by hand from `EngineMetrics` (no registry: a scrape costs one string join). Counters
-are written as prometheus_client writes them in this format, and so as vLLM's own page shows
-them: `# TYPE name_total counter` over samples `name_total` (no `_created` series).
+Written by prometheus_client from metric families built per scrape out of `EngineMetrics` (a
+custom collector, no registered metrics): counters as vLLM's own page shows them, `# TYPE
+name_total counter` over samples `name_total`, with no `_created` series.
 Histogram times are engine seconds: with `--time-scale X` they are X times the wall-clock times
 a client measures.
 """
@@ -12,6 +12,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import generate_latest
 
 from llmvalve.engine.metrics import EngineMetrics, Histogram
 
@@ -35,50 +43,56 @@ class Gauges:
     requests_received: int
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
 def _num(value: float) -> str:
     return repr(float(value))
 
 
 class _Page:
-    __slots__ = ("labels", "lines")
+    """One scrape's metric families, written by prometheus_client (`generate_latest`)."""
 
-    def __init__(self, labels: str) -> None:
-        self.labels = labels  # 'k="v",…' without braces
-        self.lines: list[str] = []
+    __slots__ = ("families", "names", "values")
 
-    def head(self, name: str, kind: str, help_text: str) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} {kind}")
+    def __init__(self, **labels: str) -> None:
+        self.names = list(labels)
+        self.values = list(labels.values())
+        self.families: list[Metric] = []
+
+    def collect(self) -> list[Metric]:  # what generate_latest asks of a registry
+        return self.families
 
     def gauge(self, name: str, value: float, help_text: str) -> None:
-        self.head(name, "gauge", help_text)
-        self.lines.append(f"{name}{{{self.labels}}} {_num(value)}")
+        family = GaugeMetricFamily(name, help_text, labels=self.names)
+        family.add_metric(self.values, value)
+        self.families.append(family)
+
+    def info(self, name: str, help_text: str, **labels: str) -> None:
+        """A gauge of 1 whose labels carry the information (vLLM's `*_info`)."""
+        family = GaugeMetricFamily(name, help_text, labels=[*labels, *self.names])
+        family.add_metric([*labels.values(), *self.values], 1.0)
+        self.families.append(family)
 
     def counter(self, name: str, value: float, help_text: str) -> None:
-        self.head(name + "_total", "counter", help_text)
-        self.lines.append(f"{name}_total{{{self.labels}}} {_num(value)}")
+        family = CounterMetricFamily(name, help_text, labels=self.names)
+        family.add_metric(self.values, value)
+        self.families.append(family)
 
     def labelled_counter(self, name: str, label: str, values: dict[str, int],
                          help_text: str) -> None:
-        self.head(name + "_total", "counter", help_text)
+        family = CounterMetricFamily(name, help_text, labels=[label, *self.names])
         for key, value in values.items():
-            self.lines.append(f'{name}_total{{{label}="{key}",{self.labels}}} {_num(value)}')
+            family.add_metric([key, *self.values], value)
+        self.families.append(family)
 
     def histogram(self, name: str, hist: Histogram, help_text: str) -> None:
-        self.head(name, "histogram", help_text)
+        family = HistogramMetricFamily(name, help_text, labels=self.names)
         cumulative = hist.cumulative()
-        for bound, count in zip(hist.bounds, cumulative, strict=False):
-            self.lines.append(f'{name}_bucket{{le="{_num(bound)}",{self.labels}}} {_num(count)}')
-        self.lines.append(f'{name}_bucket{{le="+Inf",{self.labels}}} {_num(cumulative[-1])}')
-        self.lines.append(f"{name}_sum{{{self.labels}}} {_num(hist.total)}")
-        self.lines.append(f"{name}_count{{{self.labels}}} {_num(hist.count)}")
+        buckets = [(_num(bound), count)
+                   for bound, count in zip(hist.bounds, cumulative, strict=False)]
+        family.add_metric(self.values, [*buckets, ("+Inf", cumulative[-1])], hist.total)
+        self.families.append(family)
 
     def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
+        return generate_latest(self).decode()  # type: ignore[arg-type]
 
 
 def render(flavor: Flavor, model: str, m: EngineMetrics, g: Gauges) -> str:
@@ -88,13 +102,13 @@ def render(flavor: Flavor, model: str, m: EngineMetrics, g: Gauges) -> str:
         page = _page_trtllm(model, m, g)
     else:
         page = _page_sglang(model, m, g)
-    page.counter(RECEIVED[: -len("_total")], g.requests_received,
+    page.counter(RECEIVED, g.requests_received,
                  "Requests received by the simulated backend (any answer, faults included).")
     return page.text()
 
 
 def _page_vllm(model: str, m: EngineMetrics, g: Gauges) -> _Page:
-    p = _Page(f'engine="0",model_name="{_escape(model)}"')
+    p = _Page(engine="0", model_name=model)
     p.gauge("vllm:num_requests_running", g.running, "Number of requests in model execution "
             "batches.")
     p.gauge("vllm:num_requests_waiting", g.waiting, "Number of requests waiting to be processed.")
@@ -116,14 +130,13 @@ def _page_vllm(model: str, m: EngineMetrics, g: Gauges) -> _Page:
                 "Histogram of time spent in WAITING phase for request.")
     p.histogram("vllm:request_generation_tokens", m.output_tokens,
                 "Number of generation tokens processed.")
-    p.head("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
-    p.lines.append(f'vllm:cache_config_info{{block_size="{g.block_size}",cache_dtype="auto",'
-                   f'num_gpu_blocks="{g.num_gpu_blocks}",{p.labels}}} 1.0')
+    p.info("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+           block_size=str(g.block_size), cache_dtype="auto", num_gpu_blocks=str(g.num_gpu_blocks))
     return p
 
 
 def _page_trtllm(model: str, m: EngineMetrics, g: Gauges) -> _Page:
-    p = _Page(f'engine_type="trtllm",model_name="{_escape(model)}"')
+    p = _Page(engine_type="trtllm", model_name=model)
     p.gauge("trtllm_num_requests_running", g.running, "Number of requests running.")
     p.gauge("trtllm_num_requests_waiting", g.waiting, "Number of requests waiting.")
     p.gauge("trtllm_kv_cache_utilization", g.kv_usage, "KV cache utilization (0-1).")
@@ -141,7 +154,7 @@ def _page_trtllm(model: str, m: EngineMetrics, g: Gauges) -> _Page:
 
 
 def _page_sglang(model: str, m: EngineMetrics, g: Gauges) -> _Page:
-    p = _Page(f'model_name="{_escape(model)}"')
+    p = _Page(model_name=model)
     p.gauge("sglang:num_running_reqs", g.running, "The number of running requests.")
     p.gauge("sglang:num_queue_reqs", g.waiting, "The number of requests in the waiting queue.")
     p.gauge("sglang:token_usage", g.kv_usage, "The token usage.")

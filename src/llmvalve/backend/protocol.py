@@ -158,54 +158,13 @@ def _header_int(headers: Mapping[str, str], name: str) -> int | None:
 
 def parse_request(kind: Kind, raw: bytes, headers: Mapping[str, str],
                   profile: EngineProfile) -> SimRequest:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"JSON decode error: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise BadRequest("stream must be a boolean")
-    n = _int_field(body, "n", 1)
-    if n is not None and n != 1:
-        raise BadRequest("n > 1 is not supported by the simulated backend")
-
-    prompt = _header_int(headers, PROMPT_TOKENS_HEADER)
-    if prompt is None:
-        prompt = _int_field(body, "sim_prompt_tokens", 1)
-    if prompt is None:
-        prompt = (_chat_prompt_tokens(body) if kind is Kind.CHAT
-                  else _completion_prompt_tokens(body))
-    else:  # still validate the shape of the request
-        _ = _chat_prompt_tokens(body) if kind is Kind.CHAT else _completion_prompt_tokens(body)
-    limit = profile.max_model_len
-    if prompt >= limit:
-        raise BadRequest(f"This model's maximum context length is {limit} tokens. However, your "
-                         f"request has {prompt} input tokens. Please reduce the length of the "
-                         "input messages.")
-    max_tokens = _int_field(body, "max_completion_tokens", 1) if kind is Kind.CHAT else None
-    if max_tokens is None:
-        max_tokens = _int_field(body, "max_tokens", 1)
-    if max_tokens is None:
-        max_tokens = limit - prompt
-    elif prompt + max_tokens > limit:
-        raise BadRequest(f"This model's maximum context length is {limit} tokens. However, you "
-                         f"requested {prompt + max_tokens} tokens ({prompt} in the messages, "
-                         f"{max_tokens} in the completion). Please reduce the length of the "
-                         "messages or completion.")
-
-    output = _header_int(headers, OUTPUT_TOKENS_HEADER)
-    if output is None:
-        output = _int_field(body, "sim_output_tokens", 0)
-    if output is None:
-        ignore_eos = body.get("ignore_eos", False)
-        output = max_tokens if ignore_eos is True else profile.default_output_tokens
-    min_tokens = _int_field(body, "min_tokens", 0) or 0
-    output = max(1, min(max(output, min_tokens), max_tokens))
-
+    """The request's numbers; BadRequest for the first thing wrong, checked in this order:
+    JSON, stream and n, the prompt, the context length, the output, stream_options."""
+    body = _json_object(raw)
+    stream = _stream(body)
+    prompt = _prompt_tokens(kind, body, headers)
+    max_tokens = _max_tokens(kind, body, prompt, profile.max_model_len)
+    output = _output_tokens(body, headers, max_tokens, profile)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise BadRequest("stream_options must be an object")
@@ -225,6 +184,70 @@ def parse_request(kind: Kind, raw: bytes, headers: Mapping[str, str],
         request_id=request_id if isinstance(request_id, str) and request_id else None,
         model=model if isinstance(model, str) and model else None,
     )
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"JSON decode error: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _stream(body: Mapping[str, Any]) -> bool:
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be a boolean")
+    n = _int_field(body, "n", 1)
+    if n is not None and n != 1:
+        raise BadRequest("n > 1 is not supported by the simulated backend")
+    return stream
+
+
+def _prompt_tokens(kind: Kind, body: Mapping[str, Any], headers: Mapping[str, str]) -> int:
+    """The header's or sim_prompt_tokens' count, else counted from the text (whose shape is
+    validated either way)."""
+    prompt = _header_int(headers, PROMPT_TOKENS_HEADER)
+    if prompt is None:
+        prompt = _int_field(body, "sim_prompt_tokens", 1)
+    counted = _chat_prompt_tokens(body) if kind is Kind.CHAT else _completion_prompt_tokens(body)
+    return counted if prompt is None else prompt
+
+
+def _max_tokens(kind: Kind, body: Mapping[str, Any], prompt: int, limit: int) -> int:
+    if prompt >= limit:
+        raise BadRequest(f"This model's maximum context length is {limit} tokens. However, your "
+                         f"request has {prompt} input tokens. Please reduce the length of the "
+                         "input messages.")
+    max_tokens = _int_field(body, "max_completion_tokens", 1) if kind is Kind.CHAT else None
+    if max_tokens is None:
+        max_tokens = _int_field(body, "max_tokens", 1)
+    if max_tokens is None:
+        return limit - prompt
+    if prompt + max_tokens > limit:
+        raise BadRequest(f"This model's maximum context length is {limit} tokens. However, you "
+                         f"requested {prompt + max_tokens} tokens ({prompt} in the messages, "
+                         f"{max_tokens} in the completion). Please reduce the length of the "
+                         "messages or completion.")
+    return max_tokens
+
+
+def _output_tokens(body: Mapping[str, Any], headers: Mapping[str, str], max_tokens: int,
+                   profile: EngineProfile) -> int:
+    """What the engine will generate: the header's or sim_output_tokens' count, else max_tokens
+    with ignore_eos, else the profile's default; at least min_tokens, at most max_tokens."""
+    output = _header_int(headers, OUTPUT_TOKENS_HEADER)
+    if output is None:
+        output = _int_field(body, "sim_output_tokens", 0)
+    if output is None:
+        ignore_eos = body.get("ignore_eos", False)
+        output = max_tokens if ignore_eos is True else profile.default_output_tokens
+    min_tokens = _int_field(body, "min_tokens", 0) or 0
+    return max(1, min(max(output, min_tokens), max_tokens))
 
 
 def finish_reason(generated: int, max_tokens: int) -> str:

@@ -38,10 +38,10 @@ from pathlib import Path
 
 import yaml
 
-from llmvalve.core.policy_load import hash_api_key
+from llmvalve.core.policy import hash_api_key
 from llmvalve.core.quantiles import percentile
 from llmvalve.gateway.envoy_config import EnvoyParams, render, without_admission
-from llmvalve.stack import Proc, envoy_binary, free_port, http_get, wait_until
+from llmvalve.processes import Proc, envoy_binary, free_port, http_get, wait_until
 
 KEYS = {0: "sk-bench-p0", 1: "sk-bench-p1", 2: "sk-bench-p2"}
 BODY = json.dumps({"model": "m", "max_tokens": 8,

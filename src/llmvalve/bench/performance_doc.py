@@ -108,7 +108,29 @@ What admission control costs a request, measured side by side in one run on this
 load average at the end of the run was {la if la is not None else '–'}: other work on the
 machine shows in the p99s first, so compare the rows of one run, not runs.
 
-## How it is measured
+{how_measured(oh)}## Results
+
+### The most requests per second (closed loop)
+
+{closed_loop_table(oh)}
+
+### Added latency (open loop)
+
+{open_loop_table(oh)}
+
+### Bursts of connections
+
+{burst_table(oh)}
+
+### Against the targets
+
+{chr(10).join(verdicts(oh))}
+
+{MEANING}"""
+
+
+def how_measured(oh: dict) -> str:
+    return f"""## How it is measured
 
 ```console
 $ llmvalve bench --scenario overhead --json overhead.json     # src/llmvalve/bench/overhead.py
@@ -129,25 +151,10 @@ $ python -m llmvalve.bench.performance_doc overhead.json       # this page
   the repetitions.
 - Bursts: that many connections opened at once, one request each.
 
-## Results
+"""
 
-### The most requests per second (closed loop)
 
-{closed_loop_table(oh)}
-
-### Added latency (open loop)
-
-{open_loop_table(oh)}
-
-### Bursts of connections
-
-{burst_table(oh)}
-
-### Against the targets
-
-{chr(10).join(verdicts(oh))}
-
-## What the figures mean
+MEANING = """## What the figures mean
 
 - The hop is one small HTTP request from Envoy to the control plane on loopback, held while
   the request queues, and one access-log entry (batched) at the request's end. The decision

@@ -40,15 +40,15 @@ together.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Protocol
+from dataclasses import replace
 
 from llmvalve.core.adaptive import AdaptiveLimit
 from llmvalve.core.breaker import Breaker
 from llmvalve.core.budgets import Budgets
-from llmvalve.core.limiter import Limit, ScheduledLimit, SeedLimit, StaticLimit, Unlimited
+from llmvalve.core.limiter import PoolLimit, SeedLimit, StaticLimit
 from llmvalve.core.picker import Picker
-from llmvalve.core.policy import BreakerSpec, DropPolicy, Policy, PoolSpec
+from llmvalve.core.policy import DropPolicy, Policy, PoolSpec
+from llmvalve.core.pool import Pool, Rng, finite, make_limit
 from llmvalve.core.scheduler import Scheduler, Waiting
 from llmvalve.core.types import (
     Admit,
@@ -62,54 +62,6 @@ from llmvalve.core.types import (
     Sample,
     Ticket,
 )
-from llmvalve.core.waits import WaitForecast
-
-
-class Rng(Protocol):
-    def random(self) -> float: ...
-
-
-def make_limit(controller: str, policy: Policy, now: float) -> Limit:
-    if controller == "none":
-        return Unlimited()
-    if controller == "seed":
-        return SeedLimit(policy.limiter.seed)
-    if controller == "adaptive":
-        return AdaptiveLimit(policy, now)
-    if controller == "static":
-        return StaticLimit(policy.limiter.static.limit)
-    if controller.startswith("static:"):
-        return StaticLimit(int(controller.split(":", 1)[1]))
-    if controller.startswith("schedule:"):  # the simulator's hindsight oracle
-        return ScheduledLimit.parse(controller.split(":", 1)[1])
-    raise ValueError(f"unknown controller {controller!r} (none, static:N, seed, adaptive)")
-
-
-@dataclass
-class _Pool:
-    spec: PoolSpec
-    scheduler: Scheduler
-    limit: Limit
-    inflight: float = 0.0
-    inflight_by_class: dict[int, float] = field(default_factory=dict)
-    tickets: dict[str, Ticket] = field(default_factory=dict)
-    waits: WaitForecast = field(default_factory=WaitForecast)
-    override: float | None = None  # an operator's limit (set_override), replaces L
-    override_until: float | None = None  # when the override lapses (None: until cleared)
-    picker: Picker = field(default_factory=Picker)
-    breaker: Breaker = field(default_factory=lambda: Breaker(BreakerSpec()))
-    pushed_out: list[Reject] = field(default_factory=list)  # for the next poll()
-    # The pool's mean answer length (tokens), learned from the backends' metrics.
-    expected_output: float | None = None
-    samples: int = 0  # access-log samples received
-
-    def current_limit(self) -> float:
-        return self.override if self.override is not None else self.limit.limit()
-
-
-def _finite(x: float) -> float | None:
-    """JSON has no infinity: an unlimited pool (`none`) reports its limit as null."""
-    return None if math.isinf(x) else x
 
 
 class Admission:
@@ -120,7 +72,7 @@ class Admission:
         self.rng = rng
         self.controller = controller or policy.limiter.controller
         self._read_policy(policy)
-        self.pools: dict[str, _Pool] = {}
+        self.pools: dict[str, Pool] = {}
         for spec in policy.pools:
             self.pools[spec.name] = self._new_pool(spec, now)
         self.draining = False
@@ -135,20 +87,20 @@ class Admission:
         self._itl_target_s = policy.limiter.adaptive.itl_target_s or 0.8 * top.slo.tpot_s
 
     # ---- helpers --------------------------------------------------------------------------
-    def _new_pool(self, spec: PoolSpec, now: float) -> _Pool:
+    def _new_pool(self, spec: PoolSpec, now: float) -> Pool:
         a = self.policy.limiter.adaptive
-        return _Pool(spec, Scheduler(self.policy), make_limit(self.controller, self.policy, now),
+        return Pool(spec, Scheduler(self.policy), make_limit(self.controller, self.policy, now),
                      picker=Picker(tuple(b.name for b in spec.backends), a.stale_after_s,
                                    a.kv_target, self._itl_target_s),
                      breaker=Breaker(spec.breaker))
 
-    def _pool(self, name: str) -> _Pool:
+    def _pool(self, name: str) -> Pool:
         pool = self.pools.get(name)
         if pool is None:
             pool = next(iter(self.pools.values()))
         return pool
 
-    def cost_of(self, req: RequestInfo, pool: _Pool) -> float:
+    def cost_of(self, req: RequestInfo, pool: Pool) -> float:
         """A request's cost in the limit's unit: 1 request, or KV tokens = its prompt plus the
         answer it is expected to write (1.25 × the pool's mean answer length, at most its
         `max_tokens`; before anything is learned, `max_tokens` or the policy's default)."""
@@ -161,7 +113,7 @@ class Admission:
         out = max_out if learned is None else min(max_out, 1.25 * learned)
         return float(req.prompt_tokens) + out
 
-    def _gate_allows(self, pool: _Pool, priority: int, now: float) -> bool:
+    def _gate_allows(self, pool: Pool, priority: int, now: float) -> bool:
         sigma = pool.limit.saturation(now)
         if sigma < 1.0:
             return True
@@ -170,7 +122,7 @@ class Admission:
             return rank < len(self._ranks) - 1 or len(self._ranks) == 1
         return rank == 0
 
-    def _fits(self, pool: _Pool, priority: int, cost: float, now: float,
+    def _fits(self, pool: Pool, priority: int, cost: float, now: float,
               shared: bool = True) -> bool:
         if not self._gate_allows(pool, priority, now):
             return False
@@ -202,7 +154,7 @@ class Admission:
         spec = self.policy.queue(priority)
         return min(spec.timeout_s, 0.5 * spec.slo.ttft_s)
 
-    def under_pressure(self, pool: _Pool, priority: int, now: float,
+    def under_pressure(self, pool: Pool, priority: int, now: float,
                        tenant: str | None = None, may_wait_s: float | None = None) -> bool:
         """The requests ahead of an arrival of this class (of `tenant`: its round-robin turn;
         None: behind the whole class) cannot be served in time: its predicted wait exceeds
@@ -214,13 +166,13 @@ class Admission:
             return False
         return self.predicted_wait_s(pool, priority, now, tenant) > limit
 
-    def predicted_wait_s(self, pool: _Pool, priority: int, now: float,
+    def predicted_wait_s(self, pool: Pool, priority: int, now: float,
                          tenant: str | None = None) -> float:
         """Seconds until an arrival of class `priority` is dispatched (core/waits.py)."""
         return pool.waits.wait_s(pool.scheduler, len(pool.tickets), priority, now,
                                  self.may_wait_s(priority), tenant)
 
-    def retry_after_s(self, pool: _Pool, priority: int, now: float,
+    def retry_after_s(self, pool: Pool, priority: int, now: float,
                       floor_s: float = 0.0) -> float:
         ra = self.policy.retry_after
         drain = max(floor_s, self.predicted_wait_s(pool, priority, now))
@@ -228,7 +180,7 @@ class Admission:
         spread = base * (1.0 + ra.jitter * (self.rng.random() - 0.5))
         return min(ra.max_s, max(ra.min_s, spread))
 
-    def _reject(self, pool: _Pool, req: RequestInfo, reason: Reason, now: float,
+    def _reject(self, pool: Pool, req: RequestInfo, reason: Reason, now: float,
                 wait_s: float = 0.0, status: int = 429) -> Reject:
         self.budgets.refund(req.request_id, now)  # it never runs: its budget charge comes back
         feature = self.policy.feature(req.feature)
@@ -244,7 +196,7 @@ class Admission:
         return Reject(req.request_id, 429, reason,
                       self.retry_after_s(pool, req.priority, now, floor_s), 0.0)
 
-    def _admit(self, pool: _Pool, req: RequestInfo, cost: float, now: float,
+    def _admit(self, pool: Pool, req: RequestInfo, cost: float, now: float,
                wait_s: float) -> Admit:
         backend = pool.picker.pick(now, first=self._ranks[req.priority] == 0)
         pool.picker.add(backend, cost, req.prompt_tokens, now, self._ranks[req.priority] == 0)
@@ -341,7 +293,7 @@ class Admission:
             out.extend(self._dispatch(pool, now))
         return out
 
-    def _dispatch(self, pool: _Pool, now: float) -> list[Admit]:
+    def _dispatch(self, pool: Pool, now: float) -> list[Admit]:
         out: list[Admit] = []
         while True:
             chosen: Waiting | None = None
@@ -467,7 +419,8 @@ class Admission:
                         req = replace(req, priority=policy.lowest_priority)
                     first.scheduler.push(req, now, enqueued_at=w.enqueued_at)
 
-    def _carry_limit(self, limit: Limit, old: Policy, new: Policy, now: float) -> Limit:
+    def _carry_limit(self, limit: PoolLimit, old: Policy, new: Policy,
+                    now: float) -> PoolLimit:
         if isinstance(limit, AdaptiveLimit):
             limit.reconfigure(new)
         elif isinstance(limit, SeedLimit):
@@ -481,7 +434,7 @@ class Admission:
         pools = {}
         for name, pool in self.pools.items():
             pools[name] = {
-                "limit": _finite(pool.current_limit()),
+                "limit": finite(pool.current_limit()),
                 "inflight": pool.inflight,
                 "inflight_requests": len(pool.tickets),
                 "saturation": pool.limit.saturation(now),

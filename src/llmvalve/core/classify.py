@@ -21,8 +21,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from llmvalve.core.policy import Policy, TenantSpec
-from llmvalve.core.policy_load import hash_api_key
+from llmvalve.core.policy import Policy, TenantSpec, hash_api_key
 
 
 class AuthFailure(enum.Enum):

@@ -2,13 +2,16 @@
 
 Theory of operation. A `Limit` says how much work the pool may have in flight, in its own unit:
 requests (`static`, `seed`) or tokens of KV cache (`adaptive`: each request costs its prompt plus
-expected output). It learns from three kinds of input, all with time passed in:
+expected output). The algorithm (`Limit`, three members like Netflix's) learns from, with time
+passed in:
   * `on_release(ticket, outcome, now)` — an admitted request ended (success / ignore / dropped);
-  * `on_sample(sample, ticket_epoch, now)` — per-request latency from the access log;
-  * `on_snapshot(snap, now)` — a scrape of one backend's metrics.
-`update(now, inflight, requests)` runs the periodic part (windows) and returns the new limit
-(`requests`: how many requests make up `inflight`).
-`UNLIMITED` (`none`) admits everything: the baseline with no protection.
+  * `on_sample(sample, ticket_epoch, now)` — per-request latency from the access log.
+What admission asks beyond that (`PoolLimit`) has neutral defaults in `LimitBase`:
+  * `on_snapshot(snap, now)` — a scrape of one backend's metrics;
+  * `update(now, inflight, requests)` runs the periodic part (windows) and returns the new limit
+    (`requests`: how many requests make up `inflight`);
+  * scheduling hints (reserve base, hard cap, sequence cap, prefill speed, saturation).
+`Unlimited` (`none`) admits everything: the baseline with no protection.
 
 `SeedLimit` is the seed's Go `AdaptiveLimiter`, transcribed as published, flaws included: it is
 the baseline to beat (shared/research/limiters.md lists what is wrong with it).
@@ -24,11 +27,29 @@ from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
 
 
 class Limit(Protocol):
+    """A limit algorithm, as small as Netflix's: its value, and what it learns from.
+
+    `on_release` is every admitted request's end with its one outcome (success / ignore /
+    dropped: the drop signal); `on_sample` a latency sample from the access log. Subclass
+    `LimitBase` and write these (the ones you use) — it supplies the rest of `PoolLimit`."""
+
     name: str
     unit: str  # "requests" | "tokens"
-    epoch: int
 
     def limit(self) -> float: ...
+
+    def on_release(self, ticket: Ticket, outcome: Outcome, now: float) -> None: ...
+
+    def on_sample(self, sample: Sample, ticket_epoch: int, now: float) -> None: ...
+
+
+class PoolLimit(Limit, Protocol):
+    """What admission asks of a pool's limit beyond the algorithm: scheduling hints (the
+    base of the reserved shares, a hard cap for the top class, a sequence cap, the prefill
+    speed, the backends' saturation), scrapes, a periodic update and a status. `LimitBase`
+    gives each a neutral default; only `AdaptiveLimit` overrides them all."""
+
+    epoch: int
 
     def reserve_base(self) -> float: ...
 
@@ -40,10 +61,6 @@ class Limit(Protocol):
 
     def saturation(self, now: float) -> float: ...
 
-    def on_release(self, ticket: Ticket, outcome: Outcome, now: float) -> None: ...
-
-    def on_sample(self, sample: Sample, ticket_epoch: int, now: float) -> None: ...
-
     def on_snapshot(self, snap: BackendSnapshot, now: float) -> None: ...
 
     def update(self, now: float, inflight: float, requests: int = 0) -> float: ...
@@ -53,8 +70,10 @@ class Limit(Protocol):
     def status(self) -> dict: ...
 
 
-class _Passive:
-    """Shared no-op inputs for limits that ignore some feedback."""
+class LimitBase:
+    """A `PoolLimit` that ignores what it is not given: subclass it, set `name` and `unit`,
+    write `limit()` and the feedback you learn from (tests/test_limiter.py has an AIMD limit
+    in 20 lines)."""
 
     epoch = 0
 
@@ -93,11 +112,11 @@ class _Passive:
 
     def status(self) -> dict:
         limit = self.limit()
-        return {"controller": self.name, "unit": self.unit,
+        return {"controller": self.name, "unit": self.unit,  # type: ignore[attr-defined]
                 "limit": None if math.isinf(limit) else limit}
 
 
-class StaticLimit(_Passive):
+class StaticLimit(LimitBase):
     unit = "requests"
 
     def __init__(self, n: int) -> None:
@@ -110,7 +129,7 @@ class StaticLimit(_Passive):
         return float(self.n)
 
 
-class Unlimited(_Passive):
+class Unlimited(LimitBase):
     """`none`: every request goes straight to the backends."""
 
     unit = "requests"
@@ -120,7 +139,7 @@ class Unlimited(_Passive):
         return math.inf
 
 
-class SeedLimit(_Passive):
+class SeedLimit(LimitBase):
     """The seed's Vegas-style limiter, exactly as published (integer floor of a float limit)."""
 
     unit = "requests"
@@ -165,7 +184,7 @@ class SeedLimit(_Passive):
         return {**super().status(), "base_rtt_s": self.base_rtt, "sample_rtt_s": self.sample_rtt}
 
 
-class ScheduledLimit(_Passive):
+class ScheduledLimit(LimitBase):
     """A fixed limit that changes at set times: from each (time, N) on the limit is N requests
     (None: unlimited) until the next. The simulator's hindsight oracle runs one; nothing in
     production does (written `schedule:0=40/20=96/40=none`)."""

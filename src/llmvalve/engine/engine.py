@@ -139,42 +139,12 @@ class Engine:
         if self.idle:
             return None
         p = self.profile
-        budget = p.max_num_batched_tokens
         scheduled: list[tuple[_Seq, int]] = []
         preempted: list[str] = []
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.prompt + seq.generated - seq.computed, budget)
-            if not self._grow(seq, seq.computed + n):
-                # Preempt from the back until it fits or the request itself was preempted.
-                while self.running:
-                    victim = self.running.pop()
-                    self._preempt(victim)
-                    preempted.append(victim.req_id)
-                    if victim is seq or self._grow(seq, seq.computed + n):
-                        break
-                if seq.req_id in preempted:
-                    break
-            scheduled.append((seq, n))
-            budget -= n
-            i += 1
+        budget = self._schedule_running(p.max_num_batched_tokens, scheduled, preempted)
         new = 0  # requests scheduled for the first time: each pays per_request_s
         if not preempted:
-            while (self.waiting and budget > 0
-                   and len(self.running) < p.max_num_seqs):
-                seq = self.waiting[0]
-                n = min(seq.prompt + seq.generated - seq.computed, budget)
-                if not self._grow(seq, n):
-                    break
-                self.waiting.popleft()
-                self.running.append(seq)
-                if seq.first_scheduled is None:
-                    seq.first_scheduled = now
-                    self.metrics.queue_time.observe(now - seq.arrival)
-                    new += 1
-                scheduled.append((seq, n))
-                budget -= n
+            new = self._schedule_waiting(now, budget, scheduled)
         if not scheduled:
             # Nothing fits (KV taken by nothing we can preempt): wait one base step.
             return StepResult(p.base_s * self.slowdown, (), tuple(preempted), 0, 0)
@@ -188,10 +158,60 @@ class Engine:
         duration = (p.base_s + p.per_seq_s * len(scheduled) + p.per_request_s * new
                     + p.per_prefill_token_s * prefill_tokens
                     + p.per_ctx_token_s * context) * self.slowdown
-        end = now + duration
+        events = self._advance(scheduled, now + duration)
+        return StepResult(duration, tuple(events), tuple(preempted), len(scheduled),
+                          prefill_tokens)
 
+    def _schedule_running(self, budget: int, scheduled: list[tuple[_Seq, int]],
+                          preempted: list[str]) -> int:
+        """The running requests' next chunks, in order, preempting from the back when KV runs
+        out; returns the token budget left."""
+        running, grow, add = self.running, self._grow, scheduled.append
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            n = min(seq.prompt + seq.generated - seq.computed, budget)
+            if not grow(seq, seq.computed + n):
+                # Preempt from the back until it fits or the request itself was preempted.
+                while running:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted.append(victim.req_id)
+                    if victim is seq or grow(seq, seq.computed + n):
+                        break
+                if seq.req_id in preempted:
+                    break
+            add((seq, n))
+            budget -= n
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, now: float, budget: int,
+                          scheduled: list[tuple[_Seq, int]]) -> int:
+        """Waiting requests admitted first come first served while budget, KV and sequence
+        slots last; returns how many were scheduled for the first time."""
+        new = 0
+        max_seqs = self.profile.max_num_seqs
+        while self.waiting and budget > 0 and len(self.running) < max_seqs:
+            seq = self.waiting[0]
+            n = min(seq.prompt + seq.generated - seq.computed, budget)
+            if not self._grow(seq, n):
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            if seq.first_scheduled is None:
+                seq.first_scheduled = now
+                self.metrics.queue_time.observe(now - seq.arrival)
+                new += 1
+            scheduled.append((seq, n))
+            budget -= n
+        return new
+
+    def _advance(self, scheduled: list[tuple[_Seq, int]], end: float) -> list[TokenEvent]:
+        """Apply the iteration that ends at `end`: computed tokens, new tokens, finishes."""
         m = self.metrics
         events: list[TokenEvent] = []
+        emit = events.append
         for seq, n in scheduled:
             seq.computed += n
             if seq.computed < seq.prompt + seq.generated:
@@ -207,11 +227,10 @@ class Engine:
                 m.itl.observe(end - seq.last_token_at)
             seq.last_token_at = end
             finished = seq.generated >= seq.target
-            events.append(TokenEvent(seq.req_id, 1, seq.generated, finished))
+            emit(TokenEvent(seq.req_id, 1, seq.generated, finished))
             if finished:
                 self._finish(seq, end)
-        return StepResult(duration, tuple(events), tuple(preempted), len(scheduled),
-                          prefill_tokens)
+        return events
 
     # ---- internals ------------------------------------------------------------------------
     def _grow(self, seq: _Seq, tokens: int) -> bool:

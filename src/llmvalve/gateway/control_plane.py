@@ -31,7 +31,6 @@ from envoy.service.auth.v3 import external_auth_pb2_grpc
 from llmvalve.admin.v1 import admin_pb2_grpc
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy import BackendSpec, Policy
-from llmvalve.core.policy_load import load_policy_file
 from llmvalve.gateway import dashboard
 from llmvalve.gateway.access_log import AccessLogServicer
 from llmvalve.gateway.admin_auth import AdminToken, TokenInterceptor, http_guard, is_loopback
@@ -42,6 +41,7 @@ from llmvalve.gateway.authz_http import AuthzHttp
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.front import Front
 from llmvalve.gateway.metrics import GatewayMetrics
+from llmvalve.gateway.policy_file import load_policy_file
 from llmvalve.gateway.policy_watch import PolicyWatcher, ReloadLog
 from llmvalve.gateway.scraper import Scraper
 from llmvalve.gateway.telemetry import TenantLabels, ttft_objective

@@ -124,7 +124,7 @@ class PolicyWatcher:
 
     def _digest_now(self) -> str:
         """sha256 over the policy's bytes and its secrets file's; finds the secrets file."""
-        from llmvalve.core.policy_load import secrets_file_ref
+        from llmvalve.core.policy.document import secrets_file_ref
 
         h = hashlib.sha256()
         policy = _read(self.path)

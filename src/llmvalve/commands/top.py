@@ -4,18 +4,15 @@ It subscribes to the admin gRPC API's `WatchStatus` stream and redraws on every 
 per pool the limit, in flight and the backends' KV usage as bars, the breaker and any limit
 override; per class the queue depth, the oldest wait, admitted and shed per second and the
 SLO attainment. Ctrl-C quits. `--iterations N` draws N snapshots and exits (for scripts).
-
-`llmvalve override`: the same API's incident lever, `SetLimitOverride` / `ClearLimitOverride`.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from typing import Any
 
-from llmvalve.admin_cli import add_connection_arguments
+from llmvalve.commands.status import add_connection_arguments
 
 CLEAR = "\x1b[H\x1b[2J"
 BAR = 28
@@ -34,7 +31,7 @@ def bar(value: float, full: float, width: int = BAR) -> str:
     return "█" * filled + "·" * (width - filled)
 
 
-def _n(value: float) -> str:
+def short_number(value: float) -> str:
     if abs(value) >= 10_000:
         return f"{value / 1000:.0f}k"
     if abs(value) >= 1000:
@@ -59,11 +56,11 @@ def render(status: Any) -> str:
         if pool.override.active:
             left = (f" for {pool.override.expires_in_s:.0f} s"
                     if pool.override.HasField("expires_in_s") else "")
-            head += f"  LIMIT OVERRIDE {_n(pool.override.limit)}{left}"
+            head += f"  LIMIT OVERRIDE {short_number(pool.override.limit)}{left}"
         lines.append(head)
         full = limit if limit else max(pool.inflight, 1.0)
-        lines.append(f"  in flight  {bar(pool.inflight, full)}  {_n(pool.inflight)} / "
-                     f"{'∞' if limit is None else _n(limit)} {unit} "
+        lines.append(f"  in flight  {bar(pool.inflight, full)}  {short_number(pool.inflight)} / "
+                     f"{'∞' if limit is None else short_number(limit)} {unit} "
                      f"({pool.inflight_requests} requests)")
         seen = [b for b in pool.backends if b.ok]
         if seen:
@@ -118,60 +115,4 @@ def run(args: argparse.Namespace) -> int:
             return 0
         print(f"llmvalve top: {args.grpc}: {exc.details()}", file=sys.stderr)
         return 1
-    return 0
-
-
-# -- llmvalve override -------------------------------------------------------------------------
-DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-
-
-def parse_duration(text: str) -> float:
-    match = DURATION.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 300, 90s, 10m, 1h)")
-    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2) or "s"]
-    return float(match.group(1)) * scale
-
-
-def add_override_arguments(parser: argparse.ArgumentParser) -> None:
-    add_connection_arguments(parser)
-    parser.add_argument("--pool", default="", help="the pool (default: the first)")
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--limit", type=float,
-                      help="hold the pool at this limit (its unit: KV tokens for adaptive, "
-                      "requests otherwise)")
-    what.add_argument("--clear", action="store_true", help="hand the pool back to its limiter")
-    parser.add_argument("--for", dest="duration", type=parse_duration, default=600.0,
-                        metavar="DURATION", help="how long the override lasts (default 10m)")
-
-
-def run_override(args: argparse.Namespace) -> int:
-    import grpc
-
-    from llmvalve.admin.v1 import admin_pb2 as pb
-    from llmvalve.admin.v1 import admin_pb2_grpc as pb_grpc
-    from llmvalve.gateway.admin_auth import call_metadata, client_token
-
-    try:
-        metadata = call_metadata(client_token(args.token_file))
-        with grpc.insecure_channel(args.grpc) as channel:
-            stub = pb_grpc.AdminStub(channel)
-            if args.clear:
-                reply = stub.ClearLimitOverride(pb.ClearLimitOverrideRequest(pool=args.pool),
-                                                timeout=5, metadata=metadata)
-            else:
-                reply = stub.SetLimitOverride(pb.SetLimitOverrideRequest(
-                    pool=args.pool, limit=args.limit, duration_s=args.duration), timeout=5,
-                    metadata=metadata)
-    except OSError as exc:
-        print(f"llmvalve override: {exc}", file=sys.stderr)
-        return 1
-    except grpc.RpcError as exc:
-        print(f"llmvalve override: {exc.details()}", file=sys.stderr)
-        return 1
-    if reply.active:
-        print(f"pool {reply.pool}: limit held at {_n(reply.limit)} for "
-              f"{reply.expires_in_s:.0f} s")
-    else:
-        print(f"pool {reply.pool}: no override, the limiter decides")
     return 0

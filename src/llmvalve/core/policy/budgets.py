@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING
 
 from yaml.nodes import MappingNode, ScalarNode
 
-from llmvalve.core.policy import Budget, BudgetSpec, Policy, PoolSpec
+from llmvalve.core.policy.spec import Budget, BudgetSpec, Policy, PoolSpec
 
 if TYPE_CHECKING:
-    from llmvalve.core.policy_load import _Fields
+    from llmvalve.core.policy.nodes import NodeFields
 
 AMOUNT_KEYS = ("requestsPerMinute", "tokensPerMinute")
 KEYS = (*AMOUNT_KEYS, "models")
 _EMPTY = "sets no budget: give requestsPerMinute and/or tokensPerMinute"
 
 
-def read_budgets(tenant: _Fields, pools: tuple[PoolSpec, ...],
+def read_budgets(tenant: NodeFields, pools: tuple[PoolSpec, ...],
                  allowed_models: tuple[str, ...]) -> BudgetSpec | None:
     """The tenant's `budgets` (None when absent; issues recorded on the reader)."""
     node = tenant.get("budgets")
@@ -45,7 +45,7 @@ def read_budgets(tenant: _Fields, pools: tuple[PoolSpec, ...],
     return BudgetSpec(own, models)
 
 
-def _budget(f: _Fields) -> Budget:
+def _budget(f: NodeFields) -> Budget:
     amounts = []
     for key in AMOUNT_KEYS:
         node = f.get(key)
@@ -53,7 +53,7 @@ def _budget(f: _Fields) -> Budget:
     return Budget(*amounts)
 
 
-def _models(f: _Fields, pools: tuple[PoolSpec, ...],
+def _models(f: NodeFields, pools: tuple[PoolSpec, ...],
             allowed_models: tuple[str, ...]) -> tuple[tuple[str, Budget], ...]:
     node = f.get("models")
     if node is None:

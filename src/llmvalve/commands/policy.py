@@ -43,7 +43,8 @@ def summary(source: str, policy: Policy) -> str:
 
 
 def _check(path: str) -> int:
-    from llmvalve.core.policy_load import PolicyError, load_policy_file
+    from llmvalve.core.policy import PolicyError
+    from llmvalve.gateway.policy_file import load_policy_file
 
     try:
         policy = load_policy_file(path)
@@ -62,7 +63,7 @@ def _check(path: str) -> int:
 
 
 def _hash_key(key: str) -> int:
-    from llmvalve.core.policy_load import hash_api_key
+    from llmvalve.core.policy import hash_api_key
 
     if key == "-":
         key = sys.stdin.readline().rstrip("\r\n")

@@ -1,7 +1,7 @@
 """The admission policy as frozen values.
 
-Theory of operation: a `Policy` is plain data, built once by `policy_load` from YAML (the seed's
-ConfigMap loads as written) and never mutated; a reload builds a new one. Every field of the
+Theory of operation: a `Policy` is plain data, built once by `core.policy.load` from YAML (the
+seed's ConfigMap loads as written) and never mutated; a reload builds a new one. Every field of the
 seed's `queues` entries maps one to one; everything else is an optional extension with a
 default chosen so that the seed's file alone gives a working gateway.
 

@@ -15,17 +15,12 @@ import asyncio
 import os
 import signal
 from fractions import Fraction
-from importlib import resources
 from pathlib import Path
 
 DEFAULT_HTTP = "127.0.0.1:9001"
 DEFAULT_GRPC = "127.0.0.1:9000"
 DEFAULT_ADMIN = "0.0.0.0:9100"
 DEFAULT_ADMIN_GRPC = "127.0.0.1:9101"
-
-
-def default_policy_path() -> Path:
-    return Path(str(resources.files("llmvalve").joinpath("data/default-policy.yaml")))
 
 
 def budget_share(text: str) -> float:
@@ -78,8 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from llmvalve.core.policy_load import load_policy_file
     from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
+    from llmvalve.gateway.policy_file import default_policy_path, load_policy_file
 
     policy = load_policy_file(args.policy or default_policy_path())
     plane = ControlPlane(policy, ControlPlaneConfig(
@@ -104,9 +99,9 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from llmvalve.core.policy_load import PolicyError
+    from llmvalve.core.policy import PolicyError
     from llmvalve.gateway import logs
-    from llmvalve.stack import raise_fd_limit
+    from llmvalve.processes import raise_fd_limit
 
     logs.setup(args.log_level, args.log_format)
     raise_fd_limit()

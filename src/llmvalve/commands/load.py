@@ -105,24 +105,13 @@ def live_line(gen, last: dict) -> str:  # type: ignore[no-untyped-def]
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from llmvalve.bench.cli import raise_fd_limit
     from llmvalve.bench.loadgen import LoadGenerator, Target
-    from llmvalve.bench.report import notes
-    from llmvalve.core.policy_load import PolicyError, load_policy_file
-    from llmvalve.sim.harness import RunResult
-    from llmvalve.sim.report import summarize, table
-    from llmvalve.sim.runner import default_policy
-    from llmvalve.sim.scenario import ScenarioError, load_scenario
+    from llmvalve.processes import raise_fd_limit
     from llmvalve.sim.workload import generate
 
     try:
-        sc = load_scenario(args.scenario)
-        policy = (load_policy_file(args.policy) if args.policy else None) or sc.policy \
-            or default_policy()
-        keys = _keys(args.keys)
-        if args.time_scale <= 0 or args.load_scale <= 0:
-            raise ValueError("--time-scale and --load-scale must be > 0")
-    except (ScenarioError, PolicyError, OSError, ValueError) as exc:
+        sc, policy, keys = _inputs(args)
+    except (ValueError, OSError) as exc:  # ScenarioError and PolicyError are ValueErrors
         print(f"llmvalve load: {exc}", file=sys.stderr)
         return 2
     raise_fd_limit()
@@ -138,51 +127,84 @@ def run(args: argparse.Namespace) -> int:
     print(f"llmvalve load: {sc.name} ({len(jobs)} requests over {sc.duration_s:.0f} s of "
           f"scenario time, {sc.duration_s / args.time_scale:.0f} s wall) → {args.target}, "
           f"model {model}", file=sys.stderr, flush=True)
-
-    async def main():  # type: ignore[no-untyped-def]
-        last: dict = {}
-
-        async def ticker() -> None:
-            while True:
-                await asyncio.sleep(args.every)
-                print(live_line(gen, last), file=sys.stderr, flush=True)
-
-        task = asyncio.create_task(ticker()) if args.every > 0 else None
-        try:
-            return await gen.run()
-        finally:
-            if task is not None:
-                task.cancel()
-
     try:
-        load = asyncio.run(main())
+        load = asyncio.run(_drive(gen, args.every))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    run_ = RunResult("gateway", load.states, sc.duration_s, 0, 0.0, load.retry_after, [], 0, 0)
-    summary = summarize(run_, policy)
-    from llmvalve.bench.runner import traffic_classes
-
-    summary["traffic_classes"] = traffic_classes(run_, policy)
-    summary["bench"] = {
-        "wall_s": round(load.wall_s, 1), "offered": len(jobs), "attempts": load.attempts,
-        "unfinished": load.unfinished, "errors": load.errors,
-        "loadgen": {**load.lag_summary(),
-                    "bottleneck": load.bottleneck(min(q.slo.ttft_s for q in policy.queues))},
-        "cpu": {"loadgen": round(load.cpu, 3)}}
-    res = {"scenario": sc.name, "seed": seed, "duration_s": sc.duration_s,
-           "target": args.target, "time_scale": args.time_scale,
-           "bench": {"drain_s": args.drain}, "controllers": {"gateway": summary}}
+    res = _results(args, sc, seed, len(jobs), load, policy)
     if args.json:
         text = json.dumps(res, indent=1)
         if args.json == "-":
             print(text)
             return 0
         Path(args.json).write_text(text)
+    _print(res, load)
+    return 0
+
+
+def _inputs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """(scenario, policy, keys per tenant); ValueError or OSError when they cannot be read."""
+    from llmvalve.gateway.policy_file import load_policy_file
+    from llmvalve.sim.runner import default_policy
+    from llmvalve.sim.scenario import load_scenario
+
+    sc = load_scenario(args.scenario)
+    policy = (load_policy_file(args.policy) if args.policy else None) or sc.policy \
+        or default_policy()
+    keys = _keys(args.keys)
+    if args.time_scale <= 0 or args.load_scale <= 0:
+        raise ValueError("--time-scale and --load-scale must be > 0")
+    return sc, policy, keys
+
+
+async def _drive(gen, every: float):  # type: ignore[no-untyped-def]
+    """Run the generator, printing a live line every `every` wall seconds (0: none)."""
+    import asyncio
+
+    last: dict = {}
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(every)
+            print(live_line(gen, last), file=sys.stderr, flush=True)
+
+    task = asyncio.create_task(ticker()) if every > 0 else None
+    try:
+        return await gen.run()
+    finally:
+        if task is not None:
+            task.cancel()
+
+
+def _results(args: argparse.Namespace, sc, seed: int, offered: int,  # type: ignore[no-untyped-def]
+             load, policy) -> dict:
+    """The results JSON (the shape `simulate` and `bench` print), one controller: gateway."""
+    from llmvalve.bench.runner import traffic_classes
+    from llmvalve.sim.harness import RunResult
+    from llmvalve.sim.report import summarize
+
+    run_ = RunResult("gateway", load.states, sc.duration_s, 0, 0.0, load.retry_after, [], 0, 0)
+    summary = summarize(run_, policy)
+    summary["traffic_classes"] = traffic_classes(run_, policy)
+    summary["bench"] = {
+        "wall_s": round(load.wall_s, 1), "offered": offered, "attempts": load.attempts,
+        "unfinished": load.unfinished, "errors": load.errors,
+        "loadgen": {**load.lag_summary(),
+                    "bottleneck": load.bottleneck(min(q.slo.ttft_s for q in policy.queues))},
+        "cpu": {"loadgen": round(load.cpu, 3)}}
+    return {"scenario": sc.name, "seed": seed, "duration_s": sc.duration_s,
+            "target": args.target, "time_scale": args.time_scale,
+            "bench": {"drain_s": args.drain}, "controllers": {"gateway": summary}}
+
+
+def _print(res: dict, load) -> None:  # type: ignore[no-untyped-def]
+    from llmvalve.bench.report import notes
+    from llmvalve.sim.report import table
+
     lines = table(res).splitlines()  # without the preemption column: not seen from outside
     print("\n".join([lines[0], *(line[:-8] for line in lines[1:])]))
     for line in notes(res):
         print(line)
     if load.errors:
         print("errors: " + ", ".join(f"{k} ×{v}" for k, v in sorted(load.errors.items())))
-    return 0

@@ -1,0 +1,115 @@
+"""`llmvalve up`: simulated backends + control plane + Envoy on this machine, in one command
+(the stack is `llmvalve.stack.Stack`). Ctrl-C or SIGTERM stops Envoy, then the control plane,
+then the backends."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from llmvalve.processes import port_free
+from llmvalve.stack import DEMO_KEYS, Stack, StackConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", type=Path, default=None,
+                        help="policy file (default: the packaged default policy)")
+    parser.add_argument("--backends", type=int, default=2, help="simulated backends (default 2)")
+    parser.add_argument("--profile", default="small", help="engine profile (default small)")
+    parser.add_argument("--time-scale", type=float, default=1.0,
+                        help="simulated engine speed-up (default 1)")
+    parser.add_argument("--port", type=int, default=8080, help="Envoy listener (default 8080)")
+    parser.add_argument("--listen", default="127.0.0.1",
+                        help="Envoy listener address (default 127.0.0.1)")
+    parser.add_argument("--admin-port", type=int, default=9100,
+                        help="control plane admin HTTP (default 9100)")
+    parser.add_argument("--admin-grpc-port", type=int, default=9101,
+                        help="control plane admin gRPC API: status, top, override (default "
+                        "9101; a free port if it is taken)")
+    parser.add_argument("--admission", choices=("http", "grpc"), default="http",
+                        help="how Envoy asks the control plane: ext_authz over HTTP (default) "
+                        "or gRPC")
+    parser.add_argument("--controller", default=None,
+                        help="adaptive (default: the policy's), seed, static:N, none")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.backends < 1:
+        print("llmvalve up: --backends must be ≥ 1", file=sys.stderr)
+        return 2
+    stack = Stack(StackConfig(policy=args.policy, backends=args.backends, profile=args.profile,
+                              time_scale=args.time_scale, port=args.port,
+                              listen_address=args.listen, admin_port=args.admin_port,
+                              admin_grpc_port=(args.admin_grpc_port
+                                               if port_free(args.admin_grpc_port) else 0),
+                              admission=args.admission, controller=args.controller))
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        print("starting: backends, control plane, Envoy …", flush=True)
+        stack.start()
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        print(f"llmvalve up: {exc}\nlogs: {stack.workdir}", file=sys.stderr)
+        return 1
+    print(banner(stack), flush=True)
+    try:
+        while not stopping.is_set():
+            for proc in [stack.envoy, stack.control_plane, *(p for p, _ in stack.backends)]:
+                if proc is not None and not proc.alive():
+                    print(f"llmvalve up: {proc.name} exited ({proc.popen.returncode}); "
+                          f"see {proc.log_path}", file=sys.stderr)
+                    stopping.set()
+            stopping.wait(0.5)
+    finally:
+        print("stopping …", flush=True)
+        stack.stop()
+    return 0
+
+
+
+def banner(stack: Stack) -> str:
+    c = stack.config
+    gw = stack.gateway_url
+    backends = "; ".join(
+        f"{pool}: " + ", ".join(f"http://{c.host}:{port}" for _, port in procs)
+        for pool, procs in stack.pool_backends.items())
+    keys = "\n".join(f"    {who:22s} {key}" for who, key in DEMO_KEYS.items())
+    p0 = DEMO_KEYS["interactive-app (P0)"]
+    return f"""
+llmvalve is up.
+  gateway (OpenAI API)   {gw}/v1
+  dashboard              {stack.admin_url}/dashboard
+  control plane admin    {stack.admin_url}/status   {stack.admin_url}/metrics
+  control plane admin API {c.host}:{c.admin_grpc_port} (llmvalve status / top / override)
+  Envoy admin            {stack.envoy_admin_url}
+  backends (by pool)     {backends}
+  logs                   {stack.workdir}
+  demo API keys:
+{keys}
+
+try:
+  curl -sS {gw}/v1/chat/completions -H 'authorization: Bearer {p0}' \\
+    -H 'content-type: application/json' \\
+    -d '{{"model": "sim-{c.profile}", "messages": [{{"role": "user", "content": "hi"}}]}}' -i
+
+  python - <<'EOF'
+  from openai import OpenAI
+  client = OpenAI(base_url="{gw}/v1", api_key="{p0}")
+  for chunk in client.chat.completions.create(model="sim-{c.profile}", stream=True,
+          messages=[{{"role": "user", "content": "hello"}}]):
+      print(chunk.choices[0].delta.content or "", end="", flush=True)
+  EOF
+
+  # the small model's own pool (policy: pools[].models): ask for model "sim-tiny"
+  llmvalve load --target {gw} --scenario burst     # then watch the dashboard
+  llmvalve top --grpc {c.host}:{c.admin_grpc_port}
+Ctrl-C stops everything.
+"""

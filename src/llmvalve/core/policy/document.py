@@ -1,0 +1,108 @@
+"""YAML documents: the one document of a text, and the policy inside a Kubernetes ConfigMap.
+
+Input is either the bare policy (`queues:` …) or a ConfigMap holding it under
+`data."policy.yaml"`. For a ConfigMap, inner line numbers are shifted by the position of the
+block scalar, so every reported line is a line of the file the user opened. Syntax errors are
+reported without PyYAML's quote of the offending line (it may hold a secret).
+"""
+
+from __future__ import annotations
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode
+
+from llmvalve.core.policy.nodes import TAG, NodeReader, PolicyIssue
+
+
+def compose_document(text: str, r: NodeReader, field: str) -> Node | None:
+    """The single document of `text`, or None (issues recorded)."""
+    try:
+        docs = [d for d in yaml.compose_all(text, Loader=yaml.SafeLoader) if d is not None]
+    except yaml.YAMLError as exc:
+        r.issues.append(syntax_issue(exc, text, r))
+        return None
+    if not docs:
+        r.error(None, field, "empty document")
+        return None
+    if len(docs) > 1:
+        picked = [d for d in docs if configmap_policy(d) is not None]
+        if len(picked) == 1:
+            return picked[0]
+        r.error(docs[1], field, f"{len(docs)} YAML documents; expected one policy "
+                "(or one ConfigMap with data.\"policy.yaml\")")
+        return None
+    return docs[0]
+
+
+def syntax_issue(exc: yaml.YAMLError, text: str, r: NodeReader) -> PolicyIssue:
+    """Deliberately not str(exc): PyYAML quotes the offending line, which may hold a secret."""
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    context = getattr(exc, "context", None)
+    problem_mark = getattr(exc, "problem_mark", None)
+    context_mark = getattr(exc, "context_mark", None)
+    line = problem_mark.line if problem_mark is not None else 0
+    if context and context_mark is not None:
+        problem = f"{context} started on line {context_mark.line + 1 + r.offset}: {problem}"
+        if line >= len(text.splitlines()):  # detected only at the end of the text
+            line = context_mark.line
+    elif context:
+        problem = f"{context}: {problem}"
+    return PolicyIssue(r.source, line + 1 + r.offset, "yaml", f"YAML syntax error: {problem}")
+
+
+def configmap_policy(doc: Node) -> Node | None:
+    """The value node of data."policy.yaml" when `doc` is a ConfigMap, else None."""
+    if not isinstance(doc, MappingNode):
+        return None
+    top = {k.value: v for k, v in doc.value if isinstance(k, ScalarNode)}
+    kind = top.get("kind")
+    if not (isinstance(kind, ScalarNode) and kind.value == "ConfigMap"):
+        return None
+    data = top.get("data")
+    if not isinstance(data, MappingNode):
+        return data if data is not None else doc
+    entries = {k.value: v for k, v in data.value if isinstance(k, ScalarNode)}
+    if "policy.yaml" in entries:
+        return entries["policy.yaml"]
+    yamls = [v for k, v in entries.items() if k.endswith((".yaml", ".yml"))]
+    return yamls[0] if len(yamls) == 1 else data
+
+
+def policy_root(text: str, source: str,
+                issues: list[PolicyIssue]) -> tuple[Node, str, NodeReader] | None:
+    """The policy's root node, its text and a reader with the right line offset."""
+    outer = NodeReader(source, 0, issues)
+    doc = compose_document(text, outer, "policy")
+    if doc is None:
+        return None
+    value = configmap_policy(doc)
+    if value is None:
+        outer.prepare(doc)
+        return doc, text, outer
+    if not (isinstance(value, ScalarNode) and value.tag == TAG + "str"):
+        outer.error(value, "data.policy.yaml",
+                    "a ConfigMap must hold the policy as a string under data.\"policy.yaml\"")
+        return None
+    # A block scalar (| or >) starts on the line after its indicator; others where they stand.
+    offset = value.start_mark.line + (1 if value.style in ("|", ">") else 0)
+    inner = NodeReader(source, offset, issues)
+    root = compose_document(value.value, inner, "policy")
+    if root is None:
+        return None
+    inner.prepare(root)
+    return root, value.value, inner
+
+
+
+def secrets_file_ref(text: str, source: str = "policy.yaml") -> tuple[str, int] | None:
+    """The policy's `secretsFile` value and its line, if it has a readable one."""
+    found = policy_root(text, source, [])
+    if found is None or not isinstance(found[0], MappingNode):
+        return None
+    root, _text, r = found
+    for key, value in root.value:
+        if (isinstance(key, ScalarNode) and key.value == "secretsFile"
+                and isinstance(value, ScalarNode) and value.tag == TAG + "str" and value.value):
+            return value.value, r.line(value)
+    return None
+

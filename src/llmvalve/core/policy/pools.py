@@ -1,0 +1,95 @@
+"""The `pools` section: backend pools by model.
+
+Absent, it is one default pool. A request's `model` chooses its pool; with several pools every
+pool but one must list its `models`, and a model is served by one pool only. A pool lists its
+backends (name, metricsUrl) and carries its breaker, scrape timing and lease timeout.
+"""
+
+from __future__ import annotations
+
+from yaml.nodes import Node
+
+from llmvalve.core.policy.nodes import NodeFields, NodeReader, join, read_names
+from llmvalve.core.policy.spec import BackendSpec, BreakerSpec, PoolSpec
+
+ENGINES = ("vllm", "trtllm", "sglang")
+POOL_KEYS = ("name", "cluster", "engine", "backends", "scrapeInterval", "scrapeTimeout",
+             "breaker", "leaseTimeout", "models")
+
+
+def read_pools(top: NodeFields) -> tuple[PoolSpec, ...]:
+    r = top.r
+    node = top.get("pools")
+    if node is None:
+        return (PoolSpec(),)
+    items = r.seq(node, "pools")
+    if items is None:
+        return (PoolSpec(),)
+    if not items:
+        r.error(node, "pools", "must list at least one pool (omit `pools` for the default)")
+        return (PoolSpec(),)
+    pools = []
+    seen: set[str] = set()
+    served: dict[str, str] = {}
+    for i, item in enumerate(items):
+        pools.append(_pool(r.fields(item, join("pools", i), POOL_KEYS, required=True),
+                           item, seen, served))
+    if len(pools) > 1 and sum(1 for p in pools if not p.models) > 1:
+        r.error(node, "pools", "with several pools, every pool but one must list its `models` "
+                "(a request is sent to the pool that serves its model)")
+    return tuple(pools)
+
+
+def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str]) -> PoolSpec:
+    """One pool; `seen` (pool names) and `served` (model → pool) span the list."""
+    r, d = f.r, PoolSpec()
+    name = f.string("name", d.name)
+    if name in seen:
+        r.error(f.get("name") or item, f.field("name"), f"duplicate pool name {name!r}")
+    seen.add(name)
+    models = read_names(f, "models", "model")
+    for model in models:
+        if model in served:
+            r.error(f.get("models"), f.field("models"),
+                    f"model {model!r} is already served by pool {served[model]!r}")
+        served.setdefault(model, name)
+    engine_node = f.get("engine")
+    engine = (None if engine_node is None
+              else r.choice(engine_node, f.field("engine"), ENGINES, "engine"))
+    backends, breaker = _backends(r, f), _breaker(f)  # read in this order: issues keep it
+    return PoolSpec(
+        name=name, cluster=f.string("cluster", d.cluster), engine=engine or d.engine,
+        backends=backends, models=models,
+        scrape_interval_s=f.duration("scrapeInterval", d.scrape_interval_s),
+        scrape_timeout_s=f.duration("scrapeTimeout", d.scrape_timeout_s),
+        breaker=breaker, lease_timeout_s=f.duration("leaseTimeout", d.lease_timeout_s),
+    )
+
+
+def _backends(r: NodeReader, f: NodeFields) -> tuple[BackendSpec, ...]:
+    backends = []
+    backends_node = f.get("backends")
+    names: dict[str, str] = {}
+    for j, b in enumerate((r.seq(backends_node, f.field("backends")) or [])
+                          if backends_node is not None else []):
+        bf = r.fields(b, join(f.field("backends"), j), ("name", "metricsUrl"), required=True)
+        if bf.node is None:
+            continue
+        b_name = bf.unique_name(names, "backend", say_where=False)
+        url = bf.string("metricsUrl", "")
+        if url and not url.startswith(("http://", "https://")):
+            r.error(bf.get("metricsUrl"), bf.field("metricsUrl"),
+                    "must be an http:// or https:// URL")
+        backends.append(BackendSpec(b_name or "", url))
+    return tuple(backends)
+
+
+def _breaker(f: NodeFields) -> BreakerSpec:
+    bk = f.sub("breaker", ("failureRatio", "minRequests", "window", "open"))
+    d = BreakerSpec()
+    return BreakerSpec(
+        failure_ratio=bk.number("failureRatio", d.failure_ratio, gt=0, le=1),
+        min_requests=bk.integer("minRequests", d.min_requests, ge=1),
+        window_s=bk.duration("window", d.window_s),
+        open_s=bk.duration("open", d.open_s),
+    )

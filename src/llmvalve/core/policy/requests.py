@@ -1,0 +1,54 @@
+"""The `requests` and `retryAfter` sections: how a request is read, and how a refusal says
+when to come back."""
+
+from __future__ import annotations
+
+import re
+
+from llmvalve.core.policy.nodes import NodeFields
+from llmvalve.core.policy.spec import RequestSpec, RetryAfterSpec
+
+_HEADER_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
+
+
+def read_retry_after(top: NodeFields) -> RetryAfterSpec:
+    f = top.sub("retryAfter", ("min", "max", "jitter"))
+    d = RetryAfterSpec()
+    spec = RetryAfterSpec(
+        min_s=f.duration("min", d.min_s, allow_zero=True),
+        max_s=f.duration("max", d.max_s),
+        jitter=f.number("jitter", d.jitter, ge=0, lt=1),
+    )
+    if spec.max_s < spec.min_s:
+        f.r.error(f.get("max") or f.get("min") or f.node, f.field("max"),
+                  f"max {spec.max_s:g}s is below min {spec.min_s:g}s")
+    return spec
+
+
+def read_requests(top: NodeFields) -> RequestSpec:
+    f = top.sub("requests", ("priorityHeader", "featureHeader", "deadlineHeader", "modelHeader",
+                             "bodyInspection", "maxBodyBytes", "defaultMaxTokens",
+                             "bytesPerToken"))
+    d = RequestSpec()
+    headers = {}
+    for key, default in (("priorityHeader", d.priority_header),
+                         ("featureHeader", d.feature_header),
+                         ("deadlineHeader", d.deadline_header),
+                         ("modelHeader", d.model_header)):
+        value = f.string(key, default).strip().lower()
+        if not _HEADER_RE.fullmatch(value):
+            f.r.error(f.get(key), f.field(key), f"{value!r} is not a valid HTTP header name")
+            value = default
+        headers[key] = value
+    return RequestSpec(
+        priority_header=headers["priorityHeader"],
+        feature_header=headers["featureHeader"],
+        deadline_header=headers["deadlineHeader"],
+        model_header=headers["modelHeader"],
+        body_inspection=(f.boolean("bodyInspection", False) if f.has("bodyInspection")
+                         else None),
+        max_body_bytes=f.integer("maxBodyBytes", d.max_body_bytes, ge=1),
+        default_max_tokens=f.integer("defaultMaxTokens", d.default_max_tokens, ge=1),
+        bytes_per_token=f.number("bytesPerToken", d.bytes_per_token, gt=0),
+    )
+

@@ -1,0 +1,68 @@
+"""One backend pool's admission state, and the limit a controller name stands for.
+
+`Pool` is what `Admission` keeps per pool: its queues, limit, picker, breaker, the in-flight
+account by class and the open tickets. `make_limit` maps a controller name (none, static,
+static:N, seed, adaptive, and the simulator's schedule:…) to a `Limit`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from llmvalve.core.adaptive import AdaptiveLimit
+from llmvalve.core.breaker import Breaker
+from llmvalve.core.limiter import PoolLimit, ScheduledLimit, SeedLimit, StaticLimit, Unlimited
+from llmvalve.core.picker import Picker
+from llmvalve.core.policy import BreakerSpec, Policy, PoolSpec
+from llmvalve.core.scheduler import Scheduler
+from llmvalve.core.types import Reject, Ticket
+from llmvalve.core.waits import WaitForecast
+
+
+class Rng(Protocol):
+    def random(self) -> float: ...
+
+
+def make_limit(controller: str, policy: Policy, now: float) -> PoolLimit:
+    if controller == "none":
+        return Unlimited()
+    if controller == "seed":
+        return SeedLimit(policy.limiter.seed)
+    if controller == "adaptive":
+        return AdaptiveLimit(policy, now)
+    if controller == "static":
+        return StaticLimit(policy.limiter.static.limit)
+    if controller.startswith("static:"):
+        return StaticLimit(int(controller.split(":", 1)[1]))
+    if controller.startswith("schedule:"):  # the simulator's hindsight oracle
+        return ScheduledLimit.parse(controller.split(":", 1)[1])
+    raise ValueError(f"unknown controller {controller!r} (none, static:N, seed, adaptive)")
+
+
+@dataclass
+class Pool:
+    spec: PoolSpec
+    scheduler: Scheduler
+    limit: PoolLimit
+    inflight: float = 0.0
+    inflight_by_class: dict[int, float] = field(default_factory=dict)
+    tickets: dict[str, Ticket] = field(default_factory=dict)
+    waits: WaitForecast = field(default_factory=WaitForecast)
+    override: float | None = None  # an operator's limit (set_override), replaces L
+    override_until: float | None = None  # when the override lapses (None: until cleared)
+    picker: Picker = field(default_factory=Picker)
+    breaker: Breaker = field(default_factory=lambda: Breaker(BreakerSpec()))
+    pushed_out: list[Reject] = field(default_factory=list)  # for the next poll()
+    # The pool's mean answer length (tokens), learned from the backends' metrics.
+    expected_output: float | None = None
+    samples: int = 0  # access-log samples received
+
+    def current_limit(self) -> float:
+        return self.override if self.override is not None else self.limit.limit()
+
+
+def finite(x: float) -> float | None:
+    """JSON has no infinity: an unlimited pool (`none`) reports its limit as null."""
+    return None if math.isinf(x) else x
