@@ -138,6 +138,7 @@ class AdaptiveLimit:
         # floats): dropped when a snapshot arrives; saturation's also when `now` leaves the
         # interval in which no backend's freshness changes.
         self._cap_cache: float | None = None
+        self._seq_cache: tuple[float, float] | None = None  # max_requests(False), (True)
         self._sat_cache: tuple[float, float, float] | None = None  # (valid from, to, σ)
         self.samples_used = 0  # access-log samples that entered a window's TTFT reading
 
@@ -149,6 +150,7 @@ class AdaptiveLimit:
         self.itl_target_s = s.itl_target_s or min(q.slo.tpot_s for q in policy.queues) * 0.8
         self.queue_target_s = s.queue_target_s or min(q.slo.ttft_s for q in policy.queues) / 4
         self._sat_cache: tuple[float, float, float] | None = None  # targets may have changed
+        self._seq_cache: tuple[float, float] | None = None
 
     # ---- capacity and limit ---------------------------------------------------------------
     def _is_live(self, b: _Backend, now: float) -> bool:
@@ -189,11 +191,15 @@ class AdaptiveLimit:
         backend is seen running more. Only the top class (`top`) may queue in the engines,
         up to the waiting target each: a P0 request then waits for the next free sequence
         behind other P0 requests only, not behind the lower classes."""
-        live = [b for b in self.backends.values() if b.snap.ok]
-        if not live or any(b.cap_hits < SEQ_CAP_HITS for b in live):
-            return math.inf
-        extra = self.spec.waiting_target if top else 0.0
-        return sum(b.max_running + extra for b in live)
+        if self._seq_cache is None:  # it changes only with a scrape
+            live = [b for b in self.backends.values() if b.snap.ok]
+            if not live or any(b.cap_hits < SEQ_CAP_HITS for b in live):
+                self._seq_cache = (math.inf, math.inf)
+            else:
+                extra = self.spec.waiting_target
+                self._seq_cache = (sum(b.max_running for b in live),
+                                   sum(b.max_running + extra for b in live))
+        return self._seq_cache[top]
 
     def capacity_ceiling(self) -> float:
         """What the backends hold, in cost units."""
@@ -330,7 +336,7 @@ class AdaptiveLimit:
         self.samples_used += 1
 
     def on_snapshot(self, snap: BackendSnapshot, now: float) -> None:
-        self._cap_cache = self._sat_cache = None
+        self._cap_cache = self._sat_cache = self._seq_cache = None
         prev = self.backends.get(snap.backend)
         if prev is None:
             self.backends[snap.backend] = _Backend(snap, snap.preemptions_total, snap.at,
