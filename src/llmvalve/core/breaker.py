@@ -47,8 +47,8 @@ class Breaker:
         self._state = BreakerState.CLOSED
         self._opened_at = -math.inf
         self._bucket_s = spec.window_s / BUCKETS
-        # bucket index (floor(now / bucket_s)) → backend → [successes, failures]
-        self._window: dict[int, dict[str, list[int]]] = {}
+        # bucket index (floor(now / bucket_s)) → ([successes, failures], by backend)
+        self._window: dict[int, tuple[list[int], dict[str, list[int]]]] = {}
         self._probes_out = 0
         self._probes_since = 0.0
         self.times_opened = 0
@@ -60,13 +60,13 @@ class Breaker:
 
     def counts(self, now: float) -> tuple[int, int]:
         """(successes, failures) in the current window."""
-        by_backend = self._by_backend(now)
-        return (sum(c[0] for c in by_backend.values()), sum(c[1] for c in by_backend.values()))
-
-    def _by_backend(self, now: float) -> dict[str, list[int]]:
         self._trim(now)
+        return (sum(b[0][0] for b in self._window.values()),
+                sum(b[0][1] for b in self._window.values()))
+
+    def _by_backend(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
-        for bucket in self._window.values():
+        for _, bucket in self._window.values():
             for backend, (ok, failed) in bucket.items():
                 c = out.setdefault(backend, [0, 0])
                 c[0] += ok
@@ -120,16 +120,18 @@ class Breaker:
             return
         if outcome is Outcome.IGNORE:
             return
-        bucket = self._window.setdefault(math.floor(now / self._bucket_s), {})
-        bucket.setdefault(backend, [0, 0])[0 if outcome is Outcome.SUCCESS else 1] += 1
-        by_backend = self._by_backend(now)
-        ok = sum(c[0] for c in by_backend.values())
-        failed = sum(c[1] for c in by_backend.values())
+        total_counts, by_backend = self._window.setdefault(
+            math.floor(now / self._bucket_s), ([0, 0], {}))
+        i = 0 if outcome is Outcome.SUCCESS else 1
+        total_counts[i] += 1
+        by_backend.setdefault(backend, [0, 0])[i] += 1
+        ok, failed = self.counts(now)
         total, ratio = ok + failed, self.spec.failure_ratio
         if total < self.spec.min_requests or failed / total < ratio:
             return
-        failing = sum(1 for o, f in by_backend.values() if f / (o + f) >= ratio)
-        if failing > len(by_backend) / 2:
+        backends = self._by_backend()
+        failing = sum(1 for o, f in backends.values() if f / (o + f) >= ratio)
+        if failing > len(backends) / 2:
             self._open(now)
 
     # -- internals --------------------------------------------------------------------------
