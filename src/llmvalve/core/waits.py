@@ -36,9 +36,11 @@ class Arrivals:
     def __init__(self, now: float) -> None:
         self.start = math.floor(now)
         self.counts: dict[int, int] = {}
+        self.latest = self.start  # the latest second counted
 
     def add(self, now: float) -> None:
         second = math.floor(now)
+        self.latest = max(self.latest, second)
         self.counts[second] = self.counts.get(second, 0) + 1
         if len(self.counts) > LONG_HORIZON_S + 4:
             for k in [k for k in self.counts if k <= second - LONG_HORIZON_S]:
@@ -47,8 +49,9 @@ class Arrivals:
     def rate(self, now: float, horizon_s: float) -> float:
         """The mean rate over the last `horizon_s` seconds (or since the first arrival)."""
         horizon = max(1.0, min(float(LONG_HORIZON_S), horizon_s, now - self.start))
-        since = now - horizon
-        return sum(c for k, c in self.counts.items() if k + 1 > since) / horizon
+        # the seconds k whose bucket [k, k + 1) ends after `since`: k ≥ floor(since)
+        get = self.counts.get
+        return sum(get(k, 0) for k in range(math.floor(now - horizon), self.latest + 1)) / horizon
 
 
 class WaitForecast:
