@@ -58,6 +58,7 @@ class JobState:
 class Backend:
     index: int
     engine: Engine
+    pool: str = ""  # the policy pool it serves
     alive: bool = True
     stepping: bool = False
     requests: set[str] = field(default_factory=set)
@@ -124,12 +125,14 @@ class Simulation:
         self.controller = controller
         self.profile = sc.engine_profile()
         self.rng = random.Random(f"sim:{seed}:{controller}")
-        self.backends = [Backend(i, self._engine(i)) for i in range(sc.backends)]
+        self.layout = sc.backend_pools(policy)  # each backend's pool, by its number
+        self.backends = [Backend(i, self._engine(i), self.layout[i].name)
+                         for i in range(len(self.layout))]
         # Each replica enforces 1/N of every tenant budget (`serve --budget-share`).
         self.gateways = [
             Gateway(g, Front(Admission(policy, random.Random(f"gw:{seed}:{g}"), controller,
                                        budget_share=1.0 / sc.gateways)),
-                    [True] * sc.backends, [0] * sc.backends)
+                    [True] * len(self.backends), [0] * len(self.backends))
             for g in range(sc.gateways)]
         self.states = [JobState(j) for j in jobs]
         self.by_req: dict[str, JobState] = {}
@@ -145,7 +148,8 @@ class Simulation:
     def _engine(self, i: int) -> Engine:
         """Event-driven engines advance many decode steps per event (engine/stepper.py); the
         per-step reference engine is what the HTTP backend runs."""
-        return (EventEngine if self.event else Engine)(self.profile, f"b{i}")
+        return (EventEngine if self.event else Engine)(self.layout[i].engine_profile(),
+                                                       f"b{i}")
 
     # ---- event plumbing -------------------------------------------------------------------
     def at(self, t: float, fn: Callable[[float], None]) -> None:
@@ -272,7 +276,7 @@ class Simulation:
         st.ticket = verdict.ticket
         st.queue_wait_s += verdict.ticket.wait_s
         backend_name = verdict.ticket.backend
-        b = int(backend_name[1:]) if backend_name else self._route(g)
+        b = int(backend_name[1:]) if backend_name else self._route(g, verdict.ticket.pool)
         backend = self.backends[b]
         st.backend = b
         st.sent_at = now
@@ -296,11 +300,13 @@ class Simulation:
         else:
             self._moved(backend)
 
-    def _route(self, g: Gateway) -> int:
-        """Envoy's least-request balancing, over the backends this gateway believes healthy
-        (used when llmvalve does not pick: `none`, or before the first scrape)."""
+    def _route(self, g: Gateway, pool: str) -> int:
+        """Envoy's least-request balancing, over the backends of the request's pool this
+        gateway believes healthy (used when llmvalve does not pick: `none`, or before the
+        first scrape)."""
         n = len(self.backends)
-        candidates = [i for i in range(n) if g.healthy[i]] or list(range(n))
+        mine = [i for i in range(n) if self.backends[i].pool == pool] or list(range(n))
+        candidates = [i for i in mine if g.healthy[i]] or mine
         g.rr += 1
         return min(candidates, key=lambda i: (g.inflight[i], (i - g.rr) % n))
 
@@ -331,7 +337,7 @@ class Simulation:
         for b in self.backends:
             snap = self._snapshot(g, b, now)
             g.healthy[b.index] = snap.ok
-            g.front.on_snapshot(self.policy.pools[0].name, snap, now)
+            g.front.on_snapshot(b.pool, snap, now)
         self._schedule_poll(g, now)
         self.at(now + self.sc.scrape_interval_s, lambda t: self.scrape(g, t))
 
