@@ -27,6 +27,10 @@ from llmvalve.sim.scenario import builtin_names, load_scenario
 SCENARIOS = ["burst", "prompt-shift", "capacity-drop", "retry-storm", "steady", "cancel-heavy",
              "noise", "multi-gateway", "azure-conv", "overload-sweep", "two-pool"]
 NOT_RUN: dict[str, str] = {}
+# Issue 11: bench and simulate must agree on these (goodput gap, attainment difference).
+AGREEMENT = ["burst", "prompt-shift", "capacity-drop", "retry-storm", "two-pool"]
+AGREE_GAP = 0.05
+AGREE_ATT = 0.05
 SWEEP_LOADS = [0.5, 1.0, 2.0, 4.0]
 MODES = ["none", "static:32", "seed", "adaptive"]
 OVERHEAD_RATES = "500,1000"
@@ -148,6 +152,7 @@ def meaning(all_res: dict[str, dict]) -> str:
         out.append(f"- **The simulator predicts the real run.** `adaptive`'s goodput through "
                    f"real processes is within {abs(gaps[worst]):.1%} of `llmvalve simulate`'s "
                    f"on every scenario run (largest gap: `{worst}`, {gaps[worst]:+.1%}).")
+    out += agreement(all_res)
     wins = []
     for n, r in all_res.items():
         c = r["controllers"]
@@ -187,6 +192,38 @@ def meaning(all_res: dict[str, dict]) -> str:
                        f"{all_res[n]['controllers']['adaptive']['goodput_tok_s']:.0f}"
                        for n in seed) + " (" + ", ".join(f"`{n}`" for n in seed) + ").")
     return "\n".join(out)
+
+
+def _worst_att(c: dict) -> float:
+    """The largest difference in SLO attainment of one class (or one pool's class), bench
+    against simulate."""
+    rows = list(c.get("attainment", {}).values()) + [
+        a for pc in c.get("pools", {}).values() for a in pc["attainment"].values()]
+    return max((abs(a["bench"] - a["sim"]) for a in rows), default=0.0)
+
+
+def agreement(all_res: dict[str, dict]) -> list[str]:
+    """Issue 11's check: on AGREEMENT, goodput within 5 % of `simulate`'s and every class's
+    attainment within 0.05, per mode; the pairs that are not, by name."""
+    pairs = [(n, m, c) for n in AGREEMENT if n in all_res
+             for m, c in (all_res[n].get("comparison") or {}).items()]
+    if not pairs:
+        return []
+    off = [(n, m, c) for n, m, c in pairs
+           if abs(c["goodput_gap"]) > AGREE_GAP or _worst_att(c) > AGREE_ATT]
+    names = ", ".join(f"`{n}`" for n in AGREEMENT if n in all_res)
+    line = (f"- **Bench and simulate agree** on {names}: goodput within {AGREE_GAP:.0%} and "
+            f"every class's attainment (each pool's too) within {AGREE_ATT:.2f} for "
+            f"{len(pairs) - len(off)} of {len(pairs)} scenario × mode pairs")
+    def load(n: str, m: str) -> float:
+        return all_res[n]["controllers"][m]["bench"].get("loadavg_1m", float("nan"))
+
+    if off:
+        line += "; not for " + "; ".join(
+            f"`{n}` `{m}` (goodput {c['goodput_gap']:+.1%}, attainment off by up to "
+            f"{_worst_att(c):.3f}; load average {load(n, m):.1f} at the end)"
+            for n, m, c in off)
+    return [line + "."]
 
 
 def client_section(res: dict) -> str:
