@@ -383,6 +383,11 @@ and `--no-sim-headers`.)
   plane and one Envoy per gateway replica for `multi-gateway`, sharing nothing but the
   backends), the traffic runs, and all of them are stopped again before the next mode.
   Capacity events (`capacity-drop`) go to the backends' fault endpoint on schedule.
+- **Several pools** (`two-pool`). Each pool of the scenario gets its own backends (its count
+  and profile, serving its model's name) and its own Envoy cluster; requests carry their
+  class's model in the body and in `x-llmvalve-model`. llmvalve routes by the body's model, as
+  the simulator's gateway does; Envoy alone (`none`) routes by the header, one route per
+  model. The comparison shows each pool's goodput and attainment next to `simulate`'s.
 - **Time scale {x:g}.** The simulated engines run {x:g}x faster than the wall clock
   (`--time-scale`), so a 120 s scenario takes {120 / x:.0f} s per mode. Arrivals, cancellations
   and client back-off are sent at scenario time / {x:g}; every time the load generator
