@@ -102,3 +102,14 @@ def test_the_calm_model_keeps_its_slo_while_the_other_is_overloaded(two_pool, se
     # the pools' figures add up to the run's
     assert sum(p["goodput_tok_s"] for p in res["pools"].values()) == pytest.approx(
         res["goodput_tok_s"], abs=0.2)
+
+
+def test_backends_flag_is_refused_for_a_scenario_with_pools(capsys):
+    import argparse
+
+    from llmvalve.sim import cli
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    assert cli.run(p.parse_args(["--scenario", "two-pool", "--backends", "3"])) == 2
+    assert "has pools, each with its own backends" in capsys.readouterr().err
