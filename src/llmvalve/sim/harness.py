@@ -164,7 +164,11 @@ class Simulation:
         for ev in self.sc.events:
             self.at(ev.at_s, lambda now, ev=ev: self.capacity_event(ev, now))
         for g in self.gateways:
-            offset = self.sc.scrape_interval_s * g.index / max(1, len(self.gateways))
+            # A real scraper's phase is unrelated to when a backend changes: half an interval
+            # off the scenario's event times (the mean delay before a scrape sees an event).
+            # On the same grid a departure was seen at once, and the pool's breaker never saw
+            # the burst of failures the real stack sees (issue 11, capacity-drop).
+            offset = self.sc.scrape_interval_s * (g.index + 0.5) / max(1, len(self.gateways))
             self.at(offset, lambda now, g=g: self.scrape(g, now))
             self.at(MAINTAIN_EVERY_S, lambda now, g=g: self.maintain(g, now))
         self.at(0.0, self.tick)
