@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from llmvalve.bench.report import comparison_table, cpu_table, notes, sweep_table, traffic_table
+from llmvalve.bench.scenario_compare import agreement, resimulate
 from llmvalve.sim.report import table
 from llmvalve.sim.scenario import builtin_names, load_scenario
 
@@ -27,10 +28,6 @@ from llmvalve.sim.scenario import builtin_names, load_scenario
 SCENARIOS = ["burst", "prompt-shift", "capacity-drop", "retry-storm", "steady", "cancel-heavy",
              "noise", "multi-gateway", "azure-conv", "overload-sweep", "two-pool"]
 NOT_RUN: dict[str, str] = {}
-# Issue 11: bench and simulate must agree on these (goodput gap, attainment difference).
-AGREEMENT = ["burst", "prompt-shift", "capacity-drop", "retry-storm", "two-pool"]
-AGREE_GAP = 0.05
-AGREE_ATT = 0.05
 SWEEP_LOADS = [0.5, 1.0, 2.0, 4.0]
 MODES = ["none", "static:32", "seed", "adaptive"]
 OVERHEAD_RATES = "500,1000"
@@ -192,38 +189,6 @@ def meaning(all_res: dict[str, dict]) -> str:
                        f"{all_res[n]['controllers']['adaptive']['goodput_tok_s']:.0f}"
                        for n in seed) + " (" + ", ".join(f"`{n}`" for n in seed) + ").")
     return "\n".join(out)
-
-
-def _worst_att(c: dict) -> float:
-    """The largest difference in SLO attainment of one class (or one pool's class), bench
-    against simulate."""
-    rows = list(c.get("attainment", {}).values()) + [
-        a for pc in c.get("pools", {}).values() for a in pc["attainment"].values()]
-    return max((abs(a["bench"] - a["sim"]) for a in rows), default=0.0)
-
-
-def agreement(all_res: dict[str, dict]) -> list[str]:
-    """Issue 11's check: on AGREEMENT, goodput within 5 % of `simulate`'s and every class's
-    attainment within 0.05, per mode; the pairs that are not, by name."""
-    pairs = [(n, m, c) for n in AGREEMENT if n in all_res
-             for m, c in (all_res[n].get("comparison") or {}).items()]
-    if not pairs:
-        return []
-    off = [(n, m, c) for n, m, c in pairs
-           if abs(c["goodput_gap"]) > AGREE_GAP or _worst_att(c) > AGREE_ATT]
-    names = ", ".join(f"`{n}`" for n in AGREEMENT if n in all_res)
-    line = (f"- **Bench and simulate agree** on {names}: goodput within {AGREE_GAP:.0%} and "
-            f"every class's attainment (each pool's too) within {AGREE_ATT:.2f} for "
-            f"{len(pairs) - len(off)} of {len(pairs)} scenario × mode pairs")
-    def load(n: str, m: str) -> float:
-        return all_res[n]["controllers"][m]["bench"].get("loadavg_1m", float("nan"))
-
-    if off:
-        line += "; not for " + "; ".join(
-            f"`{n}` `{m}` (goodput {c['goodput_gap']:+.1%}, attainment off by up to "
-            f"{_worst_att(c):.3f}; load average {load(n, m):.1f} at the end)"
-            for n, m, c in off)
-    return [line + "."]
 
 
 def client_section(res: dict) -> str:
@@ -539,6 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-overhead", action="store_true", help="skip the overhead run")
     p.add_argument("--overhead-only", action="store_true",
                    help="run only the overhead measurement, then write")
+    p.add_argument("--resimulate", action="store_true",
+                   help="recompute the `simulate` side of the saved results (and the "
+                   "comparison) with the current simulator; the real runs are kept")
     p.add_argument("--results", type=Path, default=Path("build/bench-results"))
     p.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     p.add_argument("--img", type=Path, default=Path("docs/img"))
@@ -556,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
         names = args.only.split(",") if args.only else SCENARIOS
         run_all(names, args.results, args.img,
                 overhead=not args.no_overhead and not args.only)
+    if args.resimulate:
+        resimulate(args.results, SCENARIOS)
     args.out.write_text(render(args.results))
     print(f"wrote {args.out}")
     if (args.results / "burst.json").exists() and args.readme.exists():
