@@ -85,3 +85,36 @@ def test_envoy_alone_has_no_admission_and_validates(envoy_bin, tmp_path):
     done = subprocess.run([envoy_bin, "--mode", "validate", "-c", str(path), "--log-level",
                            "error"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_envoy_alone_routes_each_model_to_its_pools_cluster(envoy_bin, tmp_path):
+    """`none` with several pools: Envoy alone cannot read the body, so the model header the
+    load generator sends picks the cluster; every backend cluster is health-checked."""
+    sc = load_scenario("two-pool")
+    from llmvalve.bench.scenario_pools import model_routes
+
+    routes = model_routes(sc.policy)
+    assert routes == {"large": "llm_backends", "compact": "llm_compact"}
+    text = render_alone(EnvoyParams(
+        listen_address="127.0.0.1", listen_port=18080, admin_port=18081,
+        clusters={"llm_backends": (("127.0.0.1", 18001), ("127.0.0.1", 18002)),
+                  "llm_compact": (("127.0.0.1", 18003),)}), 0.125, model_routes=routes)
+    doc = yaml.safe_load(text)
+    vhost = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]["route_config"]["virtual_hosts"][0]
+    by_model = {r["match"]["headers"][0]["string_match"]["exact"]: r["route"]["cluster"]
+                for r in vhost["routes"] if r["match"].get("headers")
+                and r["match"]["headers"][0]["name"] == "x-llmvalve-model"}
+    assert by_model == routes
+    last = vhost["routes"][-1]
+    assert last["match"] == {"prefix": "/"} and last["route"]["cluster"] == "llm_backends"
+    pools = [c for c in doc["static_resources"]["clusters"]
+             if c["name"] in ("llm_backends", "llm_compact")]
+    assert len(pools) == 2
+    for c in pools:
+        assert c["lb_policy"] == "LEAST_REQUEST" and c["health_checks"]
+    path = tmp_path / "envoy.yaml"
+    path.write_text(text)
+    done = subprocess.run([envoy_bin, "--mode", "validate", "-c", str(path), "--log-level",
+                           "error"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr

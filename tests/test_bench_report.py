@@ -68,3 +68,22 @@ def test_docs_render_and_readme_section(tmp_path):
     assert "| **`adaptive` (llmvalve)** |" in once
     docs.update_readme(readme, section)  # idempotent: replaced, not added again
     assert readme.read_text() == once
+
+
+def test_two_pool_comparison_is_per_class_and_per_pool_and_judged():
+    """bench against simulate on a multi-pool scenario: each class's attainment, each pool's
+    goodput and attainment; the agreement line names the pairs outside 5 % / 0.05."""
+    res = fake_bench_result("two-pool")
+    c = res["comparison"]["adaptive"]
+    assert set(c["attainment"]) == {"0", "1", "2"}
+    assert set(c["pools"]) == {"large", "compact"}
+    assert c["pools"]["compact"]["attainment"]["0"] == {"bench": 1.0, "sim": 1.0}
+    text = full_text(res)
+    assert "per pool" in text and "compact" in text
+    assert docs.agreement({"two-pool": res})[0].endswith("for 2 of 2 scenario × mode pairs.")
+    off = json.loads(json.dumps(res))
+    off["comparison"] = compare(off, res)
+    off["comparison"]["adaptive"]["pools"]["large"]["attainment"]["1"]["bench"] -= 0.06
+    line = docs.agreement({"two-pool": off})[0]
+    assert "for 1 of 2 scenario × mode pairs; not for `two-pool` `adaptive`" in line
+    assert "attainment off by up to 0.060" in line

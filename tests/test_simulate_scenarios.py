@@ -21,7 +21,9 @@ BUILTINS = ["steady", "burst", "prompt-shift", "capacity-drop", "overload-sweep"
             "code-bursty", "code-bursty-3x", "heavy-tail", "tenant-flood", "slowdown-all",
             "seq-cap", "calm-steady", "calm-bursty", "calm-ramp",
             # issue 13: fleet scale
-            "fleet"]
+            "fleet",
+            # issue 11: two models on two pools
+            "two-pool"]
 
 
 def att(result: dict, ctrl: str, prio: str = "0") -> float:

@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens-per-chunk", type=int, default=None,
                    help="output tokens per SSE event from the backends (default 8)")
     p.add_argument("--drain", type=float, default=None, metavar="S",
-                   help="scenario seconds to wait for answers after the traffic (default 60)")
+                   help="scenario seconds to wait for answers after the traffic (default 120, "
+                   "as simulate)")
     p.add_argument("--load-scale", type=float, default=1.0,
                    help="multiply the scenario's request rates")
     p.add_argument("--sweep-loads", help="overload-sweep: comma list of load multiples "

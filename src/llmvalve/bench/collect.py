@@ -23,7 +23,7 @@ class Collector:
                  priorities: tuple[int, ...], controller: str) -> None:
         self.gen = gen
         self.backend_urls = backend_urls
-        self.admin_urls = admin_urls  # one per gateway replica; their pools are summed
+        self.admin_urls = admin_urls  # one per gateway replica; their pools are all summed
         self.priorities = priorities
         self.controller = controller
         self.points: list[TimePoint] = []
@@ -81,11 +81,11 @@ class Collector:
         limit, unit = (math.inf if not self.admin_urls else 0.0), "requests"
         inflight_req = self.gen.streaming + self.gen.waiting
         inflight_cost = 0.0
-        pools = [next(iter((st.get("pools") or {}).values()), None)
-                 for st in statuses if st is not None]
-        pools = [p for p in pools if p is not None]
-        if len(pools) < len(self.admin_urls):
+        answered = [st for st in statuses if st is not None and st.get("pools")]
+        if len(answered) < len(self.admin_urls):
             self.status_errors += 1
+        # every pool of every replica, summed (as the simulator's time series)
+        pools = [p for st in answered for p in st["pools"].values() if p is not None]
         if pools:
             inflight_req = 0
         else:

@@ -58,6 +58,7 @@ class Target:
     keys: dict[str, str] = field(default_factory=dict)  # tenant → API key
     default_key: str | None = None
     priority_header: str = "x-llmvalve-priority"
+    model_header: str = "x-llmvalve-model"  # sent with a job's own model (several pools)
     sim_headers: bool = True  # x-sim-prompt-tokens / x-sim-output-tokens for sim backends
     connect_timeout_s: float = 10.0
 
@@ -256,12 +257,14 @@ class LoadGenerator:
     def _request(self, st: JobState) -> tuple[bytes, dict[str, str]]:
         job, t = st.job, self.target
         body = json.dumps({
-            "model": t.model, "max_tokens": job.max_tokens, "stream": True,
+            "model": job.model or t.model, "max_tokens": job.max_tokens, "stream": True,
             "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": PROMPT_UNIT * job.prompt_tokens}],
         }).encode()
         headers = {"content-type": "application/json", "accept": "text/event-stream",
                    t.priority_header: str(job.priority)}
+        if job.model:
+            headers[t.model_header] = job.model
         key = t.keys.get(job.tenant, t.default_key)
         if key:
             headers["authorization"] = f"Bearer {key}"

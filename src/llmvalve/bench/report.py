@@ -16,15 +16,27 @@ def comparison_table(res: dict) -> str:
     cmp = res.get("comparison") or {}
     if not cmp:
         return ""
-    head = (f"{'mode':<12} {'goodput':>8} {'sim':>8} {'gap':>7}   {'P0 att':>7} {'sim':>7}"
-            f"   {'preempt':>7} {'sim':>7}")
+    prios = sorted({p for c in cmp.values() for p in c.get("attainment", {})})
+    head = (f"{'mode':<12} {'goodput':>8} {'sim':>8} {'gap':>7}   "
+            + "".join(f"{'P' + p + ' att':>7} {'sim':>6}   " for p in prios)
+            + f"{'preempt':>7} {'sim':>7}")
     lines = ["bench against simulate (same scenario, seed and requests; goodput tok/s):",
              head, "-" * len(head)]
     for m, c in cmp.items():
+        att = c.get("attainment", {})
         lines.append(f"{m:<12} {c['goodput_bench']:>8.0f} {c['goodput_sim']:>8.0f} "
-                     f"{c['goodput_gap']:>+7.1%}   {c['p0_attainment_bench']:>7.3f} "
-                     f"{c['p0_attainment_sim']:>7.3f}   {c['preemptions_bench']:>7} "
-                     f"{c['preemptions_sim']:>7}")
+                     f"{c['goodput_gap']:>+7.1%}   " + "".join(
+                         f"{att[p]['bench']:>7.3f} {att[p]['sim']:>6.3f}   " if p in att
+                         else f"{'-':>7} {'-':>6}   " for p in prios)
+                     + f"{c['preemptions_bench']:>7} {c['preemptions_sim']:>7}")
+    pools = [(m, name, pc) for m, c in cmp.items() for name, pc in c.get("pools", {}).items()]
+    if pools:
+        lines += ["", "per pool (goodput tok/s; SLO attainment per class, bench / sim):"]
+        for m, name, pc in pools:
+            lines.append(f"{m:<12} {name:<10} {pc['goodput_bench']:>8.0f} "
+                         f"{pc['goodput_sim']:>8.0f}   " + "  ".join(
+                             f"P{p} {a['bench']:.3f} / {a['sim']:.3f}"
+                             for p, a in pc["attainment"].items()))
     return "\n".join(lines)
 
 

@@ -31,18 +31,25 @@ from llmvalve.bench.envoy_alone import render_alone
 from llmvalve.bench.loadgen import LoadGenerator, LoadResult, Target
 from llmvalve.bench.policygen import bench_policy
 from llmvalve.bench.progress import Progress
+from llmvalve.bench.scenario_pools import (
+    all_backends,
+    model_routes,
+    none_clusters,
+    start_pool_backends,
+)
 from llmvalve.core.policy import Policy
-from llmvalve.engine.profiles import get_profile
-from llmvalve.sim.harness import RunResult
+from llmvalve.sim.harness import DRAIN_LIMIT_S, RunResult
 from llmvalve.sim.report import capacity_report, summarize
 from llmvalve.sim.runner import default_policy
-from llmvalve.sim.scenario import Scenario
+from llmvalve.sim.scenario import PoolDef, Scenario
 from llmvalve.sim.workload import generate
 from llmvalve.stack import Stack, StackConfig, envoy_binary
 
 DEFAULT_TIME_SCALE = 4.0
 DEFAULT_TOKENS_PER_CHUNK = 8
-DEFAULT_DRAIN_S = 60.0
+# After the traffic, answers may finish for as long as `simulate` lets them (a shorter drain
+# counted the queued batch requests the simulator completes as misses: capacity-drop's P2).
+DEFAULT_DRAIN_S = DRAIN_LIMIT_S
 
 
 @dataclass
@@ -63,6 +70,18 @@ class BenchStack(Stack):
 
     mode: str = "adaptive"
     health_interval_s: float = 0.5
+    layout: tuple[PoolDef, ...] = ()  # the scenario's pools (several: each started as it says)
+
+    def start_backends(self) -> None:
+        if len(self.layout) > 1:
+            start_pool_backends(self, self.layout)
+        else:
+            super().start_backends()
+
+    def backend_urls(self) -> list[str]:
+        """Every backend's URL, numbered as the scenario numbers them."""
+        return [f"http://{self.config.host}:{port}"
+                for _, port in all_backends(self, self.layout)]
 
     def envoy_config(self) -> str:
         if self.mode != "none":
@@ -70,11 +89,16 @@ class BenchStack(Stack):
         from llmvalve.gateway.envoy_config import EnvoyParams
 
         c = self.config
+        policy = self._policy()
+        several = len(self.layout) > 1
+        clusters = (none_clusters(self, policy) if several else
+                    {"llm_backends": tuple((c.host, port) for _, port in self.backends)})
         return render_alone(EnvoyParams(
             listen_address=c.listen_address, listen_port=c.port, admin_address=c.host,
-            admin_port=c.envoy_admin_port,
-            clusters={"llm_backends": tuple((c.host, port) for _, port in self.backends)},
-            note="llmvalve bench, mode none"), self.health_interval_s)
+            admin_port=c.envoy_admin_port, clusters=clusters,
+            note="llmvalve bench, mode none"), self.health_interval_s,
+            model_routes=model_routes(policy) if several else None,
+            model_header=policy.requests.model_header)
 
     owns_backends: bool = True  # False: a gateway replica in front of another's backends
 
@@ -93,11 +117,13 @@ class BenchStack(Stack):
     def stop(self) -> None:
         if not self.owns_backends:
             self.backends = []  # not ours to stop
+            self.pool_backends = {}
         super().stop()
 
     def procs(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {
-            "backends": [p.pid for p, _ in self.backends] if self.owns_backends else []}
+            "backends": [p.pid for p, _ in all_backends(self, self.layout)]
+            if self.owns_backends else []}
         if self.control_plane is not None:
             out["control_plane"] = [self.control_plane.pid]
         if self.envoy is not None:
@@ -228,8 +254,7 @@ async def _drive(sc: Scenario, stacks: list[BenchStack], gen: LoadGenerator, pol
     import aiohttp
 
     loop = asyncio.get_running_loop()
-    stack = stacks[0]
-    urls = [stack.backend_url(i) for i in range(len(stack.backends))]
+    urls = stacks[0].backend_urls()
     admins = [s.admin_url for s in stacks] if mode != "none" else []
     collector = Collector(gen, urls, admins, policy.priorities, mode)
     t0 = loop.time() + 0.2
@@ -253,7 +278,8 @@ def run_mode(sc: Scenario, mode: str, opts: BenchOptions, progress: Progress,
     seed = sc.seed if opts.seed is None else opts.seed
     policy = sc.policy or default_policy()
     jobs = generate(sc, opts.load_scale, seed)
-    profile = get_profile(sc.profile)
+    layout = sc.layout(policy)
+    profile = layout[0].engine_profile()
     x = opts.time_scale
     doc, keys = bench_policy(policy, jobs, x, None if mode == "none" else mode)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -269,7 +295,7 @@ def run_mode(sc: Scenario, mode: str, opts: BenchOptions, progress: Progress,
             envoy_concurrency=opts.envoy_concurrency, serve_args=("--log-level", "WARNING"),
             workdir=workdir if i == 0 else workdir / f"gateway-{i}"),
             mode=mode, health_interval_s=max(0.05, sc.scrape_interval_s / x),
-            owns_backends=owns)
+            owns_backends=owns, layout=layout)
 
     progress.phase("starting")
     t_start = time.monotonic()
@@ -280,10 +306,12 @@ def run_mode(sc: Scenario, mode: str, opts: BenchOptions, progress: Progress,
         for i in range(1, max(1, sc.gateways)):  # replicas share nothing but the backends
             replica = make(i, False)
             replica.backends = list(stack.backends)
+            replica.pool_backends = {k: list(v) for k, v in stack.pool_backends.items()}
             stacks.append(replica)
             replica.start()
         target = Target(stack.gateway_url, model=profile.model, keys=keys,
                         priority_header=policy.requests.priority_header,
+                        model_header=policy.requests.model_header,
                         replicas=tuple(s.gateway_url for s in stacks) if len(stacks) > 1
                         else ())
         gen = LoadGenerator(jobs, target, time_scale=x, duration_s=sc.duration_s,
@@ -338,7 +366,8 @@ def simulate_same(sc: Scenario, modes: list[str], opts: BenchOptions) -> tuple[d
 
 
 def compare(bench: dict, sim: dict) -> dict:
-    """Per mode: goodput and P0 attainment, bench against simulate, and the relative gap."""
+    """Per mode: goodput (and its relative gap), each class's SLO attainment and, with
+    several pools, each pool's, bench against simulate."""
     out = {}
     for m, b in bench["controllers"].items():
         s = sim["controllers"].get(m)
@@ -351,7 +380,19 @@ def compare(bench: dict, sim: dict) -> dict:
                   "goodput_gap": round(gap, 3),
                   "p0_attainment_bench": b["classes"][p0]["slo_attainment"],
                   "p0_attainment_sim": s["classes"][p0]["slo_attainment"],
-                  "preemptions_bench": b["preemptions"], "preemptions_sim": s["preemptions"]}
+                  "preemptions_bench": b["preemptions"], "preemptions_sim": s["preemptions"],
+                  "attainment": {p: {"bench": c["slo_attainment"],
+                                     "sim": s["classes"][p]["slo_attainment"]}
+                                 for p, c in b["classes"].items() if p in s["classes"]}}
+        if "pools" in b and "pools" in s:
+            out[m]["pools"] = {name: {
+                "goodput_bench": pb["goodput_tok_s"],
+                "goodput_sim": s["pools"][name]["goodput_tok_s"],
+                "attainment": {p: {"bench": c["slo_attainment"],
+                                   "sim": s["pools"][name]["classes"][p]["slo_attainment"]}
+                               for p, c in pb["classes"].items()
+                               if p in s["pools"][name]["classes"]}}
+                for name, pb in b["pools"].items() if name in s["pools"]}
     return out
 
 

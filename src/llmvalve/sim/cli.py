@@ -74,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
     if args.backends is not None:
         if args.backends < 1:
             return _fail("--backends must be >= 1")
+        if sc.pools:
+            return _fail(f"--backends: scenario {sc.name!r} has pools, each with its own "
+                         "backends (pools[].backends in the file)")
         sc = replace(sc, backends=args.backends)
     if not args.load_scale > 0:
         return _fail("--load-scale must be > 0")

@@ -98,6 +98,30 @@ classes:
     trace: {file: azure-conv, speed: 1.5, split: {0: 0.05, 1: 0.35, 2: 0.6},
             tenants: {0: interactive-app, 1: [agent-a, agent-b], 2: {batch: 3, backfill: 1}}}
 ```
+Several models on several fleets: `pools` instead of `backends`. Each pool becomes a pool of
+the scenario's policy (one the policy already names keeps its other settings), and each class
+asks for a `model`; the simulated gateway reads it from the request as production does and
+admits the request in the pool serving that model, with that pool's queues, limit and backends:
+
+```yaml
+pools:
+  - name: large
+    models: [large]                       # the OpenAI `model` names it serves
+    backends: {count: 2, profile: small}  # as the top-level `backends`
+  - name: compact
+    models: [compact]                     # at most one pool may list none: it serves the rest
+    backends: {count: 1, profile: small}
+classes:
+  - name: chat-large
+    model: large                          # required with several pools
+    priority: 0
+    rate: 1.0
+```
+Backends are numbered across the pools in their order (here `large`'s are 0 and 1, `compact`'s
+is 2); capacity events use those numbers. The results keep their meaning over all pools
+(goodput, per-class attainment) and gain `pools.NAME`: that pool's goodput, throughput and, per
+class, the outcome counts and attainment of the requests that asked for its models.
+
 Rates: a number (constant), a list of `[time, req/s]` steps, `{ramp: [...]}` (the rate runs in
 a straight line from point to point, the last rate holds to the end; give a time twice for a
 jump), or `{onOff: ...}`: periods at `onRate` alternate with periods at `offRate` (default 0),
@@ -113,7 +137,8 @@ shares) or `{tenant: weight}`.
 
 Scenario files get the policy's checks: an unknown key, a value of the wrong kind, a priority
 the policy does not have, an unknown profile, a backend index out of range (or `backend: all`),
-an event without a backend or without an action are each one line `file:line: field: message`,
+an event without a backend or without an action, a class's `model` no pool serves (or none,
+with several pools), a model listed by two pools are each one line `file:line: field: message`,
 all reported at once, and `llmvalve simulate` exits 2.
 
 `expect` says what a scenario is judged on (issue 10's targets): `doNoHarm` — a low-load

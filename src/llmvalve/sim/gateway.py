@@ -53,7 +53,7 @@ def check_of(job: Job, check_id: str, policy: Policy, stream: bool) -> Check:
     headers = {"authorization": f"Bearer {KEY_PREFIX}{job.tenant}",
                spec.priority_header: str(job.priority),
                "x-llmvalve-content-length": str(text_bytes + ENVELOPE_BYTES)}
-    model = getattr(job, "model", None)
+    model = job.model
     if model:
         headers[spec.model_header] = model
     body = None

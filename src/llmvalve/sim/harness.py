@@ -58,6 +58,7 @@ class JobState:
 class Backend:
     index: int
     engine: Engine
+    pool: str = ""  # the policy pool it serves
     alive: bool = True
     stepping: bool = False
     requests: dict[str, None] = field(default_factory=dict)  # in arrival order: set order
@@ -125,12 +126,14 @@ class Simulation:
         self.controller = controller
         self.profile = sc.engine_profile()
         self.rng = random.Random(f"sim:{seed}:{controller}")
-        self.backends = [Backend(i, self._engine(i)) for i in range(sc.backends)]
+        self.layout = sc.backend_pools(policy)  # each backend's pool, by its number
+        self.backends = [Backend(i, self._engine(i), self.layout[i].name)
+                         for i in range(len(self.layout))]
         # Each replica enforces 1/N of every tenant budget (`serve --budget-share`).
         self.gateways = [
             Gateway(g, Front(Admission(policy, random.Random(f"gw:{seed}:{g}"), controller,
                                        budget_share=1.0 / sc.gateways)),
-                    [True] * sc.backends, [0] * sc.backends)
+                    [True] * len(self.backends), [0] * len(self.backends))
             for g in range(sc.gateways)]
         self.states = [JobState(j) for j in jobs]
         self.by_req: dict[str, JobState] = {}
@@ -146,7 +149,8 @@ class Simulation:
     def _engine(self, i: int) -> Engine:
         """Event-driven engines advance many decode steps per event (engine/stepper.py); the
         per-step reference engine is what the HTTP backend runs."""
-        return (EventEngine if self.event else Engine)(self.profile, f"b{i}")
+        return (EventEngine if self.event else Engine)(self.layout[i].engine_profile(),
+                                                       f"b{i}")
 
     # ---- event plumbing -------------------------------------------------------------------
     def at(self, t: float, fn: Callable[[float], None]) -> None:
@@ -161,7 +165,11 @@ class Simulation:
         for ev in self.sc.events:
             self.at(ev.at_s, lambda now, ev=ev: self.capacity_event(ev, now))
         for g in self.gateways:
-            offset = self.sc.scrape_interval_s * g.index / max(1, len(self.gateways))
+            # A real scraper's phase is unrelated to when a backend changes: half an interval
+            # off the scenario's event times (the mean delay before a scrape sees an event).
+            # On the same grid a departure was seen at once, and the pool's breaker never saw
+            # the burst of failures the real stack sees (issue 11, capacity-drop).
+            offset = self.sc.scrape_interval_s * (g.index + 0.5) / max(1, len(self.gateways))
             self.at(offset, lambda now, g=g: self.scrape(g, now))
             self.at(MAINTAIN_EVERY_S, lambda now, g=g: self.maintain(g, now))
         self.at(0.0, self.tick)
@@ -273,7 +281,7 @@ class Simulation:
         st.ticket = verdict.ticket
         st.queue_wait_s += verdict.ticket.wait_s
         backend_name = verdict.ticket.backend
-        b = int(backend_name[1:]) if backend_name else self._route(g)
+        b = int(backend_name[1:]) if backend_name else self._route(g, verdict.ticket.pool)
         backend = self.backends[b]
         st.backend = b
         st.sent_at = now
@@ -297,11 +305,13 @@ class Simulation:
         else:
             self._moved(backend)
 
-    def _route(self, g: Gateway) -> int:
-        """Envoy's least-request balancing, over the backends this gateway believes healthy
-        (used when llmvalve does not pick: `none`, or before the first scrape)."""
+    def _route(self, g: Gateway, pool: str) -> int:
+        """Envoy's least-request balancing, over the backends of the request's pool this
+        gateway believes healthy (used when llmvalve does not pick: `none`, or before the
+        first scrape)."""
         n = len(self.backends)
-        candidates = [i for i in range(n) if g.healthy[i]] or list(range(n))
+        mine = [i for i in range(n) if self.backends[i].pool == pool] or list(range(n))
+        candidates = [i for i in mine if g.healthy[i]] or mine
         g.rr += 1
         return min(candidates, key=lambda i: (g.inflight[i], (i - g.rr) % n))
 
@@ -332,7 +342,7 @@ class Simulation:
         for b in self.backends:
             snap = self._snapshot(g, b, now)
             g.healthy[b.index] = snap.ok
-            g.front.on_snapshot(self.policy.pools[0].name, snap, now)
+            g.front.on_snapshot(b.pool, snap, now)
         self._schedule_poll(g, now)
         self.at(now + self.sc.scrape_interval_s, lambda t: self.scrape(g, t))
 

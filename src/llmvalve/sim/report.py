@@ -87,7 +87,7 @@ def summarize(run: RunResult, policy: Policy) -> dict:
             "tenants": _tenants(jobs, q),
         }
     ra = run.retry_after
-    return {
+    out = {
         "goodput_tok_s": round(good_tokens / run.duration_s, 1),
         "throughput_tok_s": round(all_tokens / run.duration_s, 1),
         "classes": classes,
@@ -96,6 +96,40 @@ def summarize(run: RunResult, policy: Policy) -> dict:
         "retry_after_s": {"min": round(min(ra), 2) if ra else 0,
                           "max": round(max(ra), 2) if ra else 0},
     }
+    if len(policy.pools) > 1:
+        out["pools"] = by_pool(run, policy)
+    return out
+
+
+def by_pool(run: RunResult, policy: Policy) -> dict[str, dict]:
+    """Per pool (the one serving the model a request asked for): goodput, throughput and each
+    class's outcome counts and SLO attainment, as the whole run's figures are counted."""
+    out: dict[str, dict] = {
+        p.name: {"models": list(p.models), "goodput_tok_s": 0.0, "throughput_tok_s": 0.0,
+                 "classes": {}} for p in policy.pools}
+    for s in run.jobs:
+        pool = policy.pool_for_model(s.job.model)
+        if pool is None:
+            continue
+        q = policy.queue(s.job.priority)
+        row, c = out[pool.name], out[pool.name]["classes"].setdefault(
+            str(q.priority), {"offered": 0, "completed": 0, "rejected": 0, "dropped": 0,
+                              "cancelled": 0, "over_budget": 0, "slo_met": 0})
+        c["offered"] += 1
+        if s.status in c:
+            c[s.status] += 1
+        if s.status == "completed":
+            row["throughput_tok_s"] += s.output_tokens
+            if slo_met(s, q):
+                c["slo_met"] += 1
+                row["goodput_tok_s"] += s.output_tokens
+    for row in out.values():
+        row["goodput_tok_s"] = round(row["goodput_tok_s"] / run.duration_s, 1)
+        row["throughput_tok_s"] = round(row["throughput_tok_s"] / run.duration_s, 1)
+        row["classes"] = dict(sorted(row["classes"].items()))
+        for c in row["classes"].values():
+            c["slo_attainment"] = attainment(c["slo_met"], c["offered"], c["over_budget"])
+    return out
 
 
 def _row(name: str, r: dict, prios: list[str], seed: str = "") -> str:

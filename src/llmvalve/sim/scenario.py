@@ -72,6 +72,7 @@ class TrafficClass:
     cancel_after_s: tuple[float, float] = (0.5, 5.0)
     retry: RetrySpec = RetrySpec()
     trace: TraceSpec | None = None
+    model: str = ""  # the OpenAI `model` its requests ask for ("": none; the first pool)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,22 @@ class CapacityEvent:
     leave: bool = False
     rejoin: bool = False
     kv_blocks: int | None = None
+
+
+@dataclass(frozen=True)
+class PoolDef:
+    """One fleet of a multi-pool scenario: the policy pool it is, the models it serves and its
+    backends. Backends are numbered across pools in pool order (capacity events use those
+    numbers)."""
+
+    name: str
+    models: tuple[str, ...] = ()
+    backends: int = 2
+    profile: str = "small"
+    profile_overrides: tuple[tuple[str, int], ...] = ()
+
+    def engine_profile(self) -> EngineProfile:
+        return replace(get_profile(self.profile), **dict(self.profile_overrides))
 
 
 @dataclass(frozen=True)
@@ -103,10 +120,25 @@ class Scenario:
     oracle_sweep: tuple[int, ...] = (8, 12, 16, 24, 32, 40, 48, 64, 96)
     sweep_loads: tuple[float, ...] = ()  # overload-sweep: multipliers of the class rates
     extra: dict = field(default_factory=dict)  # `expect:` (what the scenario is judged on)
+    # Several fleets, one policy pool each (the policy's pools are these; `backends` is then
+    # their total and `profile` the first pool's). Empty: one pool, the policy's first.
+    pools: tuple[PoolDef, ...] = ()
 
     def engine_profile(self) -> EngineProfile:
         """The backends' profile with the scenario's overrides (e.g. a smaller max_num_seqs)."""
         return replace(get_profile(self.profile), **dict(self.profile_overrides))
+
+    def layout(self, policy: Policy) -> tuple[PoolDef, ...]:
+        """Every pool with its backends: the scenario's pools, or the policy's first pool with
+        the scenario's `backends` × `profile`."""
+        if self.pools:
+            return self.pools
+        return (PoolDef(policy.pools[0].name, policy.pools[0].models, self.backends,
+                        self.profile, self.profile_overrides),)
+
+    def backend_pools(self, policy: Policy) -> list[PoolDef]:
+        """The pool of each backend, by its scenario-wide number."""
+        return [p for p in self.layout(policy) for _ in range(p.backends)]
 
 
 def builtin_names() -> list[str]:

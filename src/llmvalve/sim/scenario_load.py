@@ -34,15 +34,17 @@ from llmvalve.sim.scenario import (
     TraceSpec,
     TrafficClass,
 )
+from llmvalve.sim.scenario_pools import check_models, read_pools
 
 TOP_KEYS = ("name", "description", "duration", "seed", "backends", "events", "gateways",
-            "metrics", "policy", "controllers", "oracleSweep", "sweepLoads", "classes", "expect")
+            "metrics", "policy", "controllers", "oracleSweep", "sweepLoads", "classes", "expect",
+            "pools")
 BACKEND_KEYS = ("count", "profile", "maxNumSeqs", "kvBlocks", "maxBatchedTokens")
 PROFILE_OVERRIDES = {"maxNumSeqs": "max_num_seqs", "kvBlocks": "num_gpu_blocks",
                      "maxBatchedTokens": "max_num_batched_tokens"}
 EVENT_KEYS = ("at", "backend", "slowdown", "leave", "rejoin", "kvBlocks")
 CLASS_KEYS = ("name", "priority", "tenant", "rate", "prompt", "output", "maxTokens", "stream",
-              "cancel", "retry", "trace")
+              "cancel", "retry", "trace", "model")
 DIST_KEYS = ("mean", "cv", "min", "max")
 TRACE_KEYS = ("file", "speed", "start", "split", "tenants")
 ONOFF_KEYS = ("onRate", "offRate", "onFor", "offFor")
@@ -365,7 +367,8 @@ def _class(c: _Ctx, node: Node, i: int) -> TrafficClass | None:
         output=_dist(c, f.get("output"), f.field("output"), Dist(150, 0.5)),
         max_tokens=f.integer("maxTokens", 0, ge=1) if f.has("maxTokens") else 0,
         stream=f.boolean("stream", True), cancel_prob=prob, cancel_after_s=after,
-        retry=_retry(c, f.get("retry"), f.field("retry")), trace=trace)
+        retry=_retry(c, f.get("retry"), f.field("retry")), trace=trace,
+        model=f.string("model", ""))
 
 
 def _policy(c: _Ctx, node: Node | None, text: str, source: str) -> Policy | None:
@@ -452,6 +455,10 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
     b = top.sub("backends", BACKEND_KEYS)
     count = b.integer("count", 2, ge=1)
     profile, overrides = _profile(c, b)
+    pools, policy = read_pools(c, top, policy, BACKEND_KEYS, _profile)
+    if pools:  # several fleets: the policy's pools are these
+        count, profile, overrides = (sum(p.backends for p in pools), pools[0].profile,
+                                     pools[0].profile_overrides)
     defaults = Scenario(name="", duration_s=0.0, classes=())
     classes = []
     class_node = top.get("classes")
@@ -462,6 +469,10 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
             classes.append(cls)
     if class_nodes == []:
         r.error(top.key_node("classes"), "classes", "no traffic classes")
+    if class_nodes:
+        from llmvalve.sim.runner import default_policy
+
+        check_models(c, class_nodes, policy or default_policy())
     m = top.sub("metrics", ("scrapeInterval", "alsDelay"))
     sc = Scenario(
         name=top.string("name", Path(source).stem),
@@ -477,7 +488,7 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
         controllers=_controllers(c, top, defaults.controllers),
         oracle_sweep=_numbers(c, top, "oracleSweep", True) or defaults.oracle_sweep,
         sweep_loads=_numbers(c, top, "sweepLoads", False) or (),
-        classes=tuple(classes), extra=_expect(c, top))
+        classes=tuple(classes), extra=_expect(c, top), pools=pools)
     if issues:
         raise ScenarioError("\n".join(str(i) for i in sorted(issues, key=lambda i: i.line)))
     return sc

@@ -36,6 +36,11 @@ class Job:
     max_tokens: int
     cancel_at_s: float | None  # absolute time the client gives up, if it does
 
+    @property
+    def model(self) -> str | None:
+        """The `model` its requests ask for (None: the class names none)."""
+        return self.cls.model or None
+
 
 def draw(d: Dist, rng: random.Random) -> int:
     if d.cv <= 0:

@@ -1,0 +1,73 @@
+"""bench against simulate, on saved results: the agreement issue 11 asks for (goodput within
+5 %, every class's attainment within 0.05, per mode) and the simulator's side computed again
+when the simulator changed (`python -m llmvalve.bench.docs --resimulate`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from llmvalve.sim.scenario import load_scenario
+
+# Issue 11: bench and simulate must agree on these (goodput gap, attainment difference).
+AGREEMENT = ["burst", "prompt-shift", "capacity-drop", "retry-storm", "two-pool"]
+AGREE_GAP = 0.05
+AGREE_ATT = 0.05
+
+
+def _worst_att(c: dict) -> float:
+    """The largest difference in SLO attainment of one class (or one pool's class), bench
+    against simulate."""
+    rows = list(c.get("attainment", {}).values()) + [
+        a for pc in c.get("pools", {}).values() for a in pc["attainment"].values()]
+    return max((abs(a["bench"] - a["sim"]) for a in rows), default=0.0)
+
+
+def agreement(all_res: dict[str, dict]) -> list[str]:
+    """Issue 11's check: on AGREEMENT, goodput within 5 % of `simulate`'s and every class's
+    attainment within 0.05, per mode; the pairs that are not, by name."""
+    pairs = [(n, m, c) for n in AGREEMENT if n in all_res
+             for m, c in (all_res[n].get("comparison") or {}).items()]
+    if not pairs:
+        return []
+    off = [(n, m, c) for n, m, c in pairs
+           if abs(c["goodput_gap"]) > AGREE_GAP or _worst_att(c) > AGREE_ATT]
+    names = ", ".join(f"`{n}`" for n in AGREEMENT if n in all_res)
+    line = (f"- **Bench and simulate agree** on {names}: goodput within {AGREE_GAP:.0%} and "
+            f"every class's attainment (each pool's too) within {AGREE_ATT:.2f} for "
+            f"{len(pairs) - len(off)} of {len(pairs)} scenario × mode pairs")
+    def load(n: str, m: str) -> float:
+        return all_res[n]["controllers"][m]["bench"].get("loadavg_1m", float("nan"))
+
+    if off:
+        line += "; not for " + "; ".join(
+            f"`{n}` `{m}` (goodput {c['goodput_gap']:+.1%}, attainment off by up to "
+            f"{_worst_att(c):.3f}; load average {load(n, m):.1f} at the end)"
+            for n, m, c in off)
+    return [line + "."]
+
+
+def resimulate(results: Path, names: list[str]) -> None:
+    """The simulator's side of every saved result again (what `bench` computes after the real
+    runs: same scenario, seed and modes), for when the simulator changed and the real runs did
+    not."""
+    from llmvalve.bench.runner import BenchOptions, compare, simulate_same
+    from llmvalve.sim.runner import sweep
+
+    for name in names:
+        f = results / f"{name}.json"
+        if not f.exists():
+            continue
+        res = json.loads(f.read_text())
+        sc = load_scenario(name)
+        b = res.get("bench", {})
+        opts = BenchOptions(seed=res.get("seed"), load_scale=b.get("load_scale", 1.0))
+        modes = list(res["controllers"])
+        sim, _ = simulate_same(sc, modes, opts)
+        res["simulate"] = {m: {k: v for k, v in r.items() if k not in ("capacity",)}
+                           for m, r in sim["controllers"].items()}
+        res["comparison"] = compare(res, sim)
+        if "sweep_simulate" in res:
+            res["sweep_simulate"] = sweep(sc, modes, [row["load"] for row in res["sweep"]])
+        f.write_text(json.dumps(res, indent=1))
+        print(f"{name}: simulate side recomputed")
