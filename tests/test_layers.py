@@ -27,6 +27,8 @@ FORBIDDEN = {
                "cli"},
     "gateway": {"sim", "bench", "backend", "commands", "cli"},
     "backend": {"gateway", "sim", "bench", "commands", "cli"},
+    "sim": {"bench", "backend", "commands", "cli"},
+    "bench": {"commands", "cli"},
 }
 
 

@@ -1,7 +1,7 @@
 """The `llmvalve` command: dispatch only. Each subcommand lives in its own module of
-`llmvalve.commands` (`simulate` and `bench` still in `sim/cli.py` and `bench/cli.py`) exposing
-`add_arguments(parser)` and `run(args) -> int`; those modules keep heavy imports (grpc, aiohttp,
-matplotlib) inside `run`, so `llmvalve policy check` does not pay for grpc."""
+`llmvalve.commands` exposing `add_arguments(parser)` and `run(args) -> int`; those modules keep
+heavy imports (grpc, aiohttp, matplotlib) inside `run`, so `llmvalve policy check` does not pay
+for grpc."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
            "the embedded stack: simulated backends + control plane + Envoy"),
     "serve": ("llmvalve.commands.serve", "the control plane alone (runs next to Envoy)"),
     "sim-backend": ("llmvalve.commands.sim_backend", "a vLLM-compatible simulated GPU backend"),
-    "simulate": ("llmvalve.sim.cli", "virtual-time evaluation of admission controllers"),
-    "bench": ("llmvalve.bench.cli", "a scenario through real Envoy, control plane and backends"),
+    "simulate": ("llmvalve.commands.simulate", "virtual-time evaluation of admission controllers"),
+    "bench": ("llmvalve.commands.bench",
+              "a scenario through real Envoy, control plane and backends"),
     "load": ("llmvalve.commands.load", "drive a running gateway with a scenario's traffic"),
     "policy": ("llmvalve.commands.policy", "policy tools: `llmvalve policy check FILE`"),
     "status": ("llmvalve.commands.status", "print the control plane's status"),

@@ -36,10 +36,10 @@ README_END = "<!-- bench:end -->"
 
 
 def run_all(names: list[str], results: Path, img: Path, overhead: bool) -> None:
-    from llmvalve.bench.cli import raise_fd_limit
     from llmvalve.bench.plot import plot_sweep, plot_timeseries, plot_ttft
     from llmvalve.bench.progress import Progress
     from llmvalve.bench.runner import BenchOptions, bench, bench_sweep
+    from llmvalve.processes import raise_fd_limit
     from llmvalve.sim.runner import default_policy, sweep
 
     raise_fd_limit()
@@ -68,9 +68,9 @@ def run_all(names: list[str], results: Path, img: Path, overhead: bool) -> None:
         (results / f"{name}.json").write_text(json.dumps(res, indent=1))
         progress.done(f"{name}: written ({time.monotonic() - t0:.0f} s)")
     if overhead:
-        from llmvalve.bench.cli import run_overhead
+        from llmvalve.bench.overhead import measure_to
 
-        run_overhead(results / "overhead.json", OVERHEAD_RATES, 6.0)
+        measure_to(results / "overhead.json", OVERHEAD_RATES, 6.0)
 
 
 # ---- rendering --------------------------------------------------------------------------------
@@ -513,10 +513,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--readme", type=Path, default=Path("README.md"))
     args = p.parse_args(argv)
     if args.overhead_only:
-        from llmvalve.bench.cli import run_overhead
+        from llmvalve.bench.overhead import measure_to
 
         args.results.mkdir(parents=True, exist_ok=True)
-        run_overhead(args.results / "overhead.json", OVERHEAD_RATES, 6.0)
+        measure_to(args.results / "overhead.json", OVERHEAD_RATES, 6.0)
         from llmvalve.bench import performance_doc
 
         performance_doc.main([str(args.results / "overhead.json")])

@@ -396,6 +396,16 @@ def _sum_counts(items) -> dict[str, int]:  # type: ignore[no-untyped-def]
     return dict(total)
 
 
+def measure_to(out: Path, rates: str | None = None, duration: float | None = None) -> int:
+    """The admission hop's cost into `out` (JSON), as `llmvalve bench --scenario overhead`."""
+    argv = ["--json", str(out)]
+    if rates:
+        argv += ["--rates", rates]
+    if duration:
+        argv += ["--duration", str(duration)]
+    return main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -27,8 +27,7 @@ import dataclasses
 import re
 from collections.abc import Iterable
 
-from llmvalve.core.policy import AdaptiveLimitSpec, Policy
-from llmvalve.core.policy_load import hash_api_key
+from llmvalve.core.policy import AdaptiveLimitSpec, Policy, hash_api_key
 
 KEY_PREFIX = "sk-bench-"
 

@@ -21,8 +21,7 @@ import dataclasses
 import json
 
 from llmvalve.core import signals
-from llmvalve.core.policy import Policy, TenantSpec
-from llmvalve.core.policy_load import hash_api_key
+from llmvalve.core.policy import Policy, TenantSpec, hash_api_key
 from llmvalve.engine.engine import Engine
 from llmvalve.gateway.front import Answer, Check, LogEntry
 from llmvalve.sim.workload import Job

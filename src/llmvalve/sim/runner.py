@@ -24,8 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from importlib import resources
 
-from llmvalve.core.policy import Policy
-from llmvalve.core.policy_load import load_policy
+from llmvalve.core.policy import Policy, load_policy
 from llmvalve.sim.harness import RunResult, Simulation
 from llmvalve.sim.report import capacity_report, good_tokens_by_arrival, summarize, timeseries
 from llmvalve.sim.scenario import Scenario

@@ -13,17 +13,11 @@ from pathlib import Path
 
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from llmvalve.core.policy import Policy
-from llmvalve.core.policy_load import (
-    NodeFields,
-    NodeReader,
-    PolicyError,
-    PolicyIssue,
-    compose_document,
-    load_policy,
-    load_policy_file,
-)
+from llmvalve.core.policy import Policy, PolicyError, PolicyIssue, load_policy
+from llmvalve.core.policy.document import compose_document
+from llmvalve.core.policy.nodes import NodeFields, NodeReader
 from llmvalve.engine.profiles import PROFILES
+from llmvalve.gateway.policy_file import load_policy_file
 from llmvalve.sim.scenario import (
     CapacityEvent,
     Dist,

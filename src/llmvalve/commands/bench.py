@@ -49,25 +49,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress line")
 
 
-def run_overhead(out: Path, rates: str | None = None, duration: float | None = None) -> int:
-    """The admission hop's cost (`llmvalve.bench.overhead`) into `out`."""
-    from llmvalve.bench import overhead
-
-    argv = ["--json", str(out)]
-    if rates:
-        argv += ["--rates", rates]
-    if duration:
-        argv += ["--duration", str(duration)]
-    return overhead.main(argv)
-
-
 def _run_overhead(args: argparse.Namespace) -> int:
     import tempfile
+
+    from llmvalve.bench.overhead import measure_to
 
     out = Path(args.json) if args.json and args.json != "-" else \
         Path(tempfile.mkdtemp(prefix="llmvalve-overhead-")) / "overhead.json"
     try:
-        code = run_overhead(out, args.rates, args.duration)
+        code = measure_to(out, args.rates, args.duration)
     except ImportError as exc:
         print(f"llmvalve bench: the overhead measurement is not available: {exc}",
               file=sys.stderr)
@@ -89,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
         bench_sweep,
         resolve_modes,
     )
+    from llmvalve.processes import envoy_binary, raise_fd_limit
     from llmvalve.sim.scenario import ScenarioError, load_scenario
-    from llmvalve.stack import envoy_binary
 
     if args.scenario == "overhead":
         return _run_overhead(args)
@@ -157,19 +147,6 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).write_text(text)
     print(full_text(res))
     return 0
-
-
-def raise_fd_limit() -> None:
-    """Hundreds of streams stay open in `none` mode: lift the soft descriptor limit."""
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        want = 65536 if hard == resource.RLIM_INFINITY else hard
-        if soft != resource.RLIM_INFINITY and soft < want:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    except (ImportError, ValueError, OSError):
-        pass
 
 
 def interrupt_on_sigterm() -> None:
