@@ -6,6 +6,7 @@ model's pool with its name in the response, and /v1/models lists every model."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import openai
@@ -37,6 +38,30 @@ def test_each_model_is_served_by_its_pool(e2e):
     assert sorted(m.id for m in client(e2e).models.list()) == ["sim-small", "sim-tiny"]
     status = e2e.status()
     assert {"large", "small"} <= set(status["pools"])
+    e2e.wait_idle()
+
+
+def test_every_pools_limiter_learns_from_its_traffic(e2e):
+    """`/status` → pools.NAME.samples (access-log entries joined to that pool's tickets and
+    handed to its limiter) grows in each pool with its own traffic. (This policy's fixed limit
+    learns nothing from them; under `adaptive`, `limiter.samples_used` counts those it used.)"""
+    def used() -> dict[str, int]:
+        pools = e2e.status()["pools"]
+        return {p: pools[p]["samples"] for p in ("large", "small")}
+
+    before = used()
+    for model in ("sim-small", "sim-tiny") * 3:
+        stream = client(e2e, P0_KEY).chat.completions.create(
+            model=model, max_tokens=4, stream=True,
+            messages=[{"role": "user", "content": "hi"}])
+        assert sum(1 for _ in stream) >= 1
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        now = used()
+        if all(now[p] > before[p] for p in now):
+            break
+        time.sleep(0.2)
+    assert all(now[p] > before[p] for p in now), (before, now)
     e2e.wait_idle()
 
 
