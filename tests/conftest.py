@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 from pathlib import Path
 
 import pytest
+
+from llmvalve import processes
 
 
 def envoy_path() -> str | None:
@@ -20,9 +21,7 @@ def envoy_path() -> str | None:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return processes.free_port()
 
 
 @pytest.fixture(scope="session")

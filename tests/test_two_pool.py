@@ -107,7 +107,7 @@ def test_the_calm_model_keeps_its_slo_while_the_other_is_overloaded(two_pool, se
 def test_backends_flag_is_refused_for_a_scenario_with_pools(capsys):
     import argparse
 
-    from llmvalve.sim import cli
+    from llmvalve.commands import simulate as cli
 
     p = argparse.ArgumentParser()
     cli.add_arguments(p)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -23,7 +24,30 @@ import urllib.request
 from pathlib import Path
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free to listen on now, chosen outside the kernel's ephemeral range: a port the
+    kernel hands out for `bind(0)` is also what it hands out as the source port of outgoing
+    connections, and on a busy machine (a load test, a burst of thousands of connections)
+    one of those takes it between this check and the child's own bind."""
+    lo, hi = _ephemeral_range()
+    pool = range(10000, lo) if lo > 12000 else range(hi + 1, 65536)
+    rng = random.Random()
+    for _ in range(64):
+        port = rng.choice(pool)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
