@@ -54,7 +54,15 @@ def overhead_table(oh: dict) -> str:
 
 def meaning(all_res: dict[str, dict]) -> str:
     """Statements computed from the numbers (each one is checked here, not asserted by hand)."""
-    out = []
+    out = _p0_lines(all_res) + _gap_lines(all_res)
+    out += agreement(all_res)
+    out += _static_lines(all_res) + _seed_lines(all_res)
+    return "\n".join(out)
+
+
+def _p0_lines(all_res: dict[str, dict]) -> list[str]:
+    """P0 with `adaptive` (users who stayed) and without admission control."""
+    out: list[str] = []
     def stayed(c: dict) -> float:  # attainment among requests whose user did not give up
         n = c["offered"] - c["cancelled"]
         return c["slo_met"] / n if n else 1.0
@@ -81,6 +89,11 @@ def meaning(all_res: dict[str, dict]) -> str:
                                                       for n, v in sorted(hurt.items()))
                    + ": the engines fill their KV cache, preempt, and every class waits "
                    "behind every other.")
+    return out
+
+
+def _gap_lines(all_res: dict[str, dict]) -> list[str]:
+    out: list[str] = []
     gaps = {n: r["comparison"]["adaptive"]["goodput_gap"] for n, r in all_res.items()
             if "adaptive" in (r.get("comparison") or {})}
     if gaps:
@@ -88,7 +101,12 @@ def meaning(all_res: dict[str, dict]) -> str:
         out.append(f"- **The simulator predicts the real run.** `adaptive`'s goodput through "
                    f"real processes is within {abs(gaps[worst]):.1%} of `llmvalve simulate`'s "
                    f"on every scenario run (largest gap: `{worst}`, {gaps[worst]:+.1%}).")
-    out += agreement(all_res)
+    return out
+
+
+def _static_lines(all_res: dict[str, dict]) -> list[str]:
+    """`adaptive` against `static:32`, the best fixed limit per workload, and preemptions."""
+    out: list[str] = []
     wins = []
     for n, r in all_res.items():
         c = r["controllers"]
@@ -110,6 +128,11 @@ def meaning(all_res: dict[str, dict]) -> str:
                        "it admits need more KV than the engines hold, they preempt (" + "; ".join(
                            f"`{n}`: {sp} preemptions with `static:32`, {ap} with `adaptive`"
                            for n, sp, ap in thrash) + ").")
+    return out
+
+
+def _seed_lines(all_res: dict[str, dict]) -> list[str]:
+    out: list[str] = []
     seed = {n: r["controllers"]["seed"] for n, r in all_res.items()
             if "seed" in r["controllers"] and "adaptive" in r["controllers"]}
     if seed:
@@ -127,12 +150,32 @@ def meaning(all_res: dict[str, dict]) -> str:
                    + " tok/s against `adaptive`'s " + ", ".join(
                        f"{all_res[n]['controllers']['adaptive']['goodput_tok_s']:.0f}"
                        for n in seed) + " (" + ", ".join(f"`{n}`" for n in seed) + ").")
-    return "\n".join(out)
+    return out
 
 
 def client_section(res: dict) -> str:
     """retry-storm: the two client behaviours side by side, and how to be the polite one."""
-    worse = []
+    rows, worse = _client_rows(res)
+    verdict = _client_verdict(res, worse)
+    return f"""## Clients: retry storms and `llmvalve.client`
+
+In `retry-storm` half of the batch clients honour Retry-After with full jitter, the other half
+retry every 429 at once (up to 10 times). Measured through real Envoy:
+
+{chr(10).join(rows)}
+
+Retrying at once multiplies the requests the gateway has to refuse, not the load on the
+GPUs{verdict}
+Without admission control nobody is refused, so nobody retries: the cost shows up instead as
+minutes of queueing for every class.
+
+""" + _CLIENT_USAGE
+
+
+def _client_rows(res: dict) -> tuple[list[str], list[bool]]:
+    """The table's rows, and per mode with admission control whether the impatient clients
+    attained at most what the patient ones did."""
+    worse: list[bool] = []
     rows = ["| mode | attempts per request: jitter / at once | P2 attainment: jitter / at once "
             "| backend requests per request | P0 attainment |", "|---|---:|---:|---:|---:|"]
     for m, r in res["controllers"].items():
@@ -149,6 +192,10 @@ def client_section(res: dict) -> str:
                     f"{storm['slo_attainment']:.3f} | "
                     f"{r['bench']['backend_requests_per_offered']:.2f} | "
                     f"{r['classes']['0']['slo_attainment']:.3f} |")
+    return rows, worse
+
+
+def _client_verdict(res: dict, worse: list[bool]) -> str:
     a = res["controllers"].get("adaptive")
     verdict = "."
     if a is not None:
@@ -160,18 +207,10 @@ def client_section(res: dict) -> str:
         verdict += (" The impatient clients gained nothing for their extra attempts: in every "
                     "mode with admission control their SLO attainment is at most the patient "
                     "clients'.")
-    return f"""## Clients: retry storms and `llmvalve.client`
+    return verdict
 
-In `retry-storm` half of the batch clients honour Retry-After with full jitter, the other half
-retry every 429 at once (up to 10 times). Measured through real Envoy:
 
-{chr(10).join(rows)}
-
-Retrying at once multiplies the requests the gateway has to refuse, not the load on the
-GPUs{verdict}
-Without admission control nobody is refused, so nobody retries: the cost shows up instead as
-minutes of queueing for every class.
-
+_CLIENT_USAGE = """\
 The load generator's client behaviours are a small module you can wrap around your own calls:
 `llmvalve.client` (full jitter over `retry-after-ms` / `retry-after`, a retry budget shared by
 all requests of a client, a deadline after which it gives up):
@@ -187,7 +226,7 @@ policy = RetryPolicy(mode="jitter", max_attempts=4, base_s=1.0, cap_s=30.0,
 async def ask(session: aiohttp.ClientSession, body: dict) -> dict:
     resp = await send_with_backoff(
         lambda: session.post("http://gateway/v1/chat/completions", json=body,
-                             headers={{"authorization": "Bearer KEY"}}),
+                             headers={"authorization": "Bearer KEY"}),
         policy, budget=budget)
     async with resp:                      # 200, or the last 429 once out of attempts
         resp.raise_for_status()
