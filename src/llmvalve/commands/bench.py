@@ -17,6 +17,13 @@ import contextlib
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmvalve.bench.progress import Progress
+    from llmvalve.bench.runner import BenchOptions
+    from llmvalve.sim.harness import RunResult
+    from llmvalve.sim.scenario import Scenario
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,18 +74,66 @@ def _run_overhead(args: argparse.Namespace) -> int:
     return code
 
 
-def run(args: argparse.Namespace) -> int:
-    from llmvalve.bench.progress import Progress
-    from llmvalve.bench.report import full_text
+def _options(args: argparse.Namespace) -> BenchOptions | None:
+    """The run's options from the command line, or None (after saying why) if they are bad."""
     from llmvalve.bench.runner import (
         DEFAULT_DRAIN_S,
         DEFAULT_TIME_SCALE,
         DEFAULT_TOKENS_PER_CHUNK,
         BenchOptions,
-        bench,
-        bench_sweep,
-        resolve_modes,
     )
+
+    opts = BenchOptions(
+        time_scale=args.time_scale or DEFAULT_TIME_SCALE,
+        tokens_per_chunk=args.tokens_per_chunk or DEFAULT_TOKENS_PER_CHUNK,
+        drain_s=DEFAULT_DRAIN_S if args.drain is None else args.drain,
+        seed=args.seed, load_scale=args.load_scale, workdir=args.workdir,
+        simulate=not args.no_simulate)
+    if opts.time_scale <= 0 or opts.tokens_per_chunk < 1:
+        print("llmvalve bench: --time-scale must be > 0 and --tokens-per-chunk >= 1",
+              file=sys.stderr)
+        return None
+    return opts
+
+
+def _bench(sc: Scenario, modes: list[str], loads: list[float], opts: BenchOptions,
+           progress: Progress, seed: int | None) -> tuple[dict, dict[str, RunResult]]:
+    """The scenario through every mode (at every load of a sweep), and simulate's sweep."""
+    from llmvalve.bench.runner import bench, bench_sweep
+
+    if loads:
+        rows, res, runs = bench_sweep(sc, modes, loads, opts, progress)
+        assert res is not None
+        res["sweep"] = rows
+        if opts.simulate:
+            from llmvalve.sim.runner import sweep
+
+            res["sweep_simulate"] = sweep(sc, modes, loads, seed)
+    else:
+        res, runs = bench(sc, modes, opts, progress)
+    return res, runs
+
+
+def _plot(plot: str, sc: Scenario, opts: BenchOptions, res: dict,
+          runs: dict[str, RunResult]) -> None:
+    from llmvalve.bench.plot import plot_sweep, plot_timeseries, plot_ttft
+    from llmvalve.sim.runner import default_policy
+
+    stem = plot.removesuffix(".png")
+    plot_timeseries(runs, plot, f"llmvalve bench — {sc.name} (real Envoy, time scale "
+                    f"{opts.time_scale:g})")
+    plot_ttft(runs, sc.policy or default_policy(), stem + "-ttft.png",
+              f"{sc.name}: time to first token by class")
+    if res.get("sweep"):
+        plot_sweep(res["sweep"], stem + "-sweep.png",
+                   f"{sc.name}: goodput against offered load (real Envoy)",
+                   res.get("sweep_simulate"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from llmvalve.bench.progress import Progress
+    from llmvalve.bench.report import full_text
+    from llmvalve.bench.runner import resolve_modes
     from llmvalve.processes import envoy_binary, raise_fd_limit
     from llmvalve.sim.scenario import ScenarioError, load_scenario
 
@@ -93,30 +148,14 @@ def run(args: argparse.Namespace) -> int:
     except (ScenarioError, OSError, ValueError) as exc:
         print(f"llmvalve bench: {exc}", file=sys.stderr)
         return 2
-    opts = BenchOptions(
-        time_scale=args.time_scale or DEFAULT_TIME_SCALE,
-        tokens_per_chunk=args.tokens_per_chunk or DEFAULT_TOKENS_PER_CHUNK,
-        drain_s=DEFAULT_DRAIN_S if args.drain is None else args.drain,
-        seed=args.seed, load_scale=args.load_scale, workdir=args.workdir,
-        simulate=not args.no_simulate)
-    if opts.time_scale <= 0 or opts.tokens_per_chunk < 1:
-        print("llmvalve bench: --time-scale must be > 0 and --tokens-per-chunk >= 1",
-              file=sys.stderr)
+    opts = _options(args)
+    if opts is None:
         return 2
     raise_fd_limit()
     interrupt_on_sigterm()
     progress = Progress(enabled=not args.quiet)
     try:
-        if loads:
-            rows, res, runs = bench_sweep(sc, modes, loads, opts, progress)
-            assert res is not None
-            res["sweep"] = rows
-            if opts.simulate:
-                from llmvalve.sim.runner import sweep
-
-                res["sweep_simulate"] = sweep(sc, modes, loads, args.seed)
-        else:
-            res, runs = bench(sc, modes, opts, progress)
+        res, runs = _bench(sc, modes, loads, opts, progress, args.seed)
     except KeyboardInterrupt:
         progress.done()
         print("llmvalve bench: interrupted; every process it started was stopped",
@@ -127,18 +166,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"llmvalve bench: {exc}", file=sys.stderr)
         return 1
     if args.plot:
-        from llmvalve.bench.plot import plot_sweep, plot_timeseries, plot_ttft
-        from llmvalve.sim.runner import default_policy
-
-        stem = args.plot.removesuffix(".png")
-        plot_timeseries(runs, args.plot, f"llmvalve bench — {sc.name} (real Envoy, time scale "
-                        f"{opts.time_scale:g})")
-        plot_ttft(runs, sc.policy or default_policy(), stem + "-ttft.png",
-                  f"{sc.name}: time to first token by class")
-        if res.get("sweep"):
-            plot_sweep(res["sweep"], stem + "-sweep.png",
-                       f"{sc.name}: goodput against offered load (real Envoy)",
-                       res.get("sweep_simulate"))
+        _plot(args.plot, sc, opts, res, runs)
     if args.json:
         text = json.dumps(res, indent=1)
         if args.json == "-":

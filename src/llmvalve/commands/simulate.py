@@ -96,12 +96,7 @@ def run(args: argparse.Namespace) -> int:
         del result["seeds"]  # one seed: the JSON of before
     elapsed = time.perf_counter() - t0
     if args.plot:
-        from llmvalve.sim.plot import plot_runs, plot_sweep
-
-        plot_runs(runs, args.plot, f"llmvalve simulate — {sc.name} (seed {seeds[0]})")
-        if sc.sweep_loads:
-            plot_sweep(result["sweep"], args.plot.replace(".png", "") + "-sweep.png",
-                       f"{sc.name}: goodput against offered load")
+        _plot(args.plot, sc, seeds[0], result, runs)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -109,6 +104,15 @@ def run(args: argparse.Namespace) -> int:
     _print_extras(result)
     print(f"\n(simulated in {elapsed:.1f} s of wall time)")
     return 0
+
+
+def _plot(plot: str, sc, seed: int, result: dict, runs) -> None:  # type: ignore[no-untyped-def]
+    from llmvalve.sim.plot import plot_runs, plot_sweep
+
+    plot_runs(runs, plot, f"llmvalve simulate — {sc.name} (seed {seed})")
+    if sc.sweep_loads:
+        plot_sweep(result["sweep"], plot.replace(".png", "") + "-sweep.png",
+                   f"{sc.name}: goodput against offered load")
 
 
 def _print_extras(result: dict) -> None:
