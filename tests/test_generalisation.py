@@ -12,7 +12,7 @@ run with the same queues and policy:
 A target a scenario still misses is listed in `KNOWN_MISSES` (by seed and target, with its
 cause): the scenario must miss exactly those (reported as xfail), nothing else.
 
-`make test` runs every built-in of ordinary size (about two minutes of CPU for the 19 on a
+`make test` runs every built-in of ordinary size (about two minutes of CPU for all of them on a
 2-core machine: each seed costs one `adaptive` run and the oracle sweep of about ten fixed
 limits). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep)
 and the held-out workloads of tests/data/holdout/ (written before any tuning looked at them)

@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmvalve.bench.report import comparison_table, cpu_table, notes, sweep_table, traffic_table
+from llmvalve.bench.report import tables
 from llmvalve.bench.scenario_compare import agreement
-from llmvalve.sim.report import table
 from llmvalve.sim.scenario import load_scenario
 
 
@@ -263,15 +262,7 @@ def scenario_section(name: str, res: dict, img_rel: str) -> list[str]:
     sc = load_scenario(name)
     b = res["bench"]
     parts = [f"## `{name}`\n\n{sc.description}\n"]
-    text = [table(res)]
-    for extra in (comparison_table(res), traffic_table(res), cpu_table(res)):
-        if extra:
-            text.append(extra)
-    if res.get("sweep"):
-        text.append(sweep_table(res["sweep"], res.get("sweep_simulate")))
-    n = notes(res)
-    if n:
-        text.append("\n".join(n))
+    text = tables(res)
     parts.append("```\n" + "\n\n".join(text) + "\n```\n")
     if res.get("sweep"):
         parts.append(f"The table above is the 1x load. Goodput against offered load "

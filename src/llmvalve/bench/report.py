@@ -145,7 +145,8 @@ def sweep_table(rows: list[dict], sim_rows: list[dict] | None = None) -> str:
     return "\n".join(lines)
 
 
-def full_text(res: dict) -> str:
+def tables(res: dict) -> list[str]:
+    """A bench result's tables and notes, as the terminal and docs/benchmarks.md show them."""
     parts = [table(res)]
     for extra in (comparison_table(res), traffic_table(res), cpu_table(res)):
         if extra:
@@ -155,6 +156,11 @@ def full_text(res: dict) -> str:
     n = notes(res)
     if n:
         parts.append("\n".join(n))
+    return parts
+
+
+def full_text(res: dict) -> str:
+    parts = tables(res)
     b = res.get("bench", {})
     if b:
         parts.append(f"(bench: time scale {b['time_scale']:g} — the engines run "

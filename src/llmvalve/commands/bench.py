@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from llmvalve.commands.output import write_json
 
 if TYPE_CHECKING:
     from llmvalve.bench.progress import Progress
@@ -167,12 +168,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if args.plot:
         _plot(args.plot, sc, opts, res, runs)
-    if args.json:
-        text = json.dumps(res, indent=1)
-        if args.json == "-":
-            print(text)
-            return 0
-        Path(args.json).write_text(text)
+    if args.json and write_json(res, args.json):
+        return 0
     print(full_text(res))
     return 0
 

@@ -27,6 +27,8 @@ import json
 import sys
 from pathlib import Path
 
+from llmvalve.commands.output import write_json
+
 DEMO_KEY = "sk-llmvalve-demo-p0"
 
 
@@ -133,12 +135,8 @@ def run(args: argparse.Namespace) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     res = _results(args, sc, seed, len(jobs), load, policy)
-    if args.json:
-        text = json.dumps(res, indent=1)
-        if args.json == "-":
-            print(text)
-            return 0
-        Path(args.json).write_text(text)
+    if args.json and write_json(res, args.json):
+        return 0
     _print(res, load)
     return 0
 
