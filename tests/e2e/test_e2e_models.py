@@ -51,10 +51,8 @@ def test_every_pools_limiter_learns_from_its_traffic(e2e):
 
     before = used()
     for model in ("sim-small", "sim-tiny") * 3:
-        stream = client(e2e, P0_KEY).chat.completions.create(
-            model=model, max_tokens=4, stream=True,
-            messages=[{"role": "user", "content": "hi"}])
-        assert sum(1 for _ in stream) >= 1
+        ask(e2e, model)  # answered whole: a stream the client closes at its end may be
+        # logged as a client disconnect (no sample), which is right, but not what this counts
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         now = used()
