@@ -11,17 +11,17 @@ import math
 import pytest
 
 from llmvalve.core.quantiles import percentile
-from llmvalve.core.signals import delta, quantile
+from llmvalve.core.signals import Buckets, delta, quantile
 
-BUCKETS = ((1.0, 2.0), (2.0, 4.0), (4.0, 8.0), (math.inf, 8.0))
+BUCKETS = Buckets.of(((1.0, 2.0), (2.0, 4.0), (4.0, 8.0), (math.inf, 8.0)))
 
 
-def cumulative(counts: tuple[int, ...]) -> tuple[tuple[float, float], ...]:
+def cumulative(counts: tuple[int, ...]) -> Buckets:
     out, acc = [], 0.0
     for bound, c in zip((1.0, 2.0, 4.0, math.inf), counts, strict=True):
         acc += c
         out.append((bound, acc))
-    return tuple(out)
+    return Buckets.of(out)
 
 
 @pytest.mark.parametrize(("q", "expected"), [

@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmvalve.core.signals import SignalReader, delta, quantile
+from llmvalve.core.signals import Buckets, SignalReader, delta, quantile
 
 VLLM = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -72,13 +72,15 @@ def test_counter_reset_uses_the_current_buckets():
 
 def test_quantile_and_delta():
     math_inf = float("inf")
-    buckets = ((0.1, 0.0), (0.2, 10.0), (math_inf, 10.0))
+    of = Buckets.of
+    buckets = of(((0.1, 0.0), (0.2, 10.0), (math_inf, 10.0)))
     assert abs(quantile(buckets, 0.5) - 0.15) < 1e-12
-    assert quantile(((1.0, 0.0), (math_inf, 4.0)), 0.9) == 1.0  # in +Inf: highest finite bound
-    assert quantile(((1.0, 0.0), (math_inf, 0.0)), 0.9) is None
-    assert quantile((), 0.9) is None
-    assert delta(((1.0, 5.0),), ((1.0, 2.0),)) == ((1.0, 3.0),)
-    assert delta(((1.0, 5.0),), ((2.0, 2.0),)) == ((1.0, 5.0),)  # layout changed
+    assert quantile(of(((1.0, 0.0), (math_inf, 4.0))), 0.9) == 1.0  # in +Inf: highest bound
+    assert quantile(of(((1.0, 0.0), (math_inf, 0.0))), 0.9) is None
+    assert quantile(of(()), 0.9) is None
+    assert delta(of(((1.0, 5.0),)), of(((1.0, 2.0),))) == of(((1.0, 3.0),))
+    assert delta(of(((1.0, 5.0),)), of(((2.0, 2.0),))) == of(((1.0, 5.0),))  # layout changed
+    assert delta(of(((1.0, 5.0), (2.0, 6.0))), of(((1.0, 2.0),))) == of(((1.0, 5.0), (2.0, 6.0)))
 
 
 def test_old_vllm_kv_name():

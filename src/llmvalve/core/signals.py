@@ -29,6 +29,7 @@ import math
 import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -55,8 +56,21 @@ OUTPUT_TOKENS = "vllm:request_generation_tokens"
 SUMMED = (*HISTOGRAMS, OUTPUT_TOKENS)
 QUANTILE = 0.9
 
-# Cumulative histogram: (upper bound, cumulative count), sorted by bound, +Inf last.
-Buckets = tuple[tuple[float, float], ...]
+
+
+class Buckets(NamedTuple):
+    """A cumulative histogram as two tuples: upper bounds sorted (+Inf last) and the
+    observations at or below each. Two tuples rather than (bound, count) pairs: the window
+    between two scrapes is then one subtraction of tuples (the simulated fleet takes ~270,000)."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+
+    @classmethod
+    def of(cls, pairs: Iterable[tuple[float, float]]) -> Buckets:
+        """From (upper bound, cumulative count) pairs, as an exposition lists them."""
+        pairs = tuple(pairs)
+        return cls(tuple(b for b, _ in pairs), tuple(c for _, c in pairs))
 
 
 @dataclass(frozen=True)
@@ -77,14 +91,15 @@ def quantile(buckets: Buckets, q: float) -> float | None:
 
     A rank in the +Inf bucket answers the highest finite bound. None when the histogram is empty.
     """
-    if not buckets:
+    bounds, counts = buckets
+    if not counts:
         return None
-    total = buckets[-1][1]
+    total = counts[-1]
     if total <= 0:
         return None
     rank = q * total
     lower_bound, lower_count = 0.0, 0.0
-    for bound, count in buckets:
+    for bound, count in zip(bounds, counts, strict=True):
         if count >= rank:
             if math.isinf(bound):
                 return lower_bound
@@ -98,21 +113,19 @@ def quantile(buckets: Buckets, q: float) -> float | None:
 
 def delta(current: Buckets, previous: Buckets | None) -> Buckets:
     """current − previous, bucket by bucket; a decrease (restart) or a new layout → current."""
-    if previous is None or len(current) != len(previous) or not current:
+    if previous is None or not current.counts:
         return current
-    bounds, counts = zip(*current, strict=True)
-    was_bounds, was = zip(*previous, strict=True)
-    if bounds != was_bounds:
+    if current.bounds is not previous.bounds and current.bounds != previous.bounds:
         return current
-    diff = tuple(map(operator.sub, counts, was))
-    return current if min(diff) < 0 else tuple(zip(bounds, diff, strict=True))
+    diff = tuple(map(operator.sub, current.counts, previous.counts))
+    return current if min(diff) < 0 else Buckets(current.bounds, diff)
 
 
 def _sum_buckets(series: Iterable[tuple[float, float]]) -> Buckets:
     by_bound: dict[float, float] = {}
     for bound, count in series:
         by_bound[bound] = by_bound.get(bound, 0.0) + count
-    return tuple(sorted(by_bound.items()))
+    return Buckets.of(sorted(by_bound.items()))
 
 
 def parse(text: str) -> Reading:
@@ -201,7 +214,7 @@ class SignalReader:
             self._previous[name] = current
             # The first scrape has no window: its cumulative counts span the backend's lifetime.
             # No new observation (the +Inf bucket holds the count): an empty window.
-            if previous is not None and current[-1][1] != previous[-1][1]:
+            if previous is not None and current.counts[-1] != previous.counts[-1]:
                 windowed[name] = quantile(delta(current, previous), QUANTILE)
         itl_mean, _ = self._windowed_mean(ITL, parsed.totals.get(ITL))
         output_mean, finished = self._windowed_mean(OUTPUT_TOKENS,

@@ -28,13 +28,15 @@ class Histogram:
     counts: list[int] = field(default_factory=list)
     total: float = 0.0
     count: int = 0
-    _buckets: tuple[tuple[float, int], ...] | None = field(default=None, repr=False,
-                                                          compare=False)
+    _buckets: tuple[tuple[float, ...], tuple[int, ...]] | None = field(
+        default=None, repr=False, compare=False)
     _buckets_at: int = field(default=-1, repr=False, compare=False)
+    _bounds_inf: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.counts:
             self.counts = [0] * (len(self.bounds) + 1)
+        self._bounds_inf = (*self.bounds, math.inf)
 
     def observe(self, value: float, n: int = 1) -> None:
         self.counts[bisect_left(self.bounds, value)] += n
@@ -80,13 +82,12 @@ class Histogram:
             out.append(acc)
         return out
 
-    def buckets(self) -> tuple[tuple[float, int], ...]:
-        """(upper bound, observations at or below it) per bucket, +Inf last, as an exposition
+    def buckets(self) -> tuple[tuple[float, ...], tuple[int, ...]]:
+        """(upper bounds with +Inf last, observations at or below each), as an exposition
         shows them; kept until the next observation (every gateway of a simulated fleet reads
         every engine at each scrape)."""
         if self._buckets_at != self.count or self._buckets is None:
-            self._buckets = tuple(zip((*self.bounds, math.inf), accumulate(self.counts),
-                                      strict=True))
+            self._buckets = (self._bounds_inf, tuple(accumulate(self.counts)))
             self._buckets_at = self.count
         return self._buckets
 

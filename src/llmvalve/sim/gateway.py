@@ -97,7 +97,7 @@ def reading_of(engine: Engine) -> signals.Reading:
                 "vllm:request_success_total": float(sum(m.finished.values()))},
         kv_usage=engine.kv_usage,
         kv_capacity_tokens=float(engine.num_blocks * engine.profile.block_size),
-        histograms={name: h.buckets() for name, h in hist.items()},
+        histograms={name: signals.Buckets(*h.buckets()) for name, h in hist.items()},
         totals={**{name: (h.total, float(h.count)) for name, h in hist.items()},
                 signals.OUTPUT_TOKENS: (m.output_tokens.total, float(m.output_tokens.count))},
     )
