@@ -373,8 +373,11 @@ class Admission:
 
     def expired_leases(self, now: float) -> list[Ticket]:
         """Open tickets older than their pool's lease timeout (the caller releases them)."""
-        return [t for pool in self.pools.values() for t in pool.tickets.values()
-                if now - t.admitted_at > pool.spec.lease_timeout_s]
+        expired: list[Ticket] = []
+        for pool in self.pools.values():
+            timeout = pool.spec.lease_timeout_s
+            expired.extend(t for t in pool.tickets.values() if now - t.admitted_at > timeout)
+        return expired
 
     def replace_policy(self, policy: Policy, now: float) -> None:
         """Apply a new policy without losing queued or in-flight requests.

@@ -168,7 +168,9 @@ def _plausible(snap: BackendSnapshot, kv_usage: float | None) -> bool:
     numbers = (snap.running, snap.waiting, snap.preemptions_total, snap.kv_capacity_tokens,
                snap.requests_finished_total, kv_usage, snap.itl_p90_s, snap.itl_mean_s,
                snap.queue_time_p90_s, snap.ttft_p90_s, snap.output_tokens_mean)
-    return (all(x is None or (math.isfinite(x) and x >= 0) for x in numbers)
+    present = [x for x in numbers if x is not None]  # never empty: running is a number
+    # A NaN or an infinity makes the sum NaN or infinite (so would finite values near 1e308).
+    return (math.isfinite(sum(present)) and min(present) >= 0
             and snap.kv_capacity_tokens <= MAX_KV_CAPACITY_TOKENS)
 
 
