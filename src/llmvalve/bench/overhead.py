@@ -15,7 +15,8 @@ backends, adding the same proxying cost to every mode.
 - closed loop (wrk when installed, N connections): the most requests per second, counting only
   200s as admitted, and how many the control plane shed as its own overload;
 - open loop (requests on a fixed schedule, latency from the scheduled start: no coordinated
-  omission): added p50 / p99 against envoy alone at each rate, the modes interleaved;
+  omission): added p50 / p99 against envoy alone at each rate, the modes interleaved, at
+  steady state; each run's first seconds (the step from idle) are reported apart;
 - burst: N connections opened at once, each sending one request: the answers by status.
 The JSON carries every figure; docs/performance.md is generated from it
 (`python -m llmvalve.bench.docs --overhead-only`).
@@ -41,7 +42,14 @@ import yaml
 from llmvalve.core.policy import hash_api_key
 from llmvalve.core.quantiles import percentile
 from llmvalve.gateway.envoy_config import EnvoyParams, render, without_admission
-from llmvalve.processes import Proc, envoy_binary, free_port, http_get, wait_until
+from llmvalve.processes import (
+    Proc,
+    envoy_binary,
+    event_loop_factory,
+    free_port,
+    http_get,
+    wait_until,
+)
 
 KEYS = {0: "sk-bench-p0", 1: "sk-bench-p1", 2: "sk-bench-p2"}
 BODY = json.dumps({"model": "m", "max_tokens": 8,
@@ -258,10 +266,13 @@ def _headers(i: int) -> dict[str, str]:
     return {"authorization": f"Bearer {KEYS[i % 3]}", "content-type": "application/json"}
 
 
-async def open_loop(url: str, rate: float, duration_s: float) -> dict:
+async def open_loop(url: str, rate: float, duration_s: float, from_idle_s: float = 0.0) -> dict:
+    """Requests on a fixed schedule for `from_idle_s + duration_s` seconds, latency from each
+    one's scheduled start. The figures are of the last `duration_s` (steady state); those of
+    the first `from_idle_s` (the step from idle to `rate`) are under `from_idle`."""
     import aiohttp
 
-    latencies: list[float] = []
+    latencies: tuple[list[float], list[float]] = ([], [])  # (from idle, steady)
     statuses: Counter[str] = Counter()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async def one(i: int, at: float) -> None:
@@ -273,16 +284,20 @@ async def open_loop(url: str, rate: float, duration_s: float) -> dict:
                     await r.read()
                     statuses[str(r.status)] += 1
                     if r.status == 200:
-                        latencies.append(time.monotonic() - at)
+                        latencies[at - start >= from_idle_s].append(time.monotonic() - at)
             except aiohttp.ClientError:
                 statuses["error"] += 1
 
         start = time.monotonic() + 0.2
-        n = int(rate * duration_s)
+        n = int(rate * (from_idle_s + duration_s))
         await asyncio.gather(*(one(i, start + i / rate) for i in range(n)))
-    return {"rate": rate, "sent": n, "statuses": dict(statuses),
-            "p50_ms": percentile(latencies, 0.5) * 1000,
-            "p99_ms": percentile(latencies, 0.99) * 1000}
+    cold, steady = latencies
+    out = {"rate": rate, "sent": n, "statuses": dict(statuses),
+           "p50_ms": percentile(steady, 0.5) * 1000, "p99_ms": percentile(steady, 0.99) * 1000}
+    if cold:
+        out["from_idle"] = {"seconds": from_idle_s, "p50_ms": percentile(cold, 0.5) * 1000,
+                            "p99_ms": percentile(cold, 0.99) * 1000}
+    return out
 
 
 async def burst(url: str, connections: int, timeout_s: float = 60.0) -> dict:
@@ -328,7 +343,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     try:
         gw.start(modes)
         for mode in modes:  # warm up connections, code paths and the first scrapes
-            asyncio.run(open_loop(gw.url(mode), 100, 1.0))
+            run_client(open_loop(gw.url(mode), 100, 1.0))
         time.sleep(1.0)
         out: dict = {"modes": list(modes), "backends": args.backends, "upstream": args.upstream,
                      "client": "wrk" if shutil.which("wrk") else "python",
@@ -338,7 +353,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             if out["client"] == "wrk":
                 r = wrk_closed_loop(gw.url(mode), args.connections, args.duration, workdir)
             else:
-                r = asyncio.run(python_closed_loop(gw.url(mode), args.connections,
+                r = run_client(python_closed_loop(gw.url(mode), args.connections,
                                                    args.duration))
             r["cpu_per_request_us"] = _per_request_us(cpu_s(gw.pids(mode)) - cpu0,
                                                      time.monotonic() - t0, r)
@@ -347,20 +362,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
                   f"{r['admitted_per_s']:8.0f}/s, p50 {r['p50_ms']:.2f} ms, p99 "
                   f"{r['p99_ms']:.2f} ms", flush=True)
         for rate in [float(x) for x in args.rates.split(",") if x]:
-            row: dict = {"rate": rate}
-            for _ in range(args.repeats):
-                for mode in modes:
-                    row.setdefault(mode, []).append(
-                        asyncio.run(open_loop(gw.url(mode), rate, args.duration)))
-            for mode in modes:
-                runs = row[mode]
-                row[mode] = {"p50_ms": _median([r["p50_ms"] for r in runs]),
-                             "p99_ms": _median([r["p99_ms"] for r in runs]),
-                             "statuses": _sum_counts(r["statuses"] for r in runs)}
-            for mode in modes:
-                if mode != "alone" and "alone" in modes:
-                    row[mode]["added_p50_ms"] = row[mode]["p50_ms"] - row["alone"]["p50_ms"]
-                    row[mode]["added_p99_ms"] = row[mode]["p99_ms"] - row["alone"]["p99_ms"]
+            row = open_loop_row(gw, modes, rate, args)
             out["open_loop"].append(row)
             print(f"open loop {rate:6.0f}/s: " + "  ".join(
                 f"{m} p50 {row[m]['p50_ms']:.2f} p99 {row[m]['p99_ms']:.2f} ms"
@@ -368,7 +370,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         for n in [int(x) for x in args.bursts.split(",") if x]:
             for mode in modes:
                 if mode != "alone":
-                    out["burst"].setdefault(str(n), {})[mode] = asyncio.run(
+                    out["burst"].setdefault(str(n), {})[mode] = run_client(
                         burst(gw.url(mode), n))
                     print(f"burst {n} {mode}: {out['burst'][str(n)][mode]['statuses']}",
                           flush=True)
@@ -378,6 +380,46 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         return out
     finally:
         gw.stop()
+
+
+def open_loop_row(gw: Gateways, modes: tuple[str, ...], rate: float,
+                  args: argparse.Namespace) -> dict:
+    """Each mode at `rate`, the modes interleaved, `repeats` times; medians of the runs.
+
+    A mode idles while the others run, so each run's first `from_idle` seconds are the step
+    from idle to the rate (the adaptive limit, which follows use while the pool is idle, grows
+    back meanwhile): reported apart from the steady state that follows."""
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    for _ in range(args.repeats):
+        for mode in modes:
+            runs[mode].append(run_client(open_loop(gw.url(mode), rate, args.duration,
+                                                   args.from_idle)))
+    row: dict = {"rate": rate}
+    for mode in modes:
+        rs = runs[mode]
+        row[mode] = {"p50_ms": _median([r["p50_ms"] for r in rs]),
+                     "p99_ms": _median([r["p99_ms"] for r in rs]),
+                     "p99_ms_runs": [round(r["p99_ms"], 2) for r in rs],
+                     "statuses": _sum_counts(r["statuses"] for r in rs)}
+        cold = [r["from_idle"] for r in rs if "from_idle" in r]
+        if cold:
+            row[mode]["from_idle"] = {"seconds": cold[0]["seconds"],
+                                      "p50_ms": _median([c["p50_ms"] for c in cold]),
+                                      "p99_ms": _median([c["p99_ms"] for c in cold])}
+    for mode in modes:
+        if mode != "alone" and "alone" in modes:
+            a, m = row["alone"], row[mode]
+            m["added_p50_ms"] = m["p50_ms"] - a["p50_ms"]
+            m["added_p99_ms"] = m["p99_ms"] - a["p99_ms"]
+            if "from_idle" in m and "from_idle" in a:
+                m["from_idle"]["added_p99_ms"] = m["from_idle"]["p99_ms"] - a["from_idle"]["p99_ms"]
+    return row
+
+
+def run_client(coro):  # type: ignore[no-untyped-def]
+    """A load client's coroutine on the event loop the control plane runs on (uvloop)."""
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        return runner.run(coro)
 
 
 def _per_request_us(cpu_s_: float, wall_s: float, r: dict) -> float | None:
@@ -417,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", default="500,1000", help="open-loop rates (req/s)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved runs per rate")
     p.add_argument("--duration", type=float, default=6.0, help="seconds per measurement")
+    p.add_argument("--from-idle", type=float, default=2.0,
+                   help="open loop: seconds before each measurement, reported apart (the step "
+                   "from idle to the rate)")
     p.add_argument("--connections", type=int, default=32, help="closed-loop connections")
     p.add_argument("--bursts", default="2000,5000", help="simultaneous connections")
     p.add_argument("--json", type=Path, default=None)

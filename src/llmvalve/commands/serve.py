@@ -101,22 +101,13 @@ async def _main(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from llmvalve.core.policy import PolicyError
     from llmvalve.gateway import logs
-    from llmvalve.processes import raise_fd_limit
+    from llmvalve.processes import event_loop_factory, raise_fd_limit
 
     logs.setup(args.log_level, args.log_format)
     raise_fd_limit()
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             return runner.run(_main(args))
     except (PolicyError, OSError, ValueError) as exc:
         print(f"llmvalve serve: {exc}")
         return 1
-
-
-def _loop_factory():  # type: ignore[no-untyped-def]
-    """uvloop where it is installed (it halves the event loop's cost per request)."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
