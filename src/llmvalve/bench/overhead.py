@@ -354,7 +354,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
                 r = wrk_closed_loop(gw.url(mode), args.connections, args.duration, workdir)
             else:
                 r = run_client(python_closed_loop(gw.url(mode), args.connections,
-                                                   args.duration))
+                                                  args.duration))
             r["cpu_per_request_us"] = _per_request_us(cpu_s(gw.pids(mode)) - cpu0,
                                                      time.monotonic() - t0, r)
             out["closed_loop"][mode] = r
