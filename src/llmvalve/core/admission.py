@@ -204,6 +204,9 @@ class Admission:
                         pool.limit.epoch, backend, req.prompt_tokens, wait_s)
         pool.inflight += cost
         pool.inflight_by_class[req.priority] = pool.inflight_by_class.get(req.priority, 0) + cost
+        # Tickets are kept in the order of admission, so oldest first: time only goes forward,
+        # and an id seen again (it cannot be, but) moves to the end.
+        pool.tickets.pop(req.request_id, None)
         pool.tickets[req.request_id] = ticket
         self.budgets.settle(req.request_id)
         return Admit(req.request_id, ticket, wait_s)
@@ -376,7 +379,10 @@ class Admission:
         expired: list[Ticket] = []
         for pool in self.pools.values():
             timeout = pool.spec.lease_timeout_s
-            expired.extend(t for t in pool.tickets.values() if now - t.admitted_at > timeout)
+            for t in pool.tickets.values():  # oldest first (see _admit): stop at a live one
+                if now - t.admitted_at <= timeout:
+                    break
+                expired.append(t)
         return expired
 
     def replace_policy(self, policy: Policy, now: float) -> None:

@@ -112,17 +112,15 @@ class Picker:
             return names[min(live, key=lambda i: (
                 self._queue_now(names[i]) >= 1, max(now, done_at.get(names[i], 0.0)),
                 self._kv_now(names[i]), (i - turn) % n))]
-        cost_total = sum(cost[names[i]] for i in live) or 1.0
-        count_total = sum(count.get(names[i], 0) for i in live) or 1
-
+        live_names = [names[i] for i in live]
+        count_of = count.get
+        cost_total = sum([cost[b] for b in live_names]) or 1.0
+        count_total = sum([count_of(b, 0) for b in live_names]) or 1
         saturated = self._saturated
-
-        def key(i: int) -> tuple[bool, float, int]:
-            b = names[i]
-            load = cost[b] / cost_total + count.get(b, 0) / count_total
-            return saturated[b], load, (i - turn) % n
-
-        return names[min(live, key=key)]
+        # (full, load share, turn): the turn differs for every backend, so no two keys tie
+        keys = [(saturated[b], cost[b] / cost_total + count_of(b, 0) / count_total,
+                 (i - turn) % n, i) for b, i in zip(live_names, live, strict=True)]
+        return names[min(keys)[3]]
 
     def prefill_room(self, now: float, budget_s: float) -> bool:
         """Some healthy backend has less than `budget_s` of prompts sent to it still to
