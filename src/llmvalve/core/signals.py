@@ -57,7 +57,6 @@ SUMMED = (*HISTOGRAMS, OUTPUT_TOKENS)
 QUANTILE = 0.9
 
 
-
 class Buckets(NamedTuple):
     """A cumulative histogram as two tuples: upper bounds sorted (+Inf last) and the
     observations at or below each. Two tuples rather than (bound, count) pairs: the window
