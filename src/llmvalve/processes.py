@@ -42,11 +42,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     rng = random.Random()
     for _ in range(64):
         port = rng.choice(pool)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
+        if port_free(port, host):
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -172,7 +168,6 @@ def wait_until(predicate, timeout_s: float, what: str, proc: Proc | None = None)
                 return
         time.sleep(0.05)
     raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:

@@ -85,10 +85,9 @@ class _Page:
 
     def histogram(self, name: str, hist: Histogram, help_text: str) -> None:
         family = HistogramMetricFamily(name, help_text, labels=self.names)
-        cumulative = hist.cumulative()
-        buckets = [(_num(bound), count)
-                   for bound, count in zip(hist.bounds, cumulative, strict=False)]
-        family.add_metric(self.values, [*buckets, ("+Inf", cumulative[-1])], hist.total)
+        bounds, counts = hist.buckets()  # +Inf last
+        buckets = [(_num(bound), count) for bound, count in zip(bounds[:-1], counts, strict=False)]
+        family.add_metric(self.values, [*buckets, ("+Inf", counts[-1])], hist.total)
         self.families.append(family)
 
     def text(self) -> str:

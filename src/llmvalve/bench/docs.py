@@ -176,9 +176,10 @@ def _method(all_res: dict[str, dict]) -> str:
   limiter's inter-token-latency and engine-queue targets stay in engine seconds because they
   are compared with the backends' own histograms, which are in engine seconds. What cannot be
   rescaled is the real stack's own wall-clock delay (the hop to the control plane, the access
-  log's 20 ms flush): it weighs {x:g} times more in scenario time than in `simulate`. The
-  `seed` limiter, which steers on each request's round-trip time, feels it most;
-  `--time-scale 1` takes it out, at {x:g} times the wall time.
+  log's 20 ms flush before a slot is freed): in scenario time it lasts {x:g} times as long as
+  at time scale 1, while `simulate` models it at its time-scale-1 length. The `seed` limiter,
+  which steers on each request's round-trip time, feels it most; `--time-scale 1` takes it
+  out, at {x:g} times the wall time.
 - **Who is asking.** Each tenant of the scenario gets an API key (`sk-bench-TENANT`) whose
   hash is in the generated policy, with `maxPriority` = the class it sends; requests also
   carry their class in `x-llmvalve-priority`. Body inspection is on, so the gateway sees each

@@ -204,9 +204,8 @@ class Admission:
                         pool.limit.epoch, backend, req.prompt_tokens, wait_s)
         pool.inflight += cost
         pool.inflight_by_class[req.priority] = pool.inflight_by_class.get(req.priority, 0) + cost
-        # Tickets are kept in the order of admission, so oldest first: time only goes forward,
-        # and an id seen again (it cannot be, but) moves to the end.
-        pool.tickets.pop(req.request_id, None)
+        # Tickets are kept in the order of admission, oldest first (`expired_leases` relies on
+        # it): time only goes forward, and ids are unique (the gateway refuses a repeated one).
         pool.tickets[req.request_id] = ticket
         self.budgets.settle(req.request_id)
         return Admit(req.request_id, ticket, wait_s)

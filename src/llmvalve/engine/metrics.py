@@ -75,13 +75,6 @@ class Histogram:
         self.total += n * (k * a + b * k * (k + 1) / 2)
         self.count += k * n
 
-    def cumulative(self) -> list[int]:
-        out, acc = [], 0
-        for c in self.counts:
-            acc += c
-            out.append(acc)
-        return out
-
     def buckets(self) -> tuple[tuple[float, ...], tuple[int, ...]]:
         """(upper bounds with +Inf last, observations at or below each), as an exposition
         shows them; kept until the next observation (every gateway of a simulated fleet reads
