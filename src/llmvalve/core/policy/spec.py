@@ -47,8 +47,8 @@ class SchedulerSpec:
     # `starvation_after_s`, one dispatch in `starvation_every` goes to it despite strict priority.
     starvation_after_s: float = 5.0
     starvation_every: int = 10
-    # "Pressure" (see core/scheduler.py): the pool's in-flight cost is at least this fraction
-    # of its limit, or the backends' saturation signal is >= 1.
+    # Accepted for older policies, not used: drop policies forecast the wait instead
+    # (docs/policy.md, "Drop policies and pressure").
     pressure_threshold: float = 0.9
 
 
@@ -79,7 +79,7 @@ class AdaptiveLimitSpec:
     kv_target: float = 0.8  # KV usage fraction the pool is steered to
     waiting_target: float = 1.0  # engine waiting requests per backend it may queue
     queue_target_s: float = 0.0  # 0 → a quarter of the tightest class TTFT SLO
-    itl_target_s: float = 0.0  # 0 → the tightest class TPOT SLO
+    itl_target_s: float = 0.0  # 0 → 0.8 × the tightest class TPOT SLO
     stale_after_s: float = 2.0  # backend metrics older than this count as saturated
     max_growth: float = 1.25
     decrease_on_drop: float = 0.9
