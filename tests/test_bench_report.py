@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from llmvalve.bench import docs
 from llmvalve.bench.report import full_text, sweep_table
-from llmvalve.bench.runner import compare, timeseries_json, traffic_classes
+from llmvalve.bench.runner import ModeRun, compare, median_run, timeseries_json, traffic_classes
 from llmvalve.sim.runner import default_policy, simulate
 from llmvalve.sim.scenario import load_scenario
 
@@ -87,3 +88,38 @@ def test_two_pool_comparison_is_per_class_and_per_pool_and_judged():
     line = docs.agreement({"two-pool": off})[0]
     assert "for 1 of 2 scenario × mode pairs; not for `two-pool` `adaptive`" in line
     assert "attainment off by up to 0.060" in line
+
+
+def test_repeated_runs_report_the_median_and_the_judgement_says_so():
+    """`bench --repeat 3`: the run with the median goodput is the one reported; the agreement
+    line says how it was judged and, for a pair outside 5 %, every run's goodput."""
+    tries = [ModeRun("seed", None, None, {"goodput_tok_s": g}, 30.0)  # type: ignore[arg-type]
+             for g in (150.0, 120.0, 171.0)]
+    assert median_run(tries) is tries[0]
+    assert median_run(tries[1:]) is tries[1]  # of two, the lower
+    res = fake_bench_result("two-pool")
+    res["bench"]["repeat"] = 3
+    res["controllers"]["none"]["bench"]["runs_goodput_tok_s"] = [700.0, 650.0, 720.0]
+    res["comparison"]["none"]["goodput_gap"] = -0.09
+    line = docs.agreement({"two-pool": res})[0]
+    assert "(each mode run 3 times; the run with the median goodput is compared)" in line
+    assert "`two-pool` `none` (goodput -9.0%" in line and "700 / 650 / 720 against" in line
+    res["controllers"]["adaptive"]["bench"]["runs_goodput_tok_s"] = [1.0, 2.0, 3.0]
+    assert "Goodput of each run (tok/s): none 700 / 650 / 720; adaptive 1 / 2 / 3" in \
+        full_text(res)
+
+
+def test_seed_is_sensitive_to_timing_as_the_bench_docs_say():
+    """docs/benchmarks.md (Repeats): moving only the access-log delay from 50 to 200 ms moves
+    `seed`'s simulated goodput by more than the 5 % agreement band, down on `two-pool` and up
+    on `capacity-drop`; `adaptive` moves by less than 3 %."""
+    for name, sign in (("two-pool", -1), ("capacity-drop", 1)):
+        sc = load_scenario(name)
+        goodput = {}
+        for delay in (0.05, 0.2):
+            res, _ = simulate(dataclasses.replace(sc, als_delay_s=delay), ["seed", "adaptive"])
+            goodput[delay] = {m: r["goodput_tok_s"] for m, r in res["controllers"].items()}
+        seed = goodput[0.2]["seed"] / goodput[0.05]["seed"] - 1
+        adaptive = goodput[0.2]["adaptive"] / goodput[0.05]["adaptive"] - 1
+        assert sign * seed > 0.05, (name, seed)
+        assert abs(adaptive) < 0.03, (name, adaptive)

@@ -162,6 +162,11 @@ def tables(res: dict) -> list[str]:
 def full_text(res: dict) -> str:
     parts = tables(res)
     b = res.get("bench", {})
+    if b.get("repeat", 1) > 1:
+        parts.append(f"each mode ran {b['repeat']} times; the run with the median goodput is "
+                     "shown. Goodput of each run (tok/s): " + "; ".join(
+                         f"{m} " + " / ".join(f"{g:.0f}" for g in c["bench"]["runs_goodput_tok_s"])
+                         for m, c in res["controllers"].items()))
     if b:
         parts.append(f"(bench: time scale {b['time_scale']:g} — the engines run "
                      f"{b['time_scale']:g}x faster than the wall clock and every time above is "

@@ -64,6 +64,9 @@ class BenchOptions:
     envoy_concurrency: int = 1
     workdir: Path | None = None
     simulate: bool = True  # also run `simulate` on the same scenario, for the comparison
+    # Runs per mode, in rounds (every mode once, then again): the run with the median goodput
+    # is the one reported. One real run is one draw of the wall clock's timing noise.
+    repeat: int = 1
 
 
 @dataclass
@@ -385,6 +388,12 @@ def run_mode(sc: Scenario, mode: str, opts: BenchOptions, progress: Progress,
     return ModeRun(mode, run, load, summary, wall)
 
 
+def median_run(tries: list[ModeRun]) -> ModeRun:
+    """The run with the median goodput (of an even number, the lower of the middle two)."""
+    ranked = sorted(tries, key=lambda t: t.summary["goodput_tok_s"])
+    return ranked[(len(ranked) - 1) // 2]
+
+
 def simulate_same(sc: Scenario, modes: list[str], opts: BenchOptions) -> tuple[dict, dict]:
     from llmvalve.sim.runner import simulate
 
@@ -436,18 +445,31 @@ def bench(sc: Scenario, modes: list[str], opts: BenchOptions,
     out: dict = {"scenario": sc.name, "seed": seed, "duration_s": sc.duration_s,
                  "controllers": {}}
     runs: dict[str, RunResult] = {}
-    for i, mode in enumerate(modes):
-        progress.start(f"[{sc.name}] {mode} ({i + 1}/{len(modes)})")
-        mr = run_mode(sc, mode, opts, progress, root / mode.replace(":", "-"))
+    tries: dict[str, list[ModeRun]] = {m: [] for m in modes}
+    for k in range(opts.repeat):
+        for i, mode in enumerate(modes):
+            label = f"{mode} ({i + 1}/{len(modes)})" + (
+                f", run {k + 1}/{opts.repeat}" if opts.repeat > 1 else "")
+            progress.start(f"[{sc.name}] {label}")
+            workdir = root / mode.replace(":", "-")
+            mr = run_mode(sc, mode, opts, progress,
+                          workdir / f"run-{k + 1}" if opts.repeat > 1 else workdir)
+            tries[mode].append(mr)
+            b = mr.summary["bench"]
+            progress.done(f"[{sc.name}] {label}: {b['wall_s']:.0f} s, goodput "
+                          f"{mr.summary['goodput_tok_s']:.0f} tok/s"
+                          + (f"  (load generator: {b['loadgen']['bottleneck']})"
+                             if b["loadgen"]["bottleneck"] else ""))
+    for mode in modes:
+        mr = median_run(tries[mode])
         runs[mode] = mr.run
         out["controllers"][mode] = mr.summary
-        b = mr.summary["bench"]
-        progress.done(f"[{sc.name}] {mode}: {b['wall_s']:.0f} s, goodput "
-                      f"{mr.summary['goodput_tok_s']:.0f} tok/s"
-                      + (f"  (load generator: {b['loadgen']['bottleneck']})"
-                         if b["loadgen"]["bottleneck"] else ""))
+        if opts.repeat > 1:
+            mr.summary["bench"]["runs_goodput_tok_s"] = [t.summary["goodput_tok_s"]
+                                                         for t in tries[mode]]
     out["bench"] = {"time_scale": opts.time_scale, "tokens_per_chunk": opts.tokens_per_chunk,
                     "drain_s": opts.drain_s, "load_scale": opts.load_scale,
+                    "repeat": opts.repeat,
                     "wall_s": round(time.monotonic() - t0, 1), "machine": machine(),
                     "workdir": str(root)}
     if opts.simulate:

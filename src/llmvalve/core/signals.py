@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -97,17 +98,16 @@ def quantile(buckets: Buckets, q: float) -> float | None:
     if total <= 0:
         return None
     rank = q * total
-    lower_bound, lower_count = 0.0, 0.0
-    for bound, count in zip(bounds, counts, strict=True):
-        if count >= rank:
-            if math.isinf(bound):
-                return lower_bound
-            if count == lower_count:
-                return bound
-            fraction = (rank - lower_count) / (count - lower_count)
-            return lower_bound + (bound - lower_bound) * fraction
-        lower_bound, lower_count = bound, count
-    return lower_bound
+    # Cumulative counts are sorted: the first bucket holding the rank is a bisection.
+    i = min(bisect_left(counts, rank), len(counts) - 1)
+    bound, count = bounds[i], counts[i]
+    lower_bound, lower_count = (bounds[i - 1], counts[i - 1]) if i else (0.0, 0.0)
+    if math.isinf(bound):
+        return lower_bound
+    if count == lower_count:
+        return bound
+    fraction = (rank - lower_count) / (count - lower_count)
+    return lower_bound + (bound - lower_bound) * fraction
 
 
 def delta(current: Buckets, previous: Buckets | None) -> Buckets:
