@@ -29,7 +29,6 @@ import math
 import operator
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -73,11 +72,10 @@ class Buckets(NamedTuple):
         return cls(tuple(b for b, _ in pairs), tuple(c for _, c in pairs))
 
 
-@dataclass(frozen=True)
-class Reading:
+class Reading(NamedTuple):
     """What one /metrics page says, cumulative, before any windowing: `parse(text)`, or built
     directly from an engine's numbers by the simulator (sim/gateway.py) — both then go
-    through the same `SignalReader.reduce`."""
+    through the same `SignalReader.reduce`. A named tuple, as `BackendSnapshot`."""
 
     gauges: Mapping[str, float]  # metric name → summed value
     kv_usage: float | None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from llmvalve.core.policy import FallbackSpec
 
@@ -130,9 +131,10 @@ class Sample:
     prompt_tokens: int | None = None
 
 
-@dataclass(frozen=True)
-class BackendSnapshot:
-    """One scrape of one backend's /metrics, reduced to what admission uses."""
+class BackendSnapshot(NamedTuple):
+    """One scrape of one backend's /metrics, reduced to what admission uses. A named tuple
+    (immutable like the dataclasses here, built four times faster): a simulated fleet makes
+    half a million a minute, one per gateway replica and backend at every scrape."""
 
     backend: str
     at: float  # when it was taken (caller's clock)

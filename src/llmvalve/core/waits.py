@@ -21,6 +21,7 @@ must not do at low mean load.
 from __future__ import annotations
 
 import math
+from itertools import repeat
 
 from llmvalve.core.scheduler import Scheduler
 
@@ -50,8 +51,8 @@ class Arrivals:
         """The mean rate over the last `horizon_s` seconds (or since the first arrival)."""
         horizon = max(1.0, min(float(LONG_HORIZON_S), horizon_s, now - self.start))
         # the seconds k whose bucket [k, k + 1) ends after `since`: k ≥ floor(since)
-        get = self.counts.get
-        return sum(get(k, 0) for k in range(math.floor(now - horizon), self.latest + 1)) / horizon
+        seconds = range(math.floor(now - horizon), self.latest + 1)
+        return sum(map(self.counts.get, seconds, repeat(0))) / horizon
 
 
 class WaitForecast:

@@ -89,7 +89,7 @@ def retry_after_s(answer: Answer) -> float | None:
 def reading_of(engine: Engine) -> signals.Reading:
     """What the engine's vLLM /metrics page says right now (backend/exposition.py)."""
     m = engine.metrics
-    hist = {signals.ITL: m.itl, signals.QUEUE_TIME: m.queue_time, signals.TTFT: m.ttft}
+    itl, queue, ttft, out = m.itl, m.queue_time, m.ttft, m.output_tokens
     return signals.Reading(
         gauges={"vllm:num_requests_running": float(engine.num_running),
                 "vllm:num_requests_waiting": float(engine.num_waiting),
@@ -97,7 +97,11 @@ def reading_of(engine: Engine) -> signals.Reading:
                 "vllm:request_success_total": float(sum(m.finished.values()))},
         kv_usage=engine.kv_usage,
         kv_capacity_tokens=float(engine.num_blocks * engine.profile.block_size),
-        histograms={name: signals.Buckets(*h.buckets()) for name, h in hist.items()},
-        totals={**{name: (h.total, float(h.count)) for name, h in hist.items()},
-                signals.OUTPUT_TOKENS: (m.output_tokens.total, float(m.output_tokens.count))},
+        histograms={signals.ITL: signals.Buckets(*itl.buckets()),
+                    signals.QUEUE_TIME: signals.Buckets(*queue.buckets()),
+                    signals.TTFT: signals.Buckets(*ttft.buckets())},
+        totals={signals.ITL: (itl.total, float(itl.count)),
+                signals.QUEUE_TIME: (queue.total, float(queue.count)),
+                signals.TTFT: (ttft.total, float(ttft.count)),
+                signals.OUTPUT_TOKENS: (out.total, float(out.count))},
     )
