@@ -145,6 +145,15 @@ and `--no-sim-headers`.)
 """
 
 
+def _repeat_flag(b: dict) -> str:
+    return f" --repeat {b['repeat']}" if b.get("repeat", 1) > 1 else ""
+
+
+def _repeat_words(b: dict) -> str:
+    n = b.get("repeat", 1)
+    return f", each run {n} times; the run with the median goodput shown" if n > 1 else ""
+
+
 def _repeats(all_res: dict[str, dict]) -> str:
     repeated = [n for n, r in all_res.items() if r["bench"].get("repeat", 1) > 1]
     if not repeated:
@@ -280,8 +289,8 @@ def readme_section(results: Path) -> str:
 
 The same burst through real processes — Envoy 1.40, the llmvalve control plane, two simulated
 vLLM backends and an open-loop streaming load generator, all on this 2-core machine
-(`llmvalve bench --scenario burst`, time scale {b['time_scale']:g}: {b['wall_s']:.0f} s for the
-four modes):
+(`llmvalve bench --scenario burst{_repeat_flag(b)}`, time scale {b['time_scale']:g}: \
+{b['wall_s']:.0f} s for the four modes{_repeat_words(b)}):
 
 | mode | goodput tok/s | P0 SLO attainment | P0 TTFT p99 | `simulate` goodput |
 |---|---:|---:|---:|---:|

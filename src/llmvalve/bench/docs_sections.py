@@ -272,7 +272,8 @@ def scenario_section(name: str, res: dict, img_rel: str) -> list[str]:
     parts.append(f"![{name}: time to first token by class and mode]({img_rel}/bench-"
                  f"{name}-ttft.png)\n\n![{name}: in flight, KV usage, limit, queues and "
                  f"rejections per mode]({img_rel}/bench-{name}.png)\n")
-    parts.append(f"_(`llmvalve bench --scenario {name}`: "
+    n = b.get("repeat", 1)
+    parts.append(f"_(`llmvalve bench --scenario {name}{f' --repeat {n}' if n > 1 else ''}`: "
                  f"{b.get('command_wall_s', b['wall_s']):.0f} s of wall time, time scale "
                  f"{b['time_scale']:g})_\n")
     return parts

@@ -133,8 +133,8 @@ class Sample:
 
 class BackendSnapshot(NamedTuple):
     """One scrape of one backend's /metrics, reduced to what admission uses. A named tuple
-    (immutable like the dataclasses here, built four times faster): a simulated fleet makes
-    half a million a minute, one per gateway replica and backend at every scrape."""
+    (immutable like the dataclasses here, built four times faster): the simulator makes one
+    per gateway replica and backend at every scrape, 122,880 in one run of `fleet`."""
 
     backend: str
     at: float  # when it was taken (caller's clock)
