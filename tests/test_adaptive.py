@@ -182,6 +182,27 @@ def test_latency_is_unknown_until_a_window_after_a_decrease_and_the_limit_waits(
     assert a.epoch == 1
 
 
+def test_after_idling_the_first_latency_reading_lets_the_limit_grow_not_cut():
+    """An engine that starts decoding after idling has no stale average to outwait: its
+    first window's latency counts at once for an increase when calm, holds it when not, and
+    is no reason to cut until it covers a whole latency window."""
+    a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS)
+    for t in (0.0, 0.5, 1.0):  # idle: no decoding, no latency to know
+        a.on_snapshot(snap(t), t)
+    a.update(1.0, 3_000.0)  # traffic returns and uses the limit
+    a.on_snapshot(snap(1.5, itl_mean_s=0.05), 1.5)  # the first window with decoding
+    L = a.limit()
+    assert a.update(2.0, 3_000.0) > L and a.status()["last_action"] == "increase"
+    b = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS)
+    for t in (0.0, 0.5, 1.0):
+        b.on_snapshot(snap(t), t)
+    b.update(1.0, 3_000.0)
+    b.on_snapshot(snap(1.5, itl_mean_s=0.3), 1.5)  # a prefill-heavy first window: 3x target
+    L = b.limit()
+    assert b.update(2.0, 3_000.0) == pytest.approx(L) and b.epoch == 0
+    assert b.status()["last_action"] == "hold"
+
+
 def test_pressure_decreases_do_not_compound_until_a_fresh_scrape():
     a = make()
     a.update(0.0, 6_000.0)

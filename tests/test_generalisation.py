@@ -70,11 +70,6 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 2 of 133 (6 and 8 tokens, TPOT 0.158 s) since the simulated scrapes run half an
     # interval off the event grid (issue 11: sim/harness.py `run`)
     "code-bursty-3x": ("seed 1: P0 attainment", "seed 2: P0 attainment"),
-    # since the scrapes run off the event grid (issue 11): a 6-token answer at TPOT 0.155 s
-    # and a 5,546-token prompt at TTFT 2.32 s (seed 1, 2 of 104); a 6,000-token prompt at
-    # TTFT 2.60 s (seed 3, 1 of 58): the longest prompts' prefill on a small engine shared
-    # with the burst's other prefills
-    "code-bursty": ("seed 1: P0 attainment", "seed 3: P0 attainment"),
     # the first seconds, before the engines' sequence cap has been seen: 3 of 122
     "seq-cap": ("seed 2: P0 attainment",),
     # held out: P0 answers decoded on the 2.5x slower card just over the 150 ms TPOT objective

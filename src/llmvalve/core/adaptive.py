@@ -39,7 +39,9 @@ The control law, once per window (`window_s`): a target with a dead band.
     window): replicas that each idled at the whole pool's size do not fill it all at once
     when a burst comes;
   * r < 1 − band/2, with every live backend scraped over a window begun after the last
-    decrease and its latency known → L ← min(ceiling, L · min(maxGrowth, 1/r) + √L);
+    decrease and its latency known (for an engine that starts decoding after idling, from
+    its first window on: its young average counts here, not for a cut) →
+    L ← min(ceiling, L · min(maxGrowth, 1/r) + √L);
   * otherwise hold: inside the band, or waiting for a reading of the load after a decrease
     (a reading that is not there is not a reading of calm: no sawtooth after a cut).
 Where sequences bind before KV (an engine seen, `SEQ_CAP_HITS` times, running as many as it
@@ -73,6 +75,7 @@ class _Backend:
     max_running: float = 0.0  # the most requests it was seen running at once
     itl_s: float | None = None  # inter-token latency, averaged over `latency_window_s`
     itl_since: float = -math.inf  # when the average began (it restarts at each decrease)
+    itl_from_idle: bool = False  # the average began when the engine started decoding
     cap_hits: int = 0  # scrapes at max_running with requests waiting and KV to spare
     inflight_at: float = 0.0  # our in-flight cost when `snap` arrived
 
@@ -237,13 +240,14 @@ class AdaptiveLimit:
             queue = (snap.running + snap.waiting) / (snap.running + allowed)
         return max((snap.kv_usage + sent_kv) / s.kv_target, queue)
 
-    def _latency(self, b: _Backend) -> float:
+    def _latency(self, b: _Backend, partial: bool = False) -> float:
         """One engine's inter-token latency against the target, averaged over the latency
         window: a request's TPOT is its mean over seconds of decoding, so one scrape window
         with a long prefill chunk in it is not a breach. 0 until the average covers a whole
         window begun after the last decrease (before, it describes the load before the
-        cut)."""
-        if not self._latency_known(b):
+        cut); with `partial`, as soon as it covers one scrape window after it (evidence
+        enough to hold an increase, not to cut)."""
+        if not (self._latency_known(b) or (partial and b.itl_s is not None)):
             return 0.0
         return (b.itl_s or 0.0) / self.itl_target_s
 
@@ -254,12 +258,13 @@ class AdaptiveLimit:
             return b.snap.itl_mean_s is None and b.since >= self._decreased_at
         return b.snap.at - b.itl_since >= self.spec.latency_window_s
 
-    def _average_itl(self, b: _Backend, snap: BackendSnapshot) -> None:
+    def _average_itl(self, b: _Backend, snap: BackendSnapshot, idle_before: bool) -> None:
         if snap.itl_mean_s is None:
             return
         if b.itl_s is None or b.since < self._decreased_at:
             if b.since >= self._decreased_at:  # the first window wholly after the decrease
                 b.itl_s, b.itl_since = snap.itl_mean_s, b.since
+                b.itl_from_idle = idle_before
             return
         gain = 1.0 - math.exp(-(snap.at - b.since) / self.spec.latency_window_s)
         b.itl_s += gain * (snap.itl_mean_s - b.itl_s)
@@ -296,9 +301,9 @@ class AdaptiveLimit:
         self._sat_cache = (lo + 1e-9, hi - 1e-9, total)
         return total
 
-    def pressure(self, now: float) -> float:
+    def pressure(self, now: float, partial: bool = False) -> float:
         """r: the share-weighted congestion of the live backends, and the access log's
-        queueing TTFT."""
+        queueing TTFT (`partial`: see `_latency`)."""
         live = self._live(now)
         r = 0.0
         if live:
@@ -308,7 +313,7 @@ class AdaptiveLimit:
             per_kv = self._capacity_live() * (self._rho or 1.0)
             for w, b in zip(self._weights(live), live, strict=True):
                 sent = (self._inflight_latest - b.inflight_at) / per_kv
-                r += w * max(self._fill(b.snap, sent), self._latency(b))
+                r += w * max(self._fill(b.snap, sent), self._latency(b, partial))
         if len(self._ttft_queue) >= self.spec.min_samples:
             r = max(r, _p90(self._ttft_queue) / self.queue_target_s)
         return r
@@ -347,10 +352,11 @@ class AdaptiveLimit:
             if snap.preemptions_total > prev.preemptions_seen:
                 self._drops += 1
             prev.preemptions_seen = snap.preemptions_total
+            idle_before = prev.snap.itl_mean_s is None
             prev.since = prev.snap.at
             prev.snap = snap
             prev.inflight_at = self._inflight_latest
-            self._average_itl(prev, snap)
+            self._average_itl(prev, snap, idle_before)
             self._observe_sequences(prev, snap)
         else:
             # keep the last good numbers (capacity) but mark it failing
@@ -406,7 +412,13 @@ class AdaptiveLimit:
         ceiling = self.capacity_ceiling()
         live = self._live(now)
         fresh = any(b.snap.at > self._decreased_at for b in live) or not self.backends
-        settled = all(b.since >= self._decreased_at and self._latency_known(b) for b in live)
+        # An increase needs a reading of every backend taken after the last decrease. The
+        # latency average of an engine that starts decoding after idling is young, not
+        # stale: it counts at once for an increase (waiting for a whole latency window held
+        # a burst after a quiet period at the decayed limit for seconds), not for a cut.
+        settled = all(b.since >= self._decreased_at
+                      and (self._latency_known(b) or (b.itl_s is not None and b.itl_from_idle))
+                      for b in live)
         # Decreases aim at what is in flight now, and never compound: while admitted work
         # drains (seconds, for LLM requests) the signals stay high, and cutting L again for
         # the same excess would overshoot to starvation.
@@ -421,8 +433,8 @@ class AdaptiveLimit:
             # validates an unused window), so that replicas that each idled at the whole
             # pool's size do not all fill it at once when a burst comes
             self._set(max(L / s.max_growth, 2 * self._peak_inflight), "app-limited")
-        elif r < 1.0 - s.band / 2 and settled:
-            aim = 1.0 / max(r, 1e-6)
+        elif settled and (r_up := self.pressure(now, partial=True)) < 1.0 - s.band / 2:
+            aim = 1.0 / max(r_up, 1e-6)
             self._set(min(ceiling, L * min(s.max_growth, aim) + math.sqrt(L)), "increase")
         else:
             self._last_action = "hold" if settled else "settling"
