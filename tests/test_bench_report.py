@@ -111,15 +111,14 @@ def test_repeated_runs_report_the_median_and_the_judgement_says_so():
 
 def test_seed_is_sensitive_to_timing_as_the_bench_docs_say():
     """docs/benchmarks.md (Repeats): moving only the access-log delay from 50 to 200 ms moves
-    `seed`'s simulated goodput by more than the 5 % agreement band, down on `two-pool` and up
-    on `capacity-drop`; `adaptive` moves by less than 3 %."""
-    for name, sign in (("two-pool", -1), ("capacity-drop", 1)):
-        sc = load_scenario(name)
-        goodput = {}
-        for delay in (0.05, 0.2):
-            res, _ = simulate(dataclasses.replace(sc, als_delay_s=delay), ["seed", "adaptive"])
-            goodput[delay] = {m: r["goodput_tok_s"] for m, r in res["controllers"].items()}
-        seed = goodput[0.2]["seed"] / goodput[0.05]["seed"] - 1
-        adaptive = goodput[0.2]["adaptive"] / goodput[0.05]["adaptive"] - 1
-        assert sign * seed > 0.05, (name, seed)
-        assert abs(adaptive) < 0.03, (name, adaptive)
+    `seed`'s simulated goodput on `capacity-drop` by more than the 5 % agreement band;
+    `adaptive`'s moves by less than 3 %."""
+    sc = load_scenario("capacity-drop")
+    goodput = {}
+    for delay in (0.05, 0.2):
+        res, _ = simulate(dataclasses.replace(sc, als_delay_s=delay), ["seed", "adaptive"])
+        goodput[delay] = {m: r["goodput_tok_s"] for m, r in res["controllers"].items()}
+    seed = goodput[0.2]["seed"] / goodput[0.05]["seed"] - 1
+    adaptive = goodput[0.2]["adaptive"] / goodput[0.05]["adaptive"] - 1
+    assert seed > 0.05, seed
+    assert 0 <= adaptive < 0.03, adaptive

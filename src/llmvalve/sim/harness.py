@@ -35,6 +35,12 @@ BUDGET_REASONS = ("budget_requests", "budget_tokens")  # the tenant's budget: "o
 FINAL = ("completed", "rejected", "dropped", "cancelled", "over_budget")
 
 DRAIN_LIMIT_S = 120.0  # after the traffic stops, how long unfinished requests may still finish
+# The gateways start this long before the scenario's first second and scrape the idle
+# backends meanwhile: a deployed control plane has been running before traffic comes (and
+# `bench`'s starts with its stack), so the scenario starts from the state an idle spell
+# leaves (docs/policy.md, "After an idle spell"), not from a control plane started at the
+# first request. Longer than the adaptive limit takes to settle while idle.
+IDLE_LEAD_IN_S = 10.0
 
 
 @dataclass
@@ -132,7 +138,7 @@ class Simulation:
         # Each replica enforces 1/N of every tenant budget (`serve --budget-share`).
         self.gateways = [
             Gateway(g, Front(Admission(policy, random.Random(f"gw:{seed}:{g}"), controller,
-                                       budget_share=1.0 / sc.gateways)),
+                                       now=-IDLE_LEAD_IN_S, budget_share=1.0 / sc.gateways)),
                     [True] * len(self.backends), [0] * len(self.backends))
             for g in range(sc.gateways)]
         self.states = [JobState(j) for j in jobs]
@@ -170,8 +176,8 @@ class Simulation:
             # On the same grid a departure was seen at once, and the pool's breaker never saw
             # the burst of failures the real stack sees (issue 11, capacity-drop).
             offset = self.sc.scrape_interval_s * (g.index + 0.5) / max(1, len(self.gateways))
-            self.at(offset, lambda now, g=g: self.scrape(g, now))
-            self.at(MAINTAIN_EVERY_S, lambda now, g=g: self.maintain(g, now))
+            self.at(offset - IDLE_LEAD_IN_S, lambda now, g=g: self.scrape(g, now))
+            self.at(MAINTAIN_EVERY_S - IDLE_LEAD_IN_S, lambda now, g=g: self.maintain(g, now))
         self.at(0.0, self.tick)
         end = self.sc.duration_s + DRAIN_LIMIT_S
         while self.heap:
