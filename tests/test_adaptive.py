@@ -267,6 +267,17 @@ def test_app_limited_limit_follows_what_is_used():
     assert a.limit() == pytest.approx(2_000.0)  # 4,000 / 1.25³ = 2,048 → twice the peak
 
 
+def test_an_idle_limit_keeps_a_sixteenth_of_the_kv_ceiling():
+    """Idle, the limit decays to a sixteenth of the KV ceiling (0.8 × 10,000 / 16 = 500),
+    not to minLimitTokens: the way back is log(16) / log(maxGrowth) windows at any size."""
+    a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS, min_limit_tokens=100.0)
+    for t in range(0, 30):
+        a.on_snapshot(snap(float(t)), float(t))
+        a.update(float(t) + 0.5, 0.0)
+    assert a.limit() == pytest.approx(500.0)
+    assert a.status()["last_action"] == "app-limited"
+
+
 def test_increase_when_calm_multiplicative_plus_sqrt():
     a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS)
     a.on_snapshot(snap(0.0), 0.0)  # r = 0

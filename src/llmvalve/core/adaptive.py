@@ -34,10 +34,11 @@ The control law, once per window (`window_s`): a target with a dead band.
   * L above the KV ceiling K · C · ρ → L ← that ceiling; ρ is the measured ratio of our cost
     estimates to real KV tokens (costs are peaks; KV fills as answers grow), slow to rise and
     quick to fall;
-  * app-limited (the window's peak in flight < L/2): L ← max(L / maxGrowth, 2 · peak). A limit
-    nobody tests is no evidence, so it follows what is used (as TCP validates an unused
-    window): replicas that each idled at the whole pool's size do not fill it all at once
-    when a burst comes;
+  * app-limited (the window's peak in flight < L/2): L ← max(L / maxGrowth, 2 · peak), not
+    below a sixteenth of the KV ceiling. A limit nobody tests is no evidence, so it follows
+    what is used (as TCP validates an unused window): replicas that each idled at the whole
+    pool's size do not fill it all at once when a burst comes; the floor keeps the way back
+    from idle a few seconds long at any fleet size;
   * r < 1 − band/2, with every live backend scraped over a window begun after the last
     decrease and its latency known (for an engine that starts decoding after idling, from
     its first window on: its young average counts here, not for a cut) →
@@ -65,6 +66,10 @@ from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
 STALE_SIGMA = 1.5
 SEQ_CAP_HITS = 3  # scrapes that show the sequence cap binding before it is counted
 FALLBACK_CAPACITY_TOKENS = 65_536.0
+# An unused limit decays no lower than this fraction of the KV ceiling: back to the ceiling
+# in log(16) / log(maxGrowth) windows (about 6 s by default) on a fleet of any size, and
+# sixteen replicas that idle together still hold no more than the ceiling between them.
+IDLE_FLOOR = 1 / 16
 
 
 @dataclass
@@ -431,8 +436,12 @@ class AdaptiveLimit:
         elif self._peak_inflight < L / 2:
             # L unused: a limit nobody tests is no evidence; it follows what is used (as TCP
             # validates an unused window), so that replicas that each idled at the whole
-            # pool's size do not all fill it at once when a burst comes
-            self._set(max(L / s.max_growth, 2 * self._peak_inflight), "app-limited")
+            # pool's size do not all fill it at once when a burst comes; but not below a
+            # sixteenth of the KV ceiling, so that the way back takes the same few seconds
+            # on any fleet (from two requests' worth, a 64-GPU pool's took 16 s)
+            idle_floor = min(L, IDLE_FLOOR * ceiling)
+            self._set(max(L / s.max_growth, 2 * self._peak_inflight, idle_floor),
+                      "app-limited")
         elif settled and (r_up := self.pressure(now, partial=True)) < 1.0 - s.band / 2:
             aim = 1.0 / max(r_up, 1e-6)
             self._set(min(ceiling, L * min(s.max_growth, aim) + math.sqrt(L)), "increase")

@@ -209,7 +209,7 @@ def _section(name: str, res: dict, elapsed: float | None) -> str:
     return "\n".join(parts)
 
 
-def render(from_json: Path | None = None) -> str:
+def render(from_json: Path | None = None, save: Path | None = None) -> str:
     results: dict[str, dict] = {}
     sections = []
     for name in builtin_names():
@@ -223,6 +223,9 @@ def render(from_json: Path | None = None) -> str:
             res, _ = simulate_seeds(sc, None, SEEDS[:1] if fleet else SEEDS, oracle=True,
                                     with_sweep=True, hindsight=not fleet)
             elapsed = time.perf_counter() - t0
+            if save is not None:
+                save.mkdir(parents=True, exist_ok=True)
+                (save / f"{name}.json").write_text(json.dumps(res, indent=1))
         results[name] = res
         sections.append(_section(name, res, elapsed))
     speed_part = [speed()] if from_json is None else []
@@ -268,9 +271,11 @@ def main() -> None:
     ap.add_argument("out", nargs="?", default="docs/scenarios.md")
     ap.add_argument("--from-json", type=Path, metavar="DIR",
                     help="render from saved `simulate --oracle --seeds 1,2,3 --json` results")
+    ap.add_argument("--save", type=Path, metavar="DIR",
+                    help="also write each scenario's results JSON there (NAME.json)")
     args = ap.parse_args()
     out = Path(args.out)
-    out.write_text(render(args.from_json))
+    out.write_text(render(args.from_json, args.save))
     print(f"wrote {out}")
 
 
