@@ -130,3 +130,16 @@ def test_capacity_and_load_factor():
     out = subprocess.run([sys.executable, "-m", "llmvalve.cli", "simulate", "--list"],
                          capture_output=True, text=True, check=True)
     assert "code-bursty" in out.stdout.split()
+
+
+def test_the_gateways_meet_the_first_requests_after_an_idle_spell():
+    """sim/harness.py IDLE_LEAD_IN_S (docs/scenarios.md): at t = 0 the adaptive limit is where
+    idling leaves it (a sixteenth of the KV ceiling, here under minLimitTokens: 2,048), not
+    a freshly started control plane's first guess (0.8 of the 65,536-token capacity it
+    assumes before its first scrape: 52,429)."""
+    from llmvalve.sim.runner import run_one
+
+    run = run_one(load_scenario("burst"), "adaptive", 1)
+    first = run.timeseries[0]
+    assert first.t == 0.0 and first.action == "app-limited"
+    assert first.limit == 2048.0

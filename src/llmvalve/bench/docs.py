@@ -24,6 +24,7 @@ from llmvalve.bench.docs_sections import (
     machine,
     meaning,
     overhead_section,
+    repeat_flag,
     scenario_section,
     summary_table,
 )
@@ -143,10 +144,6 @@ the 120 s scenario takes two minutes. Against a real deployment pass `--keys TEN
 and `--no-sim-headers`.)
 
 """
-
-
-def _repeat_flag(b: dict) -> str:
-    return f" --repeat {b['repeat']}" if b.get("repeat", 1) > 1 else ""
 
 
 def _repeat_words(b: dict) -> str:
@@ -289,7 +286,7 @@ def readme_section(results: Path) -> str:
 
 The same burst through real processes — Envoy 1.40, the llmvalve control plane, two simulated
 vLLM backends and an open-loop streaming load generator, all on this 2-core machine
-(`llmvalve bench --scenario burst{_repeat_flag(b)}`, time scale {b['time_scale']:g}: \
+(`llmvalve bench --scenario burst{repeat_flag(b)}`, time scale {b['time_scale']:g}: \
 {b['wall_s']:.0f} s for the four modes{_repeat_words(b)}):
 
 | mode | goodput tok/s | P0 SLO attainment | P0 TTFT p99 | `simulate` goodput |

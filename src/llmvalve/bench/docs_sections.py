@@ -257,6 +257,11 @@ def machine(all_res: dict[str, dict]) -> str:
             "Envoy, the control plane and the simulated backends — shares those cores.")
 
 
+def repeat_flag(b: dict) -> str:
+    """` --repeat N` when the bench ran each mode N > 1 times (its `bench` block), else ''."""
+    return f" --repeat {b['repeat']}" if b.get("repeat", 1) > 1 else ""
+
+
 def scenario_section(name: str, res: dict, img_rel: str) -> list[str]:
     """One scenario's heading, its tables as the terminal prints them, its plots and its cost."""
     sc = load_scenario(name)
@@ -272,8 +277,7 @@ def scenario_section(name: str, res: dict, img_rel: str) -> list[str]:
     parts.append(f"![{name}: time to first token by class and mode]({img_rel}/bench-"
                  f"{name}-ttft.png)\n\n![{name}: in flight, KV usage, limit, queues and "
                  f"rejections per mode]({img_rel}/bench-{name}.png)\n")
-    n = b.get("repeat", 1)
-    parts.append(f"_(`llmvalve bench --scenario {name}{f' --repeat {n}' if n > 1 else ''}`: "
+    parts.append(f"_(`llmvalve bench --scenario {name}{repeat_flag(b)}`: "
                  f"{b.get('command_wall_s', b['wall_s']):.0f} s of wall time, time scale "
                  f"{b['time_scale']:g})_\n")
     return parts

@@ -56,7 +56,7 @@ Oracles (what hindsight could do on the exact same requests):
 
 `/fixed`, `/hindsi` and `/none` are the controller's goodput over each oracle's at that seed.
 Fleet-scale built-ins (32 backends or more) are run at seed 1 with the fixed oracles only: the
-hindsight search would take several minutes there.
+hindsight search takes about four times as long as the fixed oracles there.
 The JSON (`--json`) also has per-tenant results in each class, per-second time series per
 controller (limit, in flight, per-class in flight and queue depth, KV usage, engine running and
 waiting, saturation, rejections) and, with `--seeds`, every seed's results and the mean and
