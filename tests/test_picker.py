@@ -123,6 +123,19 @@ def test_top_class_goes_where_it_starts_soonest():
     assert p.prefill_room(1.5, 1.0)
 
 
+def test_top_class_avoids_an_engine_decoding_slower_than_its_tpot_allows():
+    p = Picker(("a", "b"), kv_target=0.8, itl_target_s=0.12, late_after_s=1.0)
+    p.prefill_s_per_token = 0.001
+    p.observe("a", ok=True, at=0.0, kv_usage=0.1, itl_s=0.2, capacity_tokens=10_000.0)  # slowed
+    p.observe("b", ok=True, at=0.0, kv_usage=0.5, itl_s=0.05, capacity_tokens=10_000.0)
+    p.add("b", 500.0, prompt_tokens=500, now=0.0)  # half a second of prompts ahead on b
+    assert p.pick(0.0, first=True) == "b"  # a would start sooner but decode every token late
+    p.add("b", 2_000.0, prompt_tokens=1_000, now=0.0)  # 1.5 s ahead: later than allowed
+    assert p.pick(0.0, first=True) == "a"  # starting in time beats decoding fast
+    p.observe("a", ok=True, at=1.0, kv_usage=0.1, itl_s=0.06, capacity_tokens=10_000.0)
+    assert p.pick(1.0, first=True) == "a"  # recovered
+
+
 def test_an_engine_decoding_the_top_class_too_slowly_gets_no_new_prompts():
     p = Picker(("a", "b"), kv_target=0.8, itl_target_s=0.12)
     p.add("a", 100.0, top=True)  # a P0 request decodes on a

@@ -81,8 +81,9 @@ class Admission:
         self._ranks = {p: i for i, p in enumerate(policy.priorities)}
         top = policy.queue(policy.priorities[0])
         # What the top class's objectives leave to the engines: the prompts ahead of a P0
-        # request may take half its TTFT to prefill; its engine's inter-token latency
-        # should stay at 0.8 of its TPOT (the limiter's own ITL target by default).
+        # request may take a quarter of its TTFT to prefill before lower classes stop, half
+        # of it before the picker looks elsewhere; its engine's inter-token latency should
+        # stay at 0.8 of its TPOT (the limiter's own ITL target by default).
         self._prefill_budget_s = 0.25 * top.slo.ttft_s
         self._itl_target_s = policy.limiter.adaptive.itl_target_s or 0.8 * top.slo.tpot_s
 
@@ -91,7 +92,8 @@ class Admission:
         a = self.policy.limiter.adaptive
         return Pool(spec, Scheduler(self.policy), make_limit(self.controller, self.policy, now),
                      picker=Picker(tuple(b.name for b in spec.backends), a.stale_after_s,
-                                   a.kv_target, self._itl_target_s),
+                                   a.kv_target, self._itl_target_s,
+                                   late_after_s=2 * self._prefill_budget_s),
                      breaker=Breaker(spec.breaker))
 
     def _pool(self, name: str) -> Pool:

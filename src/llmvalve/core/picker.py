@@ -9,12 +9,15 @@ cost (what fills KV) plus its share of the in-flight requests (what fills the se
 slots) — ties broken in turn, preferring backends that are not saturated by their last scrape
 (KV usage at or above the target, or requests waiting in the engine): costs are estimates,
 and what a backend really holds is what its own metrics say. A request of the top class
-(`first=True`) is not balanced but placed where it can start soonest: a backend whose engine
-queues nothing, whose prompts sent lately are prefilled soonest (a backlog clock: each prompt
-adds its tokens at the pool's measured prefill speed, time drains it), with the most free KV
-by its last scrape less what was sent to it since — an engine runs its own queue first come
-first served and prefills the requests it started first, so a P0 request sent behind them
-waits for them. A backend is healthy unless its last scrape failed or
+(`first=True`) is not balanced but placed where it can start soonest and decode fast enough:
+a backend whose engine queues nothing; whose prompts sent lately are prefilled within
+`late_after_s` (a backlog clock: each prompt adds its tokens at the pool's measured prefill
+speed, time drains it); whose inter-token latency by its last scrape is within the top
+class's ITL target (a slowed or older card decodes every request on it slower than its TPOT,
+however short its queue); then the one that prefills soonest, with the most free KV by its
+last scrape less what was sent to it since — an engine runs its own queue first come first
+served and prefills the requests it started first, so a P0 request sent behind them waits for
+them. A backend is healthy unless its last scrape failed or
 is older than `stale_after_s`, or its last `EJECT_AFTER` requests failed (until a good scrape).
 Backends come from the pool's spec or, when it lists none, from the scrapes seen. With no known
 backend the pick is "" and Envoy's own load balancing decides.
@@ -29,10 +32,12 @@ EJECT_AFTER = 3  # request failures in a row that take a backend out until a goo
 
 class Picker:
     def __init__(self, names: tuple[str, ...] = (), stale_after_s: float = 2.0,
-                 kv_target: float = 0.85, itl_target_s: float = 0.0) -> None:
+                 kv_target: float = 0.85, itl_target_s: float = 0.0,
+                 late_after_s: float = inf) -> None:
         self.stale_after_s = stale_after_s
         self.kv_target = kv_target
         self.itl_target_s = itl_target_s  # what the top class's TPOT needs (0: not judged)
+        self.late_after_s = late_after_s  # prompts ahead a top-class request may wait behind
         self.top: dict[str, int] = dict.fromkeys(names, 0)  # top-class requests on it
         self.itl: dict[str, float] = dict.fromkeys(names, 0.0)  # by the last scrape
         self.cost: dict[str, float] = dict.fromkeys(names, 0.0)
@@ -110,7 +115,9 @@ class Picker:
         n, turn = len(names), self._turn
         if first:
             return names[min(live, key=lambda i: (
-                self._queue_now(names[i]) >= 1, max(now, done_at.get(names[i], 0.0)),
+                self._queue_now(names[i]) >= 1,
+                done_at.get(names[i], 0.0) - now > self.late_after_s, self._slow(names[i]),
+                max(now, done_at.get(names[i], 0.0)),
                 self._kv_now(names[i]), (i - turn) % n))]
         live_names = [names[i] for i in live]
         count_of = count.get
@@ -137,8 +144,11 @@ class Picker:
         top-class requests slower than their TPOT allows (more prompts there would make it
         slower still: each prefill chunk lengthens the step every request decodes in)."""
         return (self._kv_now(name) >= self.kv_target or self._queue_now(name) >= 1
-                or (self.itl_target_s > 0 and self.top.get(name, 0) > 0
-                    and self.itl.get(name, 0.0) > self.itl_target_s))
+                or (self.top.get(name, 0) > 0 and self._slow(name)))
+
+    def _slow(self, name: str) -> bool:
+        """Decoding slower than the top class's TPOT allows, by its last scrape."""
+        return self.itl_target_s > 0 and self.itl.get(name, 0.0) > self.itl_target_s
 
     def _queue_now(self, name: str) -> float:
         return (self.waiting.get(name, 0.0) + self.sent_n.get(name, 0)
