@@ -15,8 +15,8 @@ cause): the scenario must miss exactly those (reported as xfail), nothing else.
 `make test` runs every built-in of ordinary size (about two minutes of CPU for all of them on a
 2-core machine: each seed costs one `adaptive` run and the oracle sweep of about ten fixed
 limits). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep)
-and the held-out workloads of tests/data/holdout/ (written before any tuning looked at them)
-run when asked:
+and the held-out workloads of tests/data/holdout/ (never tuned on: four written before the
+controller's tuning, six written after it and judged as they stood) run when asked:
     LLMVALVE_ISSUE10_FULL=1 pytest tests/test_generalisation.py
 """
 
@@ -83,6 +83,11 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # more requests than the engines run and P0 requests queue inside them (TTFT 2.2-2.6 s
     # at t = 3-4 s): 2 of ~120 at seeds 2 and 3
     "seq-cap": ("seed 2: P0 attainment", "seed 3: P0 attainment"),
+    # held out, the same cause on three small engines capped at 8 sequences: one P0 request
+    # of ~100 at t = 5.1 s (TTFT 4.2 s; seed 1's one miss, at 3.8 s, leaves 0.9903). Counting
+    # the cap after two scrapes instead of three removes it and nothing else: not kept for one
+    # request.
+    "holdout-seqcap-small": ("seed 2: P0 attainment",),
     # the slowed engine decodes at 1.4-1.5x the ITL target whatever its load, which is a
     # third of the pool's share-weighted pressure: the limit falls from ~45k to 30-37k tokens
     # for the 50 s of the slowdown while static:64 keeps 64 requests in flight (0.945 x best
