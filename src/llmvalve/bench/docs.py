@@ -161,8 +161,9 @@ def _repeats(all_res: dict[str, dict]) -> str:
         "- **Repeats.** One real run is one draw of the wall clock's timing noise, and the "
         "`seed` limiter, which steers on each request's round trip, turns small timing "
         "differences into large goodput differences (so does `simulate`: with its access-log "
-        "delay at 200 ms instead of 50 ms, `seed` serves over 5 % more on `capacity-drop`, "
-        "`adaptive` less than 3 % more; tests/test_bench_report.py). "
+        "delay at 200 ms instead of 50 ms, `seed`'s goodput on `capacity-drop` moves by 5-11 % "
+        "at seeds 1 and 3, `adaptive`'s by a third as much on average; "
+        "tests/test_bench_report.py). "
         f"On {names} each mode runs {n} times, in rounds (every mode, then every mode again), "
         "and the run with the median goodput is the one shown and compared with `simulate`.")
     return textwrap.fill(text, width=95, subsequent_indent="  ") + "\n"
