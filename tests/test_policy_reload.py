@@ -77,3 +77,16 @@ def test_shrunk_queue_keeps_its_content_and_refuses_arrivals(adm):
     assert adm.status(1.0)["pools"]["default"]["classes"]["2"]["queue_depth"] == 4
     d = adm.submit(req(99, 2), 1.0)
     assert isinstance(d, Reject) and d.reason is Reason.QUEUE_FULL
+
+
+def test_reload_retargets_the_picker(adm):
+    """The picker judges engines against the reloaded policy's top-class objectives (its
+    ITL target from P0's TPOT, its prefill allowance from P0's TTFT), not the old ones."""
+    picker = adm.pools["default"].picker
+    assert picker.itl_target_s == pytest.approx(0.8 * adm.policy.queue(0).slo.tpot_s)
+    faster = BASE.replace("timeout: 8s, dropPolicy: tail}",
+                          "timeout: 8s, dropPolicy: tail, slo: {ttft: 1s, tpot: 50ms}}")
+    adm.replace_policy(load_policy(faster), 1.0)
+    assert adm.pools["default"].picker is picker  # what it saw of the backends is kept
+    assert picker.itl_target_s == pytest.approx(0.04)
+    assert picker.late_after_s == pytest.approx(0.5)

@@ -88,13 +88,15 @@ class Admission:
         self._itl_target_s = policy.limiter.adaptive.itl_target_s or 0.8 * top.slo.tpot_s
 
     # ---- helpers --------------------------------------------------------------------------
-    def _new_pool(self, spec: PoolSpec, now: float) -> Pool:
+    def _picker_targets(self) -> tuple[float, float, float, float]:
+        """(staleness, KV target, ITL target, prefill backlog a P0 request may wait behind)."""
         a = self.policy.limiter.adaptive
+        return a.stale_after_s, a.kv_target, self._itl_target_s, 2 * self._prefill_budget_s
+
+    def _new_pool(self, spec: PoolSpec, now: float) -> Pool:
         return Pool(spec, Scheduler(self.policy), make_limit(self.controller, self.policy, now),
-                     picker=Picker(tuple(b.name for b in spec.backends), a.stale_after_s,
-                                   a.kv_target, self._itl_target_s,
-                                   late_after_s=2 * self._prefill_budget_s),
-                     breaker=Breaker(spec.breaker))
+                    picker=Picker(tuple(b.name for b in spec.backends), *self._picker_targets()),
+                    breaker=Breaker(spec.breaker))
 
     def _pool(self, name: str) -> Pool:
         pool = self.pools.get(name)
@@ -413,6 +415,7 @@ class Admission:
                     lower = [p for p in policy.priorities if p > req.priority]
                     req = replace(req, priority=lower[0] if lower else policy.lowest_priority)
                 pool.scheduler.push(req, now, enqueued_at=w.enqueued_at)
+            pool.picker.retarget(*self._picker_targets())
             for b in spec.backends:
                 pool.picker.include(b.name)
             pool.limit = self._carry_limit(pool.limit, old_policy, policy, now)

@@ -84,6 +84,14 @@ class Picker:
             self.last_ok[name] = -1.0  # failing until a good scrape
         self._saturated[name] = self.saturated(name)
 
+    def retarget(self, stale_after_s: float, kv_target: float, itl_target_s: float,
+                 late_after_s: float) -> None:
+        """A reloaded policy's targets; what was seen of the backends is kept."""
+        self.stale_after_s, self.kv_target = stale_after_s, kv_target
+        self.itl_target_s, self.late_after_s = itl_target_s, late_after_s
+        self._oldest_ok = -inf  # health depends on stale_after_s
+        self._saturated = {b: self.saturated(b) for b in self._saturated}
+
     def include(self, name: str) -> None:
         """Know a backend before its first scrape (a policy that lists it)."""
         if name not in self.cost:
@@ -114,11 +122,12 @@ class Picker:
         self._turn += 1
         n, turn = len(names), self._turn
         if first:
-            return names[min(live, key=lambda i: (
-                self._queue_now(names[i]) >= 1,
-                done_at.get(names[i], 0.0) - now > self.late_after_s, self._slow(names[i]),
-                max(now, done_at.get(names[i], 0.0)),
-                self._kv_now(names[i]), (i - turn) % n))]
+            def soonest(i: int) -> tuple:
+                b = names[i]
+                start = max(now, done_at.get(b, 0.0))
+                return (self._queue_now(b) >= 1, start - now > self.late_after_s,
+                        self._slow(b), start, self._kv_now(b), (i - turn) % n)
+            return names[min(live, key=soonest)]
         live_names = [names[i] for i in live]
         count_of = count.get
         cost_total = sum([cost[b] for b in live_names]) or 1.0
@@ -147,7 +156,7 @@ class Picker:
                 or (self.top.get(name, 0) > 0 and self._slow(name)))
 
     def _slow(self, name: str) -> bool:
-        """Decoding slower than the top class's TPOT allows, by its last scrape."""
+        """Decoding slower than the top class's ITL target, by its last scrape."""
         return self.itl_target_s > 0 and self.itl.get(name, 0.0) > self.itl_target_s
 
     def _queue_now(self, name: str) -> float:
