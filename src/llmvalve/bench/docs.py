@@ -151,6 +151,11 @@ def _repeat_words(b: dict) -> str:
     return f", each run {n} times; the run with the median goodput shown" if n > 1 else ""
 
 
+def _draws_words(res: dict) -> str:
+    n = {len(r.get("runs_goodput_tok_s", [])) for r in res.get("simulate", {}).values()}
+    return f" (median of {n.pop()} timing draws)" if len(n) == 1 and min(n) > 1 else ""
+
+
 def _repeats(all_res: dict[str, dict]) -> str:
     repeated = [n for n, r in all_res.items() if r["bench"].get("repeat", 1) > 1]
     if not repeated:
@@ -165,7 +170,12 @@ def _repeats(all_res: dict[str, dict]) -> str:
         "at seeds 1 and 3, `adaptive`'s by a third as much on average; "
         "tests/test_bench_report.py). "
         f"On {names} each mode runs {n} times, in rounds (every mode, then every mode again), "
-        "and the run with the median goodput is the one shown and compared with `simulate`.")
+        "and the run with the median goodput is the one shown. It is compared with "
+        "`simulate`'s median over the same kind of noise: five timing draws of the same "
+        "requests (each scraper's phase and each access-log entry's delay drawn; "
+        "`simulate --timing-draw K`), not its one fixed timing grid, which is one more draw "
+        "and can sit at an edge of them (both sides' runs are listed under \"What the numbers "
+        "mean\").")
     return textwrap.fill(text, width=95, subsequent_indent="  ") + "\n"
 
 
@@ -290,7 +300,7 @@ vLLM backends and an open-loop streaming load generator, all on this 2-core mach
 (`llmvalve bench --scenario burst{repeat_flag(b)}`, time scale {b['time_scale']:g}: \
 {b['wall_s']:.0f} s for the four modes{_repeat_words(b)}):
 
-| mode | goodput tok/s | P0 SLO attainment | P0 TTFT p99 | `simulate` goodput |
+| mode | goodput tok/s | P0 SLO attainment | P0 TTFT p99 | `simulate` goodput{_draws_words(res)} |
 |---|---:|---:|---:|---:|
 {chr(10).join(rows)}
 

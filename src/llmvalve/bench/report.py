@@ -167,6 +167,12 @@ def full_text(res: dict) -> str:
                      "shown. Goodput of each run (tok/s): " + "; ".join(
                          f"{m} " + " / ".join(f"{g:.0f}" for g in c["bench"]["runs_goodput_tok_s"])
                          for m, c in res["controllers"].items()))
+    sim = res.get("simulate") or {}
+    if any("runs_goodput_tok_s" in c for c in sim.values()):
+        parts.append("`simulate`: the timing draw with the median goodput is compared. Goodput "
+                     "of each draw (tok/s): " + "; ".join(
+                         f"{m} " + " / ".join(f"{g:.0f}" for g in c["runs_goodput_tok_s"])
+                         for m, c in sim.items() if "runs_goodput_tok_s" in c))
     if b:
         parts.append(f"(bench: time scale {b['time_scale']:g} — the engines run "
                      f"{b['time_scale']:g}x faster than the wall clock and every time above is "

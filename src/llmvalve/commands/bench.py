@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run each mode N times, in rounds, and report the run with the median "
                    "goodput (default 1)")
+    p.add_argument("--sim-draws", type=int, default=5, metavar="K",
+                   help="compare with `simulate`'s median over K timing draws (scrape phase, "
+                   "access-log delay; 0: its fixed grid alone; default 5)")
     p.add_argument("--no-simulate", action="store_true",
                    help="skip the comparison with `llmvalve simulate`")
     p.add_argument("--json", metavar="FILE", help="write the results JSON to FILE ('-': stdout)")
@@ -92,9 +95,11 @@ def _options(args: argparse.Namespace) -> BenchOptions | None:
         tokens_per_chunk=args.tokens_per_chunk or DEFAULT_TOKENS_PER_CHUNK,
         drain_s=DEFAULT_DRAIN_S if args.drain is None else args.drain,
         seed=args.seed, load_scale=args.load_scale, workdir=args.workdir,
-        simulate=not args.no_simulate, repeat=args.repeat)
-    if opts.time_scale <= 0 or opts.tokens_per_chunk < 1 or opts.repeat < 1:
-        print("llmvalve bench: --time-scale must be > 0, --tokens-per-chunk and --repeat >= 1",
+        simulate=not args.no_simulate, repeat=args.repeat, sim_draws=args.sim_draws)
+    if (opts.time_scale <= 0 or opts.tokens_per_chunk < 1 or opts.repeat < 1
+            or opts.sim_draws < 0):
+        print("llmvalve bench: --time-scale must be > 0, --tokens-per-chunk and --repeat >= 1, "
+              "--sim-draws >= 0",
               file=sys.stderr)
         return None
     return opts

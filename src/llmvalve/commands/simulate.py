@@ -37,6 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results JSON only")
     p.add_argument("--plot", metavar="PNG", help="write time series (and sweep) plots")
     p.add_argument("--list", action="store_true", help="list the built-in scenarios")
+    p.add_argument("--timing-draw", type=int, default=0, metavar="K",
+                   help="draw each scraper's phase and each access-log entry's delay (draw K "
+                   "> 0) instead of the fixed grid (0, default): a real stack's timing noise, "
+                   "as `bench` compares with (its --sim-draws)")
     p.add_argument("--stepping", choices=("event", "per-step"), default="event",
                    help="engine stepping: event-driven (default) or the per-step reference")
 
@@ -82,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--load-scale must be > 0")
     if not args.oracle_window > 0:
         return _fail("--oracle-window must be > 0")
+    if args.timing_draw < 0:
+        return _fail("--timing-draw must be >= 0")
+    sc = replace(sc, timing_draw=args.timing_draw)
     if args.capacity:
         return _capacity(sc, seeds, args.json)
     t0 = time.perf_counter()

@@ -132,6 +132,11 @@ class Simulation:
         self.controller = controller
         self.profile = sc.engine_profile()
         self.rng = random.Random(f"sim:{seed}:{controller}")
+        # Timing draw 0 is the fixed grid below; draw k > 0 draws what a real stack leaves to
+        # chance (each scraper's phase, each access-log entry's delay) from its own stream, so
+        # the same requests can be judged over the timing noise a real run has (issue 11).
+        k = sc.timing_draw
+        self.timing = random.Random(f"timing:{seed}:{k}") if k else None
         self.layout = sc.backend_pools(policy)  # each backend's pool, by its number
         self.backends = [Backend(i, self._engine(i), self.layout[i].name)
                          for i in range(len(self.layout))]
@@ -176,6 +181,8 @@ class Simulation:
             # On the same grid a departure was seen at once, and the pool's breaker never saw
             # the burst of failures the real stack sees (issue 11, capacity-drop).
             offset = self.sc.scrape_interval_s * (g.index + 0.5) / max(1, len(self.gateways))
+            if self.timing is not None:
+                offset = self.sc.scrape_interval_s * self.timing.random()
             self.at(offset - IDLE_LEAD_IN_S, lambda now, g=g: self.scrape(g, now))
             self.at(MAINTAIN_EVERY_S - IDLE_LEAD_IN_S, lambda now, g=g: self.maintain(g, now))
         self.at(0.0, self.tick)
@@ -341,7 +348,10 @@ class Simulation:
             g.front.access_log(entry, t)
             self.poll(g, t)
 
-        self.at(now + self.sc.als_delay_s, logged)
+        delay = self.sc.als_delay_s
+        if self.timing is not None:  # Envoy flushes its buffer on a timer: uniform, same mean
+            delay *= 2.0 * self.timing.random()
+        self.at(now + delay, logged)
 
     def scrape(self, g: Gateway, now: float) -> None:
         self._sync(now)

@@ -115,6 +115,9 @@ class Scenario:
     gateways: int = 1
     scrape_interval_s: float = 0.5
     als_delay_s: float = 0.05
+    # 0: scrapes and access-log entries on a fixed grid; k > 0: timing draw k (the harness draws
+    # each scraper's phase and each entry's delay, as a real stack leaves them to chance).
+    timing_draw: int = 0
     policy: Policy | None = None
     controllers: tuple[str, ...] = ("none", "static:32", "seed", "adaptive")
     oracle_sweep: tuple[int, ...] = (8, 12, 16, 24, 32, 40, 48, 64, 96)
