@@ -125,9 +125,11 @@ $ .venv/bin/python -m llmvalve.bench.docs --run     # every scenario here; rewri
 names or a YAML path) and prints the simulator's table for the real run, then the comparison
 with `simulate`, attempts per traffic class when clients retry, CPU per process, and whether
 the load generator kept up; `--repeat N` runs each mode N times and reports the run with the
-median goodput. `--json FILE` writes the results JSON (the simulator's shape plus
-`bench`, `timeseries`, `traffic_classes`, `simulate` and `comparison`); `--plot PNG` writes the
-time series, `PNG-ttft.png` and, for `overload-sweep`, `PNG-sweep.png`. `llmvalve load --target
+median goodput; `--sim-draws K` (default 5) compares with `simulate`'s median over K timing
+draws (`simulate --timing-draw K` runs one). `--json FILE` writes the results JSON (the
+simulator's shape plus `bench`, `timeseries`, `traffic_classes`, `simulate` and
+`comparison`); `--plot PNG` writes the time series, `PNG-ttft.png` and, for
+`overload-sweep`, `PNG-sweep.png`. `llmvalve load --target
 URL --scenario NAME` sends the same traffic to any running gateway (`llmvalve up`, or a real
 deployment) and prints the per-class results.
 

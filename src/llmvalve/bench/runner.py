@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
@@ -46,6 +47,8 @@ from llmvalve.sim.runner import default_policy
 from llmvalve.sim.scenario import PoolDef, Scenario
 from llmvalve.sim.workload import generate
 from llmvalve.stack import Stack, StackConfig, envoy_binary
+
+T = TypeVar("T")
 
 DEFAULT_TIME_SCALE = 4.0
 DEFAULT_TOKENS_PER_CHUNK = 8
@@ -390,10 +393,18 @@ def run_mode(sc: Scenario, mode: str, opts: BenchOptions, progress: Progress,
     return ModeRun(mode, run, load, summary, wall)
 
 
+def _median(items: list[T], key: Callable[[T], float]) -> T:
+    """The item with the median key (of an even number, the lower of the middle two)."""
+    return sorted(items, key=key)[(len(items) - 1) // 2]
+
+
 def median_run(tries: list[ModeRun]) -> ModeRun:
-    """The run with the median goodput (of an even number, the lower of the middle two)."""
-    ranked = sorted(tries, key=lambda t: t.summary["goodput_tok_s"])
-    return ranked[(len(ranked) - 1) // 2]
+    """The run with the median goodput."""
+    return _median(tries, lambda t: t.summary["goodput_tok_s"])
+
+
+def _goodput_of(mode: str, draw: tuple) -> float:
+    return draw[1]["controllers"][mode]["goodput_tok_s"]
 
 
 def simulate_same(sc: Scenario, modes: list[str], opts: BenchOptions) -> tuple[dict, dict]:
@@ -411,8 +422,7 @@ def simulate_same(sc: Scenario, modes: list[str], opts: BenchOptions) -> tuple[d
     res: dict = {**tries[0][1], "controllers": {}}
     runs: dict[str, RunResult] = {}
     for m in modes:
-        ranked = sorted(tries, key=lambda t: t[1]["controllers"][m]["goodput_tok_s"])
-        k, out, mode_runs = ranked[(len(ranked) - 1) // 2]
+        k, out, mode_runs = _median(tries, functools.partial(_goodput_of, m))
         runs[m] = mode_runs[m]
         res["controllers"][m] = {**out["controllers"][m], "timing_draw": k,
                                  "traffic_classes": traffic_classes(mode_runs[m], policy)}

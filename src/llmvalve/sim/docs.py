@@ -76,7 +76,8 @@ events:                                   # capacity events; backend: an index o
   - {at: 30s, backend: 1, slowdown: 2.0}  # or leave: true, rejoin: true, kvBlocks: N
   - {at: 40s, backend: [0, 1], slowdown: 3.0}
 gateways: 1                               # independent replicas, each with its own controller
-metrics: {scrapeInterval: 0.5s, alsDelay: 0.05s}  # feedback delays
+metrics: {scrapeInterval: 0.5s, alsDelay: 0.05s}  # feedback delays (on a fixed grid;
+                                          # `simulate --timing-draw K` draws phase and delay)
 policy: default                           # or a policy file path, or an inline mapping
 controllers: [none, static:32, seed, adaptive]
 oracleSweep: [8, 12, 16, 24, 32, 40, 48, 64, 96]
