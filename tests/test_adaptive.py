@@ -148,6 +148,30 @@ def test_one_backends_latency_moves_the_pool_by_its_share():
     assert a.pressure(2.5) == pytest.approx(1.2)
 
 
+def test_a_lone_engine_slow_for_five_latency_windows_no_longer_cuts_the_pool():
+    """One engine of two decoding at twice the target for 10 s (five 2 s latency windows)
+    while the other is at 0.4 of it: a slow card, not pool congestion. Its reading is capped
+    at 1 (it holds increases; r = 0.7, not 1.2, and the pool is not cut). Slow for less than
+    that, it counts in full (a burst of prefill chunks); so it does when the other engine is
+    slow too (the pool is congested)."""
+    a = make()
+    for i in range(21):  # scrapes every 0.5 s; the first one only registers the engine
+        t = 0.5 * i
+        a.on_snapshot(snap(t, "b0", itl_mean_s=0.2), t)
+        a.on_snapshot(snap(t, "b1", itl_mean_s=0.04), t)
+        if t >= 2.5:
+            assert a.pressure(t) == pytest.approx(1.2), t  # slow since 0.5 s: < 10 s
+    a.on_snapshot(snap(10.5, "b0", itl_mean_s=0.2), 10.5)
+    a.on_snapshot(snap(10.5, "b1", itl_mean_s=0.04), 10.5)
+    assert a.pressure(10.5) == pytest.approx(0.7)
+    for t in (11.0, 11.5, 12.0):  # now b1 slows down too: the pool is congested
+        a.on_snapshot(snap(t, "b0", itl_mean_s=0.2), t)
+        a.on_snapshot(snap(t, "b1", itl_mean_s=0.3), t)
+    assert a.pressure(12.0) > 1.5
+    a.on_snapshot(snap(12.5, "b0", itl_mean_s=0.05), 12.5)  # b0 recovers: its run restarts
+    assert a.backends["b0"].slow_since is None
+
+
 def test_latency_is_averaged_over_the_latency_window():
     """One scrape window with a long prefill chunk in it (ITL 0.3 s against 0.1) among calm
     ones is not a breach: the average over 2 s is what a request's TPOT sees."""

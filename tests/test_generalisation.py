@@ -88,13 +88,6 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # the cap after two scrapes instead of three removes it and nothing else: not kept for one
     # request.
     "holdout-seqcap-small": ("seed 2: P0 attainment",),
-    # the slowed engine decodes at 1.4-1.5x the ITL target whatever its load, which is a
-    # third of the pool's share-weighted pressure: the limit falls from ~45k to 30-37k tokens
-    # for the 50 s of the slowdown while static:64 keeps 64 requests in flight (0.945 x best
-    # fixed at seed 1; 0.986 and 0.958 at seeds 2 and 3). Capping a lone slow engine's
-    # latency term at the target lifted every seed above 0.96 and cost P0 on the ITL-spiky
-    # code-completion built-ins: not kept.
-    "slowdown-one": ("seed 1: adaptive",),
     # held out: P0 requests in flight on the backend that leaves at 60 s, lost with it (no
     # admission decision saves a request its backend drops mid-stream): 8 and 2 of ~130 at
     # seeds 1 and 2. Every other P0 request meets its objectives since P0 is placed away

@@ -21,7 +21,12 @@ reading, the largest of
     breach); unknown until the average covers a whole window begun after the last decrease.
 The pool's r is the mean of the backends' readings weighted by each backend's share of the
 capacity: one backend's long prefill chunk moves r by its share, not the whole pool by its
-worst member. On top, the queueing part of TTFT from the access log (TTFT minus a prefill
+worst member. A backend that alone has decoded slower than the target for
+`LONE_SLOW_WINDOWS` latency windows in a row (a throttled or older card; every other engine
+within the target) reads at most 1 in latency: it holds an increase but cuts nothing. Fewer
+requests in flight pool-wide would starve the engines that are fine and barely speed it up
+(its steps are slow at any batch); the picker keeps the top class off it.
+On top, the queueing part of TTFT from the access log (TTFT minus a prefill
 model a + b·prompt fitted online at low load), p90 once the window has `min_samples` samples,
 counts for the whole pool.
 
@@ -65,6 +70,7 @@ from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
 
 STALE_SIGMA = 1.5
 SEQ_CAP_HITS = 3  # scrapes that show the sequence cap binding before it is counted
+LONE_SLOW_WINDOWS = 5  # latency windows a lone slow engine must last to be read as its own
 FALLBACK_CAPACITY_TOKENS = 65_536.0
 # An unused limit decays no lower than this fraction of the KV ceiling: back to the ceiling
 # in log(16) / log(maxGrowth) windows (about 6 s by default) on a fleet of any size, and
@@ -83,6 +89,7 @@ class _Backend:
     itl_from_idle: bool = False  # the average began when the engine started decoding
     cap_hits: int = 0  # scrapes at max_running with requests waiting and KV to spare
     inflight_at: float = 0.0  # our in-flight cost when `snap` arrived
+    slow_since: float | None = None  # first of the scrapes in a row with ITL above target
 
 
 class _PrefillModel:
@@ -256,6 +263,17 @@ class AdaptiveLimit:
             return 0.0
         return (b.itl_s or 0.0) / self.itl_target_s
 
+    def _latencies(self, live: list[_Backend], partial: bool) -> list[float]:
+        """Each live backend's latency reading; a lone persistently slow one's at most 1."""
+        lat = [self._latency(b, partial) for b in live]
+        slow = [i for i, x in enumerate(lat) if x > 1.0]
+        if len(slow) == 1 and len(live) > 1:
+            b = live[slow[0]]
+            lasting = self.spec.latency_window_s * LONE_SLOW_WINDOWS
+            if b.slow_since is not None and b.snap.at - b.slow_since >= lasting:
+                lat[slow[0]] = 1.0
+        return lat
+
     def _latency_known(self, b: _Backend) -> bool:
         """The latency average covers a whole window begun after the last decrease (or the
         engine decodes nothing: no latency to know)."""
@@ -316,9 +334,10 @@ class AdaptiveLimit:
             # (spread over the pool by share; readings lag admissions and, while in flight
             # rises, would let the limit overshoot).
             per_kv = self._capacity_live() * (self._rho or 1.0)
-            for w, b in zip(self._weights(live), live, strict=True):
+            lat = self._latencies(live, partial)
+            for w, b, lb in zip(self._weights(live), live, lat, strict=True):
                 sent = (self._inflight_latest - b.inflight_at) / per_kv
-                r += w * max(self._fill(b.snap, sent), self._latency(b, partial))
+                r += w * max(self._fill(b.snap, sent), lb)
         if len(self._ttft_queue) >= self.spec.min_samples:
             r = max(r, _p90(self._ttft_queue) / self.queue_target_s)
         return r
@@ -362,6 +381,12 @@ class AdaptiveLimit:
             prev.snap = snap
             prev.inflight_at = self._inflight_latest
             self._average_itl(prev, snap, idle_before)
+            if snap.itl_mean_s is not None:
+                slow = snap.itl_mean_s > self.itl_target_s
+                if not slow:
+                    prev.slow_since = None
+                elif prev.slow_since is None:
+                    prev.slow_since = snap.at
             self._observe_sequences(prev, snap)
         else:
             # keep the last good numbers (capacity) but mark it failing
