@@ -89,12 +89,15 @@ def test_two_pool_comparison_is_per_class_and_per_pool_and_judged():
     assert c["pools"]["compact"]["attainment"]["0"] == {"bench": 1.0, "sim": 1.0}
     text = full_text(res)
     assert "per pool" in text and "compact" in text
-    assert docs.agreement({"two-pool": res})[0].endswith("for 2 of 2 scenario × mode pairs.")
+    assert docs.agreement({"two-pool": res})[0].endswith(
+        "goodput within 5% for 2 of 2 scenario × mode pairs, and with every class's attainment "
+        "(each pool's too) within 0.05 as well for 2.")
     off = json.loads(json.dumps(res))
     off["comparison"] = compare(off, res)
     off["comparison"]["adaptive"]["pools"]["large"]["attainment"]["1"]["bench"] -= 0.06
     line = docs.agreement({"two-pool": off})[0]
-    assert "for 1 of 2 scenario × mode pairs; not for `two-pool` `adaptive`" in line
+    assert "for 2 of 2 scenario × mode pairs, and with every class's attainment" in line
+    assert "within 0.05 as well for 1; not for `two-pool` `adaptive`" in line
     assert "attainment off by up to 0.060" in line
 
 
