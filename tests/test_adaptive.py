@@ -164,12 +164,14 @@ def test_a_lone_engine_slow_for_five_latency_windows_no_longer_cuts_the_pool():
     a.on_snapshot(snap(10.5, "b0", itl_mean_s=0.2), 10.5)
     a.on_snapshot(snap(10.5, "b1", itl_mean_s=0.04), 10.5)
     assert a.pressure(10.5) == pytest.approx(0.7)
+    assert a.status()["slow_backend"] == "b0"  # /status names it
     for t in (11.0, 11.5, 12.0):  # now b1 slows down too: the pool is congested
         a.on_snapshot(snap(t, "b0", itl_mean_s=0.2), t)
         a.on_snapshot(snap(t, "b1", itl_mean_s=0.3), t)
     assert a.pressure(12.0) > 1.5
     a.on_snapshot(snap(12.5, "b0", itl_mean_s=0.05), 12.5)  # b0 recovers: its run restarts
     assert a.backends["b0"].slow_since is None
+    assert a.status()["slow_backend"] is None
 
 
 def test_latency_is_averaged_over_the_latency_window():

@@ -148,6 +148,7 @@ class AdaptiveLimit:
         self._prefill_speed = _PrefillModel()  # at any load: its slope
         self._last_pressure = 0.0
         self._last_action = "start"
+        self._slow_card: str | None = None  # a lone slow engine, read at most 1 in latency
         self._rho: float | None = None
         # Caches of the two per-call sums over backends (same loops, same order, so the same
         # floats): dropped when a snapshot arrives; saturation's also when `now` leaves the
@@ -264,14 +265,17 @@ class AdaptiveLimit:
         return (b.itl_s or 0.0) / self.itl_target_s
 
     def _latencies(self, live: list[_Backend], partial: bool) -> list[float]:
-        """Each live backend's latency reading; a lone persistently slow one's at most 1."""
+        """Each live backend's latency reading; a lone persistently slow one's at most 1
+        (named in `status()` as `slow_backend`)."""
         lat = [self._latency(b, partial) for b in live]
         slow = [i for i, x in enumerate(lat) if x > 1.0]
+        self._slow_card = None
         if len(slow) == 1 and len(live) > 1:
             b = live[slow[0]]
             lasting = self.spec.latency_window_s * LONE_SLOW_WINDOWS
             if b.slow_since is not None and b.snap.at - b.slow_since >= lasting:
                 lat[slow[0]] = 1.0
+                self._slow_card = b.snap.backend
         return lat
 
     def _latency_known(self, b: _Backend) -> bool:
@@ -500,5 +504,5 @@ class AdaptiveLimit:
                 "prefill_s_per_token": None if fit is None else fit[1],
                 "utilisation": self.u, "capacity_tokens": self._capacity_live(),
                 "pressure": self._last_pressure, "last_action": self._last_action,
-                "cost_per_kv_token": self._rho,
+                "cost_per_kv_token": self._rho, "slow_backend": self._slow_card,
                 "epoch": self.epoch}
