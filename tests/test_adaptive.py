@@ -148,30 +148,46 @@ def test_one_backends_latency_moves_the_pool_by_its_share():
     assert a.pressure(2.5) == pytest.approx(1.2)
 
 
-def test_a_lone_engine_slow_for_five_latency_windows_no_longer_cuts_the_pool():
+def _scrape_itl(a: AdaptiveLimit, t: float, itl: dict[str, float]) -> None:
+    for name, value in itl.items():
+        a.on_snapshot(snap(t, name, itl_mean_s=value), t)
+
+
+def test_a_slow_card_stops_cutting_the_pool_after_five_latency_windows():
     """One engine of two decoding at twice the target for 10 s (five 2 s latency windows)
     while the other is at 0.4 of it: a slow card, not pool congestion. Its reading is capped
     at 1 (it holds increases; r = 0.7, not 1.2, and the pool is not cut). Slow for less than
-    that, it counts in full (a burst of prefill chunks); so it does when the other engine is
-    slow too (the pool is congested)."""
+    that, it counts in full (a burst of prefill chunks); so it does once the other engine is
+    slow too (the pool is congested), and its run restarts when it recovers."""
     a = make()
     for i in range(21):  # scrapes every 0.5 s; the first one only registers the engine
         t = 0.5 * i
-        a.on_snapshot(snap(t, "b0", itl_mean_s=0.2), t)
-        a.on_snapshot(snap(t, "b1", itl_mean_s=0.04), t)
+        _scrape_itl(a, t, {"b0": 0.2, "b1": 0.04})
         if t >= 2.5:
             assert a.pressure(t) == pytest.approx(1.2), t  # slow since 0.5 s: < 10 s
-    a.on_snapshot(snap(10.5, "b0", itl_mean_s=0.2), 10.5)
-    a.on_snapshot(snap(10.5, "b1", itl_mean_s=0.04), 10.5)
+    _scrape_itl(a, 10.5, {"b0": 0.2, "b1": 0.04})
     assert a.pressure(10.5) == pytest.approx(0.7)
-    assert a.status()["slow_backend"] == "b0"  # /status names it
+    assert a.status()["slow_backends"] == ["b0"]  # /status names it
     for t in (11.0, 11.5, 12.0):  # now b1 slows down too: the pool is congested
-        a.on_snapshot(snap(t, "b0", itl_mean_s=0.2), t)
-        a.on_snapshot(snap(t, "b1", itl_mean_s=0.3), t)
-    assert a.pressure(12.0) > 1.5
-    a.on_snapshot(snap(12.5, "b0", itl_mean_s=0.05), 12.5)  # b0 recovers: its run restarts
+        _scrape_itl(a, t, {"b0": 0.2, "b1": 0.3})
+    assert a.pressure(12.0) > 1.5 and a.status()["slow_backends"] == []
+    _scrape_itl(a, 12.5, {"b0": 0.05, "b1": 0.3})  # b0 recovers: its run restarts
     assert a.backends["b0"].slow_since is None
-    assert a.status()["slow_backend"] is None
+
+
+@pytest.mark.parametrize("slow, capped", [(("b0",), True), (("b0", "b1"), True),
+                                          (("b0", "b1", "b2"), False)])
+def test_slow_cards_are_capped_only_while_most_of_the_pool_is_within_target(slow, capped):
+    """Four equal engines, some slow at twice the target for 12 s: one or two (at most half
+    the capacity) are slow cards, each read at 1; three are most of the pool, and every
+    reading counts in full (a pool-wide slowdown must cut)."""
+    a = make()
+    names = ("b0", "b1", "b2", "b3")
+    for i in range(25):
+        _scrape_itl(a, 0.5 * i, {n: 0.2 if n in slow else 0.04 for n in names})
+    r_slow = 1.0 if capped else 2.0
+    assert a.pressure(12.0) == pytest.approx((len(slow) * r_slow + (4 - len(slow)) * 0.4) / 4)
+    assert a.status()["slow_backends"] == (list(slow) if capped else [])
 
 
 def test_latency_is_averaged_over_the_latency_window():

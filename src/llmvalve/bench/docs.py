@@ -28,7 +28,12 @@ from llmvalve.bench.docs_sections import (
     scenario_section,
     summary_table,
 )
-from llmvalve.bench.scenario_compare import AGREEMENT, AGREEMENT_REPEAT, resimulate
+from llmvalve.bench.scenario_compare import (
+    AGREEMENT,
+    AGREEMENT_REPEAT,
+    resimulate,
+    sim_draws,
+)
 from llmvalve.bench.scenario_compare import agreement as agreement  # re-exported (tests)
 from llmvalve.sim.scenario import builtin_names, load_scenario
 
@@ -154,8 +159,8 @@ def _repeat_words(b: dict) -> str:
 
 
 def _draws_words(res: dict) -> str:
-    n = {len(r.get("runs_goodput_tok_s", [])) for r in res.get("simulate", {}).values()}
-    return f" (median of {n.pop()} timing draws)" if len(n) == 1 and min(n) > 1 else ""
+    n = sim_draws([res])
+    return f" (median of {n} timing draws)" if n > 1 else ""
 
 
 def _repeats(all_res: dict[str, dict]) -> str:
@@ -173,7 +178,8 @@ def _repeats(all_res: dict[str, dict]) -> str:
         "tests/test_bench_report.py). "
         f"On {names} each mode runs {n} times, in rounds (every mode, then every mode again), "
         "and the run with the median goodput is the one shown. It is compared with "
-        "`simulate`'s median over the same kind of noise: five timing draws of the same "
+        f"`simulate`'s median over the same kind of noise: {sim_draws(list(all_res.values()))} "
+        "timing draws of the same "
         "requests (each scraper's phase and each access-log entry's delay drawn; "
         "`simulate --timing-draw K`), not its one fixed timing grid, which is one more draw "
         "and can sit at an edge of them (both sides' runs are listed under \"What the numbers "

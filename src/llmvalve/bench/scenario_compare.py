@@ -24,6 +24,14 @@ def _worst_att(c: dict) -> float:
     return max((abs(a["bench"] - a["sim"]) for a in rows), default=0.0)
 
 
+def sim_draws(results: list[dict]) -> int:
+    """How many timing draws the `simulate` side of these results took its median over (0:
+    one run, or not the same number everywhere)."""
+    counts = {len(r.get("runs_goodput_tok_s", [])) for res in results
+              for r in res.get("simulate", {}).values()}
+    return counts.pop() if len(counts) == 1 else 0
+
+
 def agreement(all_res: dict[str, dict]) -> list[str]:
     """Issue 11's check: on AGREEMENT, goodput within 5 % of `simulate`'s and every class's
     attainment within 0.05, per mode; the pairs that are not, by name."""
@@ -36,9 +44,7 @@ def agreement(all_res: dict[str, dict]) -> list[str]:
     names = ", ".join(f"`{n}`" for n in AGREEMENT if n in all_res)
     repeats = {all_res[n]["bench"].get("repeat", 1) for n in AGREEMENT if n in all_res}
     (n_runs,) = repeats if len(repeats) == 1 else (1,)
-    draws = {len(r.get("runs_goodput_tok_s", [])) for n in AGREEMENT if n in all_res
-             for r in all_res[n].get("simulate", {}).values()}
-    (n_draws,) = draws if len(draws) == 1 else (0,)
+    n_draws = sim_draws([all_res[n] for n in AGREEMENT if n in all_res])
     judged = (f" (each mode run {n_runs} times"
               + (f", `simulate` over {n_draws} timing draws" if n_draws > 1 else "")
               + "; the runs with the median goodput are compared)" if n_runs > 1 else "")

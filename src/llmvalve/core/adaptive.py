@@ -21,11 +21,13 @@ reading, the largest of
     breach); unknown until the average covers a whole window begun after the last decrease.
 The pool's r is the mean of the backends' readings weighted by each backend's share of the
 capacity: one backend's long prefill chunk moves r by its share, not the whole pool by its
-worst member. A backend that alone has decoded slower than the target for
-`LONE_SLOW_WINDOWS` latency windows in a row (a throttled or older card; every other engine
-within the target) reads at most 1 in latency: it holds an increase but cuts nothing. Fewer
-requests in flight pool-wide would starve the engines that are fine and barely speed it up
-(its steps are slow at any batch); the picker keeps the top class off it.
+worst member. While most of the pool's capacity decodes within the target, a backend that has
+decoded slower than it for `SLOW_CARD_WINDOWS` latency windows in a row (a throttled or
+older card) reads at most 1 in latency: it holds an increase but cuts nothing. Fewer requests
+in flight pool-wide would starve the engines that are fine and barely speed it up (its steps
+are slow at any batch); the picker keeps the top class off it. When most of the pool is slow,
+every slow reading counts in full: that is congestion (or a pool-wide slowdown) the limit
+must answer.
 On top, the queueing part of TTFT from the access log (TTFT minus a prefill
 model a + b·prompt fitted online at low load), p90 once the window has `min_samples` samples,
 counts for the whole pool.
@@ -70,7 +72,7 @@ from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
 
 STALE_SIGMA = 1.5
 SEQ_CAP_HITS = 3  # scrapes that show the sequence cap binding before it is counted
-LONE_SLOW_WINDOWS = 5  # latency windows a lone slow engine must last to be read as its own
+SLOW_CARD_WINDOWS = 5  # latency windows an engine must stay slow to be read as a slow card
 FALLBACK_CAPACITY_TOKENS = 65_536.0
 # An unused limit decays no lower than this fraction of the KV ceiling: back to the ceiling
 # in log(16) / log(maxGrowth) windows (about 6 s by default) on a fleet of any size, and
@@ -148,7 +150,7 @@ class AdaptiveLimit:
         self._prefill_speed = _PrefillModel()  # at any load: its slope
         self._last_pressure = 0.0
         self._last_action = "start"
-        self._slow_card: str | None = None  # a lone slow engine, read at most 1 in latency
+        self._slow_cards: list[str] = []  # read at most 1 in latency (see the module doc)
         self._rho: float | None = None
         # Caches of the two per-call sums over backends (same loops, same order, so the same
         # floats): dropped when a snapshot arrives; saturation's also when `now` leaves the
@@ -264,18 +266,21 @@ class AdaptiveLimit:
             return 0.0
         return (b.itl_s or 0.0) / self.itl_target_s
 
-    def _latencies(self, live: list[_Backend], partial: bool) -> list[float]:
-        """Each live backend's latency reading; a lone persistently slow one's at most 1
-        (named in `status()` as `slow_backend`)."""
+    def _latencies(self, live: list[_Backend], weights: list[float],
+                   partial: bool) -> list[float]:
+        """Each live backend's latency reading, a slow card's at most 1 (named in `status()`
+        as `slow_backends`)."""
         lat = [self._latency(b, partial) for b in live]
         slow = [i for i, x in enumerate(lat) if x > 1.0]
-        self._slow_card = None
-        if len(slow) == 1 and len(live) > 1:
-            b = live[slow[0]]
-            lasting = self.spec.latency_window_s * LONE_SLOW_WINDOWS
+        self._slow_cards = []
+        if sum(weights[i] for i in slow) > 0.5:
+            return lat  # most of the pool is slow: congestion, every reading counts
+        lasting = self.spec.latency_window_s * SLOW_CARD_WINDOWS
+        for i in slow:
+            b = live[i]
             if b.slow_since is not None and b.snap.at - b.slow_since >= lasting:
-                lat[slow[0]] = 1.0
-                self._slow_card = b.snap.backend
+                lat[i] = 1.0
+                self._slow_cards.append(b.snap.backend)
         return lat
 
     def _latency_known(self, b: _Backend) -> bool:
@@ -338,8 +343,9 @@ class AdaptiveLimit:
             # (spread over the pool by share; readings lag admissions and, while in flight
             # rises, would let the limit overshoot).
             per_kv = self._capacity_live() * (self._rho or 1.0)
-            lat = self._latencies(live, partial)
-            for w, b, lb in zip(self._weights(live), live, lat, strict=True):
+            weights = self._weights(live)
+            lat = self._latencies(live, weights, partial)
+            for w, b, lb in zip(weights, live, lat, strict=True):
                 sent = (self._inflight_latest - b.inflight_at) / per_kv
                 r += w * max(self._fill(b.snap, sent), lb)
         if len(self._ttft_queue) >= self.spec.min_samples:
@@ -504,5 +510,5 @@ class AdaptiveLimit:
                 "prefill_s_per_token": None if fit is None else fit[1],
                 "utilisation": self.u, "capacity_tokens": self._capacity_live(),
                 "pressure": self._last_pressure, "last_action": self._last_action,
-                "cost_per_kv_token": self._rho, "slow_backend": self._slow_card,
+                "cost_per_kv_token": self._rho, "slow_backends": self._slow_cards,
                 "epoch": self.epoch}
