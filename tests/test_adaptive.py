@@ -456,3 +456,37 @@ def test_cost_per_kv_token_is_slow_to_rise_and_quick_to_fall():
     a.on_snapshot(snap(1.5, kv_usage=0.5), 1.5)
     a.update(2.0, 5_000.0)  # ratio 1.0: half the way down at once
     assert a.status()["cost_per_kv_token"] == pytest.approx(1.005)
+
+
+def _sample(a: AdaptiveLimit, prompt: int, ttft_s: float) -> None:
+    a.on_sample(Sample("r", "default", Outcome.SUCCESS, ttft_s=ttft_s, prompt_tokens=prompt),
+                0, 1.0)
+
+
+def test_prefill_speed_is_the_fitted_slope_where_prompt_length_explains_ttft():
+    """50 ms plus 1 ms per prompt token, a little noise: the slope is the speed."""
+    a = make()
+    for i, p in enumerate([100, 400, 200, 800, 300, 600, 500, 700, 900, 1000] * 3):
+        _sample(a, p, 0.05 + p / 1000 + (0.01 if i % 2 else -0.01))
+    assert a.prefill_s_per_token() == pytest.approx(0.001, rel=0.05)
+
+
+def test_prefill_speed_where_queueing_swamps_prompt_length_is_the_least_ttft_per_token():
+    """Long prompts of similar length, each behind 0-2 s of queueing in its engine that has
+    nothing to do with its own length (what rag-h100 shows): the fitted slope is noise around
+    0, which would leave the picker's backlog clock without a prefill speed. A request's TTFT
+    holds its whole prefill, so TTFT / prompt bounds the time per token from above; the
+    quickest request (a 5,000-token prompt in 0.2 s) is the measurement."""
+    a = make()
+    queueing = [1.9, 0.3, 1.2, 0.0, 1.6, 0.8, 0.1, 1.4, 0.5, 1.0] * 3
+    prompts = [4_000, 5_500, 4_500, 5_000, 4_200, 5_800, 5_200, 4_800, 5_600, 4_400] * 3
+    for p, q in zip(prompts, queueing, strict=True):
+        _sample(a, p, q + p * 40e-6)
+    assert not a._prefill_speed.slope_known()
+    assert a.prefill_s_per_token() == pytest.approx(40e-6)
+
+
+def test_no_prefill_speed_before_the_fit():
+    a = make()
+    _sample(a, 1_000, 0.2)
+    assert a.prefill_s_per_token() == 0.0

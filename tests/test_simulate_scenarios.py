@@ -25,7 +25,9 @@ BUILTINS = ["steady", "burst", "prompt-shift", "capacity-drop", "overload-sweep"
             # issue 11: two models on two pools
             "two-pool",
             # issue 10, later: one slowed engine of three; code completion on medium engines
-            "slowdown-one", "code-bursty-medium"]
+            "slowdown-one", "code-bursty-medium",
+            # issue 10, later still: long-prompt RAG on two H100 engines
+            "rag-h100"]
 
 
 def att(result: dict, ctrl: str, prio: str = "0") -> float:

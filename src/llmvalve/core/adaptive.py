@@ -65,6 +65,7 @@ ignored. Cancellations (`Outcome.IGNORE`) are never samples.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from llmvalve.core.policy import AdaptiveLimitSpec, Policy
@@ -78,6 +79,7 @@ FALLBACK_CAPACITY_TOKENS = 65_536.0
 # in log(16) / log(maxGrowth) windows (about 6 s by default) on a fleet of any size, and
 # sixteen replicas that idle together still hold no more than the ceiling between them.
 IDLE_FLOOR = 1 / 16
+ENVELOPE_SAMPLES = 256  # TTFT-per-prompt-token samples the prefill speed's bound is taken over
 
 
 @dataclass
@@ -98,7 +100,7 @@ class _PrefillModel:
     """Online least squares ttft ≈ a + b·prompt_tokens, fed only samples taken at low load."""
 
     def __init__(self) -> None:
-        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+        self.n = self.sx = self.sy = self.sxx = self.sxy = self.syy = 0.0
 
     def add(self, x: float, y: float) -> None:
         decay = 0.999
@@ -107,6 +109,21 @@ class _PrefillModel:
         self.sy = self.sy * decay + y
         self.sxx = self.sxx * decay + x * x
         self.sxy = self.sxy * decay + x * y
+        self.syy = self.syy * decay + y * y
+
+    def slope_known(self) -> bool:
+        """The fitted slope is at least two standard errors above 0: prompt length explains
+        some of the TTFT, not only the noise of queueing around it."""
+        if self.n < 10:
+            return False
+        sxx = self.sxx - self.sx * self.sx / self.n
+        if sxx <= 1e-9:
+            return False
+        sxy = self.sxy - self.sx * self.sy / self.n
+        b = sxy / sxx
+        ssr = max(0.0, self.syy - self.sy * self.sy / self.n - b * sxy)
+        se = math.sqrt(ssr / max(1.0, self.n - 2) / sxx)
+        return b > 2 * se
 
     def coefficients(self) -> tuple[float, float] | None:
         """(a, b) of ttft ≈ a + b·prompt_tokens, once fitted."""
@@ -148,6 +165,7 @@ class AdaptiveLimit:
         self._ttft_queue: list[float] = []
         self._prefill = _PrefillModel()  # at low load: TTFT without queueing
         self._prefill_speed = _PrefillModel()  # at any load: its slope
+        self._ttft_per_token: deque[float] = deque(maxlen=ENVELOPE_SAMPLES)
         self._last_pressure = 0.0
         self._last_action = "start"
         self._slow_cards: list[str] = []  # read at most 1 in latency (see the module doc)
@@ -364,6 +382,8 @@ class AdaptiveLimit:
             # the slope of TTFT over prompt length is the prefill speed under any load
             # (queueing adds to every prompt alike); the intercept only at low load
             self._prefill_speed.add(float(sample.prompt_tokens), sample.ttft_s)
+            if sample.prompt_tokens > 0:
+                self._ttft_per_token.append(sample.ttft_s / sample.prompt_tokens)
             if self._last_pressure < 0.5:
                 self._prefill.add(float(sample.prompt_tokens), sample.ttft_s)
             prefill = self._prefill.predict(float(sample.prompt_tokens))
@@ -497,9 +517,18 @@ class AdaptiveLimit:
             b.itl_s = None
 
     def prefill_s_per_token(self) -> float:
-        """The backends' measured prefill time per prompt token (0 until fitted)."""
+        """The backends' prefill time per prompt token, for the picker's backlog clock (0
+        until fitted): the slope of TTFT over prompt length where the fit finds one, and at
+        most the least TTFT per prompt token of the latest samples — a request's TTFT holds
+        its whole prefill, so no slope can be steeper. Where queueing in the engines swamps
+        the prompt's own share of TTFT (long prompts of similar length, as RAG sends), the
+        fitted slope is noise around 0 and the bound is the measurement."""
         fit = self._prefill_speed.coefficients()
-        return 0.0 if fit is None else fit[1]
+        if fit is None:
+            return 0.0
+        bound = min(self._ttft_per_token, default=math.inf)
+        speed = min(fit[1], bound) if self._prefill_speed.slope_known() else bound
+        return 0.0 if speed == math.inf else speed
 
     def status(self) -> dict:
         fit = self._prefill.coefficients()
@@ -508,6 +537,7 @@ class AdaptiveLimit:
                 "prefill_samples": self._prefill.n,
                 "prefill_base_s": None if fit is None else fit[0],
                 "prefill_s_per_token": None if fit is None else fit[1],
+                "backlog_s_per_token": self.prefill_s_per_token(),
                 "utilisation": self.u, "capacity_tokens": self._capacity_live(),
                 "pressure": self._last_pressure, "last_action": self._last_action,
                 "cost_per_kv_token": self._rho, "slow_backends": self._slow_cards,
