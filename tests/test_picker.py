@@ -108,7 +108,7 @@ def test_saturation_is_corrected_by_what_ended_since_the_scrape():
 
 
 def test_top_class_goes_where_it_starts_soonest():
-    p = Picker(("a", "b", "c"), kv_target=0.8)
+    p = Picker(("a", "b", "c"), kv_target=0.8, late_after_s=2.0)  # room_s = 1 s
     p.prefill_s_per_token = 0.001  # 1 ms per prompt token
     p.observe("a", ok=True, at=0.0, kv_usage=0.2, capacity_tokens=10_000.0)
     p.observe("b", ok=True, at=0.0, kv_usage=0.1, waiting=1.0, capacity_tokens=10_000.0)
@@ -116,11 +116,29 @@ def test_top_class_goes_where_it_starts_soonest():
     p.add("a", 2_500.0, prompt_tokens=2_000, now=0.0)  # a prefills for 2 s from now
     assert p.pick(0.5, first=True) == "c"  # b queues; a has 1.5 s of prompts ahead
     assert p.pick(2.5, first=True) == "a"  # backlog done; KV 0.2 + 2,500 sent since < 0.5
-    assert p.prefill_room(0.5, 1.0)  # c (and b) have no prompts ahead
+    assert p.prefill_room(0.5)  # c (and b) have no prompts ahead
     p.add("c", 2_000.0, prompt_tokens=1_500, now=0.5)
     p.add("b", 2_000.0, prompt_tokens=1_500, now=0.5)
-    assert not p.prefill_room(0.5, 1.0)  # every engine has more than 1 s of prompts ahead
-    assert p.prefill_room(1.5, 1.0)
+    assert not p.prefill_room(0.5)  # every engine has more than 1 s of prompts ahead
+    assert p.prefill_room(1.5)
+
+
+def test_lower_classes_go_where_prompts_are_not_already_piled_up():
+    """One request waiting on b (its last scrape) must not send every lower-class request of
+    the next scrape interval to a: once a has more than `room_s` of prompts ahead by the
+    backlog clock it is as full as b, and the load share decides again (rag-h100: 18 prompts
+    of 5,000 tokens went to one H100 engine in half a second)."""
+    p = Picker(("a", "b"), kv_target=0.8, late_after_s=1.0)  # room_s = 0.5 s
+    p.prefill_s_per_token = 0.0001  # 5,000 tokens: 0.5 s
+    p.observe("a", ok=True, at=0.0, kv_usage=0.3, capacity_tokens=400_000.0)
+    p.observe("b", ok=True, at=0.0, kv_usage=0.3, waiting=1.0, capacity_tokens=400_000.0)
+    sent = []
+    for _ in range(6):
+        b = p.pick(0.1)
+        sent.append(b)
+        p.add(b, 5_250.0, prompt_tokens=5_000, now=0.1)
+    assert sent[:2] == ["a", "a"]  # b queues a request; a has room until 0.5 s of prompts
+    assert sent.count("b") == 3  # then both are full: balanced (not six to a, 3 s of prefill)
 
 
 def test_top_class_avoids_an_engine_decoding_slower_than_its_tpot_allows():

@@ -81,17 +81,18 @@ class Admission:
         self._ranks = {p: i for i, p in enumerate(policy.priorities)}
         top = policy.queue(policy.priorities[0])
         # What the top class's objectives leave to the engines: the prompts ahead of a P0
-        # request may take a quarter of its TTFT to prefill before lower classes stop, half
-        # of it before the picker looks elsewhere; its engine's inter-token latency should
-        # stay at 0.8 of its TPOT (the limiter's own ITL target by default).
-        self._prefill_budget_s = 0.25 * top.slo.ttft_s
+        # request may take half of its TTFT to prefill before the picker looks elsewhere
+        # for it (a quarter before lower classes do, and stop when every engine has that
+        # much ahead); its engine's inter-token latency should stay at 0.8 of its TPOT (the
+        # limiter's own ITL target by default).
+        self._late_after_s = 0.5 * top.slo.ttft_s
         self._itl_target_s = policy.limiter.adaptive.itl_target_s or 0.8 * top.slo.tpot_s
 
     # ---- helpers --------------------------------------------------------------------------
     def _picker_targets(self) -> tuple[float, float, float, float]:
         """(staleness, KV target, ITL target, prefill backlog a P0 request may wait behind)."""
         a = self.policy.limiter.adaptive
-        return a.stale_after_s, a.kv_target, self._itl_target_s, 2 * self._prefill_budget_s
+        return a.stale_after_s, a.kv_target, self._itl_target_s, self._late_after_s
 
     def _new_pool(self, spec: PoolSpec, now: float) -> Pool:
         return Pool(spec, Scheduler(self.policy), make_limit(self.controller, self.policy, now),
@@ -133,7 +134,7 @@ class Admission:
         top = self._ranks[priority] == 0
         if pool.tickets and len(pool.tickets) >= pool.limit.max_requests(top):
             return False  # the engines run no more at once: it would queue there
-        if not top and not pool.picker.prefill_room(now, self._prefill_budget_s):
+        if not top and not pool.picker.prefill_room(now):
             return False  # every engine has more prompts to prefill than a P0 could wait
         L = pool.current_limit()
         if self._ranks[priority] == 0 and pool.override is None:

@@ -6,9 +6,14 @@ make the first preempt while the second idles; and an engine whose sequence cap 
 fills up in requests, whatever they cost. The picker sends each admitted request to the
 healthy backend with the least load admitted by this replica — its share of the in-flight
 cost (what fills KV) plus its share of the in-flight requests (what fills the sequence
-slots) — ties broken in turn, preferring backends that are not saturated by their last scrape
-(KV usage at or above the target, or requests waiting in the engine): costs are estimates,
-and what a backend really holds is what its own metrics say. A request of the top class
+slots) — ties broken in turn, preferring backends that are not full: saturated by their last
+scrape (KV usage at or above the target, or requests waiting in the engine: costs are
+estimates, and what a backend really holds is what its own metrics say) or with more prompts
+ahead than `room_s` (half of `late_after_s`) by the backlog clock below. Without the clock,
+one request waiting on one engine sent every lower-class request of the next scrape interval
+to the other: 18 prompts of 5,000 tokens, three seconds of prefill that a P0 prompt sent there
+waited behind (rag-h100). The admission stops the lower classes when every engine is past
+`room_s` (`prefill_room`). A request of the top class
 (`first=True`) is not balanced but placed where it can start soonest and decode fast enough:
 a backend whose engine queues nothing; whose prompts sent lately are prefilled within
 `late_after_s` (a backlog clock: each prompt adds its tokens at the pool's measured prefill
@@ -38,6 +43,7 @@ class Picker:
         self.kv_target = kv_target
         self.itl_target_s = itl_target_s  # what the top class's TPOT needs (0: not judged)
         self.late_after_s = late_after_s  # prompts ahead a top-class request may wait behind
+        self.room_s = late_after_s / 2  # prompts ahead past which lower classes look elsewhere
         self.top: dict[str, int] = dict.fromkeys(names, 0)  # top-class requests on it
         self.itl: dict[str, float] = dict.fromkeys(names, 0.0)  # by the last scrape
         self.cost: dict[str, float] = dict.fromkeys(names, 0.0)
@@ -89,6 +95,7 @@ class Picker:
         """A reloaded policy's targets; what was seen of the backends is kept."""
         self.stale_after_s, self.kv_target = stale_after_s, kv_target
         self.itl_target_s, self.late_after_s = itl_target_s, late_after_s
+        self.room_s = late_after_s / 2
         self._oldest_ok = -inf  # health depends on stale_after_s
         self._saturated = {b: self.saturated(b) for b in self._saturated}
 
@@ -132,20 +139,21 @@ class Picker:
         count_of = count.get
         cost_total = sum([cost[b] for b in live_names]) or 1.0
         count_total = sum([count_of(b, 0) for b in live_names]) or 1
-        saturated = self._saturated
+        saturated, full = self._saturated, now + self.room_s
         # (full, load share, turn): the turn differs for every backend, so no two keys tie
-        keys = [(saturated[b], cost[b] / cost_total + count_of(b, 0) / count_total,
+        keys = [(saturated[b] or done_at.get(b, 0.0) > full,
+                 cost[b] / cost_total + count_of(b, 0) / count_total,
                  (i - turn) % n, i) for b, i in zip(live_names, live, strict=True)]
         return names[min(keys)[3]]
 
-    def prefill_room(self, now: float, budget_s: float) -> bool:
-        """Some healthy backend has less than `budget_s` of prompts sent to it still to
+    def prefill_room(self, now: float) -> bool:
+        """Some healthy backend has less than `room_s` of prompts sent to it still to
         prefill (by the backlog clock; always true before the prefill speed is known)."""
         if not self.cost:
             return True
         live = self._live_positions(now)
-        names, done_at = self._names, self.prefill_done_at
-        return any(done_at.get(names[i], 0.0) - now < budget_s for i in live)
+        names, done_at, full = self._names, self.prefill_done_at, now + self.room_s
+        return any(done_at.get(names[i], 0.0) < full for i in live)
 
     def saturated(self, name: str) -> bool:
         """Full by its last scrape, corrected for what was sent to it and what ended on it
