@@ -16,7 +16,7 @@ cause): the scenario must miss exactly those (reported as xfail), nothing else.
 2-core machine: each seed costs one `adaptive` run and the oracle sweep of about ten fixed
 limits). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep)
 and the held-out workloads of tests/data/holdout/ (never tuned on: four written before the
-controller's tuning, six written after it and judged as they stood) run when asked:
+controller's tuning, seven written after it and judged as they stood) run when asked:
     LLMVALVE_ISSUE10_FULL=1 pytest tests/test_generalisation.py
 """
 
@@ -98,6 +98,13 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # and 11 before P0 was placed away from the 2.5x slower card).
     "holdout-mixed-speed": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                             "seed 3: P0 attainment"),
+    # held out (written after the tuning): 0.943, 0.903 and 0.894 x best fixed (P0 0.996 or
+    # better; the best fixed limit, static:64 per replica, has P0 0.970). Prefill binds; the
+    # limit lets more in flight than static:48 (217 requests against 145 at seed 3) but the
+    # mix is wrong: 776 of 1,901 P1 requests are refused by the early-drop forecast while P2's
+    # 6,000-token prompts, dispatched whenever P1's queue is empty, hold the engines' prefill
+    # (P1 TTFT p99 11 s): 1,095 P1 and 1,086 P2 served, where static:48 serves 1,494 and 838.
+    "holdout-rag-gw3": ("seed 1: adaptive", "seed 2: adaptive", "seed 3: adaptive"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
