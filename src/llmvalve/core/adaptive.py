@@ -278,7 +278,7 @@ class AdaptiveLimit:
         with a long prefill chunk in it is not a breach. 0 until the average covers a whole
         window begun after the last decrease (before, it describes the load before the
         cut); with `partial`, as soon as it covers one scrape window after it (evidence
-        enough to hold an increase, not to cut)."""
+        enough to aim or hold an increase, not to cut)."""
         if not (self._latency_known(b) or (partial and b.itl_s is not None)):
             return 0.0
         return (b.itl_s or 0.0) / self.itl_target_s

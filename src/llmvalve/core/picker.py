@@ -8,22 +8,25 @@ healthy backend with the least load admitted by this replica — its share of th
 cost (what fills KV) plus its share of the in-flight requests (what fills the sequence
 slots) — ties broken in turn, preferring backends that are not full: saturated by their last
 scrape (KV usage at or above the target, or requests waiting in the engine: costs are
-estimates, and what a backend really holds is what its own metrics say) or with more prompts
-ahead than `room_s` (half of `late_after_s`) by the backlog clock below. Without the clock,
-one request waiting on one engine sent every lower-class request of the next scrape interval
-to the other: 18 prompts of 5,000 tokens, three seconds of prefill that a P0 prompt sent there
-waited behind (rag-h100). The admission stops the lower classes when every engine is past
-`room_s` (`prefill_room`). A request of the top class
-(`first=True`) is not balanced but placed where it can start soonest and decode fast enough:
-a backend whose engine queues nothing; whose prompts sent lately are prefilled within
-`late_after_s` (a backlog clock: each prompt adds its tokens at the pool's measured prefill
-speed, time drains it); whose inter-token latency by its last scrape is within the top
-class's ITL target (a slowed or older card decodes every request on it slower than its TPOT,
-however short its queue); then the one that prefills soonest, with the most free KV by its
-last scrape less what was sent to it since — an engine runs its own queue first come first
-served and prefills the requests it started first, so a P0 request sent behind them waits for
-them. A backend is healthy unless its last scrape failed or
-is older than `stale_after_s`, or its last `EJECT_AFTER` requests failed (until a good scrape).
+estimates, and what a backend really holds is what its own metrics say), or with more than
+`room_s` (half of `late_after_s`) of prompts ahead by the backlog clock (below). Without the
+clock, one request waiting on one engine sent every lower-class request of the next scrape
+interval to the other: on rag-h100, 18 prompts of 5,000 tokens, three seconds of prefill that
+a P0 prompt sent there waited behind. The admission stops the lower classes when every engine
+is past `room_s` (`prefill_room`).
+
+A request of the top class (`first=True`) is not balanced but placed where it can start
+soonest and decode fast enough: a backend whose engine queues nothing; whose prompts sent
+lately are prefilled within `late_after_s` (the backlog clock: each prompt adds its tokens at
+the pool's measured prefill speed, time drains it); whose inter-token latency by its last
+scrape is within the top class's ITL target (a slowed or older card decodes every request on
+it slower than its TPOT, however short its queue); then the one that prefills soonest, with
+the most free KV by its last scrape less what was sent to it since — an engine runs its own
+queue first come first served and prefills the requests it started first, so a P0 request
+sent behind them waits for them.
+
+A backend is healthy unless its last scrape failed or is older than `stale_after_s`, or its
+last `EJECT_AFTER` requests failed (until a good scrape).
 Backends come from the pool's spec or, when it lists none, from the scrapes seen. With no known
 backend the pick is "" and Envoy's own load balancing decides.
 """
