@@ -16,7 +16,7 @@ cause): the scenario must miss exactly those (reported as xfail), nothing else.
 2-core machine: each seed costs one `adaptive` run and the oracle sweep of about ten fixed
 limits). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep)
 and the held-out workloads of tests/data/holdout/ (never tuned on: four written before the
-controller's tuning, seven written after it and judged as they stood) run when asked:
+controller's tuning, eleven written after it and judged as they stood) run when asked:
     LLMVALVE_ISSUE10_FULL=1 pytest tests/test_generalisation.py
 """
 
