@@ -139,6 +139,27 @@ class _PrefillModel:
         return None if fit is None else fit[0] + fit[1] * x
 
 
+class _RecentMin:
+    """The least of the latest `n` values, in O(1) per value (a monotonic queue): it is read
+    at every access-log entry."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.count = n, 0
+        self._q: deque[tuple[int, float]] = deque()  # (index, value), values increasing
+
+    def add(self, x: float) -> None:
+        q = self._q
+        while q and q[-1][1] >= x:
+            q.pop()
+        q.append((self.count, x))
+        self.count += 1
+        if q[0][0] <= self.count - 1 - self.n:
+            q.popleft()
+
+    def value(self) -> float:
+        return self._q[0][1] if self._q else math.inf
+
+
 def _p90(xs: list[float]) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(0.9 * len(xs)))]
@@ -164,7 +185,7 @@ class AdaptiveLimit:
         self._ttft_queue: list[float] = []
         self._prefill = _PrefillModel()  # at low load: TTFT without queueing
         self._prefill_speed = _PrefillModel()  # at any load: its slope
-        self._ttft_per_token: deque[float] = deque(maxlen=ENVELOPE_SAMPLES)
+        self._ttft_per_token = _RecentMin(ENVELOPE_SAMPLES)
         self._last_pressure = 0.0
         self._last_action = "start"
         self._slow_cards: list[str] = []  # read at most 1 in latency (see the module doc)
@@ -381,7 +402,7 @@ class AdaptiveLimit:
             # (queueing adds to every prompt alike); the intercept only at low load
             self._prefill_speed.add(float(sample.prompt_tokens), sample.ttft_s)
             if sample.prompt_tokens > 0:
-                self._ttft_per_token.append(sample.ttft_s / sample.prompt_tokens)
+                self._ttft_per_token.add(sample.ttft_s / sample.prompt_tokens)
             if self._last_pressure < 0.5:
                 self._prefill.add(float(sample.prompt_tokens), sample.ttft_s)
             prefill = self._prefill.predict(float(sample.prompt_tokens))
@@ -525,7 +546,7 @@ class AdaptiveLimit:
         fit = self._prefill_speed.coefficients()
         if fit is None:
             return 0.0
-        bound = min(self._ttft_per_token, default=math.inf)
+        bound = self._ttft_per_token.value()
         speed = min(fit[1], bound) if self._prefill_speed.slope_known() else bound
         return 0.0 if speed == math.inf else speed
 
