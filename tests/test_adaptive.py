@@ -9,7 +9,12 @@ import math
 
 import pytest
 
-from llmvalve.core.adaptive import FALLBACK_CAPACITY_TOKENS, STALE_SIGMA, AdaptiveLimit
+from llmvalve.core.adaptive import (
+    ENVELOPE_SAMPLES,
+    FALLBACK_CAPACITY_TOKENS,
+    STALE_SIGMA,
+    AdaptiveLimit,
+)
 from llmvalve.core.policy import (
     SEED_QUEUES,
     AdaptiveLimitSpec,
@@ -491,3 +496,17 @@ def test_no_prefill_speed_before_the_fit():
     a = make()
     _sample(a, 1_000, 0.2)
     assert a.prefill_s_per_token() == 0.0
+
+
+def test_the_prefill_speed_bound_forgets_samples_older_than_its_window():
+    """The bound is the least TTFT per prompt token of the latest ENVELOPE_SAMPLES requests:
+    a quick request long ago (an engine since slowed) stops bounding the speed."""
+    a = make()
+    _sample(a, 1_000, 0.01)  # 10 µs per token
+    for _ in range(ENVELOPE_SAMPLES - 1):
+        _sample(a, 1_000, 0.05)
+    assert a._ttft_per_token.value() == pytest.approx(10e-6)
+    _sample(a, 1_000, 0.04)  # the quick one leaves the window
+    assert a._ttft_per_token.value() == pytest.approx(40e-6)
+    _sample(a, 1_000, 0.06)
+    assert a._ttft_per_token.value() == pytest.approx(40e-6)
