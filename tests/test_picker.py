@@ -123,6 +123,21 @@ def test_top_class_goes_where_it_starts_soonest():
     assert p.prefill_room(1.5)
 
 
+def test_one_of_several_replicas_counts_its_prompts_for_the_whole_fleet():
+    """A replica sees only the prompts it sends; the other replicas, balanced alike, send as
+    many. One of three counts each of its prompts three times on the backlog clock: 2,000
+    and 1,000 tokens sent put 6 s and 3 s of prompts ahead, not 2 s and 1 s, past the lower
+    classes' room (2.5 s) on both engines (three replicas on four small engines: P0 prompts
+    landed behind the other replicas' 2,000-token prompts)."""
+    for share, room in ((1.0, True), (1 / 3, False)):
+        p = Picker(("a", "b"), kv_target=0.8, late_after_s=5.0, replica_share=share)
+        p.prefill_s_per_token = 0.001
+        p.add("a", 2_100.0, prompt_tokens=2_000, now=0.0)
+        p.add("b", 1_100.0, prompt_tokens=1_000, now=0.0)
+        assert p.prefill_done_at["a"] == 2.0 / share
+        assert p.prefill_room(0.0) == room
+
+
 def test_lower_classes_go_where_prompts_are_not_already_piled_up():
     """One request waiting on b (its last scrape) must not send every lower-class request of
     the next scrape interval to a: once a has more than `room_s` of prompts ahead by the

@@ -303,7 +303,9 @@ def _bench_stack(sc: Scenario, opts: BenchOptions, mode: str, policy_path: Path,
         backend_args=("--tokens-per-chunk", str(opts.tokens_per_chunk)),
         fallback_backend=False, port=0, admin_port=0, grpc_port=0, envoy_admin_port=0,
         controller=None if mode == "none" else mode,
-        envoy_concurrency=opts.envoy_concurrency, serve_args=("--log-level", "WARNING"),
+        envoy_concurrency=opts.envoy_concurrency,
+        # each replica its share of the fleet, as the simulator gives it
+        serve_args=("--log-level", "WARNING", "--replica-share", f"1/{max(1, sc.gateways)}"),
         workdir=workdir if i == 0 else workdir / f"gateway-{i}"),
         mode=mode, health_interval_s=max(0.05, sc.scrape_interval_s / x),
         owns_backends=owns, layout=layout)

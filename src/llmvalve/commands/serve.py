@@ -23,8 +23,8 @@ DEFAULT_ADMIN = "0.0.0.0:9100"
 DEFAULT_ADMIN_GRPC = "127.0.0.1:9101"
 
 
-def budget_share(text: str) -> float:
-    """A replica's share of every tenant budget: a number in (0, 1] or a fraction ("1/3")."""
+def replica_share(text: str) -> float:
+    """A replica's share of the fleet: a number in (0, 1] or a fraction ("1/3")."""
     try:
         share = float(Fraction(text.strip()))
     except (ValueError, ZeroDivisionError):
@@ -66,10 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-tenants", default="*", metavar="LIST",
                         help="tenants with their own metrics label, comma-separated; the "
                         "others count as `other` ('*': the first 64 seen, default; '': none)")
-    parser.add_argument("--budget-share", type=budget_share, metavar="F",
-                        default=os.environ.get("LLMVALVE_BUDGET_SHARE", "1"),
-                        help="this replica's share of every tenant budget, e.g. 1/3 with 3 "
-                        "gateway replicas (default: $LLMVALVE_BUDGET_SHARE, else 1)")
+    parser.add_argument("--replica-share", "--budget-share", type=replica_share, metavar="F",
+                        dest="replica_share",
+                        default=os.environ.get("LLMVALVE_REPLICA_SHARE",
+                                               os.environ.get("LLMVALVE_BUDGET_SHARE", "1")),
+                        help="this replica's share of the fleet, 1/R with R gateway replicas: "
+                        "it enforces that share of every tenant budget, and the adaptive limit "
+                        "steps toward that share of the backends (default: "
+                        "$LLMVALVE_REPLICA_SHARE, else 1; --budget-share is the old name)")
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -82,7 +86,7 @@ async def _main(args: argparse.Namespace) -> int:
         admin_token_file=args.admin_token_file, controller=args.controller,
         policy_path=args.policy or None, metrics_urls=tuple(args.metrics_url),
         watch_interval_s=args.watch_interval, metrics_tenants=args.metrics_tenants,
-        budget_share=args.budget_share))
+        replica_share=args.replica_share))
     await plane.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

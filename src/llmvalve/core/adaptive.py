@@ -18,7 +18,10 @@ reading, the largest of
       at a sequence cap of 16 with 6 waiting reads 1.22 (22 % too much), not 6 / 2 = 3;
   * inter-token latency / itlTarget, averaged over `latencyWindow` (a request's TPOT is a
     mean over seconds of decoding: one scrape window with a long prefill chunk in it is not a
-    breach); unknown until the average covers a whole window begun after the last decrease.
+    breach); unknown until the average covers a whole window begun after the last decrease
+    (a lone replica restarts it at its cut; one of several keeps it, and a cut still waits a
+    whole window: its cut moves the engines by its share only, and restarting would make each
+    replica's reading depend on its own history).
 The pool's r is the mean of the backends' readings weighted by each backend's share of the
 capacity: one backend's long prefill chunk moves r by its share, not the whole pool by its
 worst member. While most of the pool's capacity decodes within the target, a backend that has
@@ -35,7 +38,7 @@ counts for the whole pool.
 The control law, once per window (`window_s`): a target with a dead band.
   * a drop in the window (backend 5xx/reset, an increase of the preemption counter) →
     L ← min(L, inflight · decreaseOnDrop);
-  * r > 1 + band/2 → L ← min(L, inflight · max(0.5, 1/r)): aimed at what is in flight (r
+  * r > 1 + band/2 → L ← min(L, inflight · max(0.5, 1/r)^(1/g)): aimed at what is in flight (r
     is proportional to it), never compounding while admitted work drains, and only on a
     scrape taken after the previous decrease;
   * L above the KV ceiling K · C · ρ → L ← that ceiling; ρ is the measured ratio of our cost
@@ -49,9 +52,12 @@ The control law, once per window (`window_s`): a target with a dead band.
   * r < 1 − band/2, with every live backend scraped over a window begun after the last
     decrease and its latency read in at least one such window (a young average: evidence
     enough for a step aimed by it, not for a cut, which needs the whole latency window) →
-    L ← min(ceiling, L · min(maxGrowth, 1/r) + √L);
+    L ← min(ceiling, L · (1 + (min(maxGrowth, 1/r) − 1) · g) + √L);
   * otherwise hold: inside the band, or waiting for a reading of the load after a decrease
     (a reading that is not there is not a reading of calm: no sawtooth after a cut).
+g is 1 for a lone replica; for one of R replicas (`replica_share` = 1/R) it is that share over
+its share of the requests the engines run, within [1/2, 2] (`_share_gain`): replicas step
+together, and proportional steps alone would keep whatever split they fell into.
 Where sequences bind before KV (an engine seen, `SEQ_CAP_HITS` times, running as many as it
 ever ran with requests waiting and KV to spare), `max_requests` counts them: the lower classes
 may have in flight what the engines run, the top class that plus waitingTarget per engine, so
@@ -169,9 +175,10 @@ class AdaptiveLimit:
     name = "adaptive"
     unit = "tokens"
 
-    def __init__(self, policy: Policy, now: float = 0.0) -> None:
+    def __init__(self, policy: Policy, now: float = 0.0, replica_share: float = 1.0) -> None:
         self.reconfigure(policy)
         s = self.spec
+        self.replica_share = replica_share  # of the fleet: 1/R with R gateway replicas
         self.backends: dict[str, _Backend] = {}
         self.epoch = 0
         self.u = 0.0  # set from initial_limit_tokens or the first known capacity
@@ -181,6 +188,7 @@ class AdaptiveLimit:
         self._drops = 0
         self._peak_inflight = 0.0
         self._inflight_latest = 0.0  # in flight at the latest update() call
+        self._requests_latest = 0  # requests in flight at the latest update() call
         self._decreased_at = -math.inf
         self._ttft_queue: list[float] = []
         self._prefill = _PrefillModel()  # at low load: TTFT without queueing
@@ -331,7 +339,7 @@ class AdaptiveLimit:
     def _average_itl(self, b: _Backend, snap: BackendSnapshot) -> None:
         if snap.itl_mean_s is None:
             return
-        if b.itl_s is None or b.since < self._decreased_at:
+        if b.itl_s is None or (b.since < self._decreased_at and self.replica_share >= 1.0):
             if b.since >= self._decreased_at:  # the first window wholly after the decrease
                 b.itl_s, b.itl_since = snap.itl_mean_s, b.since
             return
@@ -469,6 +477,7 @@ class AdaptiveLimit:
 
     def update(self, now: float, inflight: float, requests: int = 0) -> float:
         self._inflight_latest = inflight
+        self._requests_latest = requests
         self._peak_inflight = max(self._peak_inflight, inflight)
         if now < self._window_end:
             return self.limit()
@@ -505,7 +514,8 @@ class AdaptiveLimit:
         if self._drops and fresh:
             self._decrease(min(L, inflight * s.decrease_on_drop), now, "drop")
         elif r > 1.0 + s.band / 2 and fresh:
-            self._decrease(min(L, inflight * max(0.5, 1.0 / r)), now, "pressure")
+            cut = max(0.5, 1.0 / r) ** (1.0 / self._share_gain(live))
+            self._decrease(min(L, inflight * cut), now, "pressure")
         elif L > ceiling:
             self._set(ceiling, "ceiling")
         elif self._peak_inflight < L / 2:
@@ -519,9 +529,28 @@ class AdaptiveLimit:
                       "app-limited")
         elif settled and (r_up := self.pressure(now, partial=True)) < 1.0 - s.band / 2:
             aim = 1.0 / max(r_up, 1e-6)
-            self._set(min(ceiling, L * min(s.max_growth, aim) + math.sqrt(L)), "increase")
+            growth = 1.0 + (min(s.max_growth, aim) - 1.0) * self._share_gain(live)
+            self._set(min(ceiling, L * growth + math.sqrt(L)), "increase")
         else:
             self._last_action = "hold" if settled else "settling"
+
+    def _share_gain(self, live: list[_Backend]) -> float:
+        """How much of a step this replica takes, one of several (1 for a lone one): its
+        share of the fleet over its share of the requests the engines hold, within [1/2, 2].
+        Replicas read the same engines and step together; proportional steps keep whatever
+        split they fell into (three replicas on holdout-rag-gw3 held 60 %, 20 % and 20 % of
+        the pool for the whole run, and the two small ones refused their P1 arrivals while
+        the big one filled the engines with P2). A replica holding less than its share grows
+        faster and cuts less (a cut to in-flight · (1/r)^(1/gain)), one holding more the
+        other way round, so the split returns to the shares, as additive increase restores
+        fairness between TCP flows."""
+        if self.replica_share >= 1.0 or self._requests_latest <= 0:
+            return 1.0
+        engines = sum(b.snap.running + b.snap.waiting for b in live)
+        if engines <= 0:
+            return 1.0
+        held = self._requests_latest / engines
+        return min(2.0, max(0.5, self.replica_share / held))
 
     def _set(self, limit: float, why: str) -> None:
         cap = self._capacity_live()
@@ -534,7 +563,10 @@ class AdaptiveLimit:
         self.epoch += 1
         self._decreased_at = now
         for b in self.backends.values():
-            b.itl_s = None
+            if self.replica_share >= 1.0:
+                b.itl_s = None  # it describes the load before the cut: restart it
+            else:
+                b.itl_since = now  # a cut still needs a whole window of it after this one
 
     def prefill_s_per_token(self) -> float:
         """The backends' prefill time per prompt token, for the picker's backlog clock (0

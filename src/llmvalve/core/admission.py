@@ -66,11 +66,12 @@ from llmvalve.core.types import (
 
 class Admission:
     def __init__(self, policy: Policy, rng: Rng, controller: str | None = None,
-                 now: float = 0.0, budget_share: float = 1.0) -> None:
+                 now: float = 0.0, replica_share: float = 1.0) -> None:
         self.policy = policy
-        self.budgets = Budgets(policy, budget_share, now)  # per tenant: core/budgets.py
+        self.budgets = Budgets(policy, replica_share, now)  # per tenant: core/budgets.py
         self.rng = rng
         self.controller = controller or policy.limiter.controller
+        self.replica_share = replica_share  # of the fleet: 1/R with R gateway replicas
         self._read_policy(policy)
         self.pools: dict[str, Pool] = {}
         for spec in policy.pools:
@@ -95,8 +96,10 @@ class Admission:
         return a.stale_after_s, a.kv_target, self._itl_target_s, self._late_after_s
 
     def _new_pool(self, spec: PoolSpec, now: float) -> Pool:
-        return Pool(spec, Scheduler(self.policy), make_limit(self.controller, self.policy, now),
-                    picker=Picker(tuple(b.name for b in spec.backends), *self._picker_targets()),
+        limit = make_limit(self.controller, self.policy, now, self.replica_share)
+        picker = Picker(tuple(b.name for b in spec.backends), *self._picker_targets(),
+                        replica_share=self.replica_share)
+        return Pool(spec, Scheduler(self.policy), limit, picker=picker,
                     breaker=Breaker(spec.breaker))
 
     def _pool(self, name: str) -> Pool:

@@ -18,7 +18,10 @@ is past `room_s` (`prefill_room`).
 A request of the top class (`first=True`) is not balanced but placed where it can start
 soonest and decode fast enough: a backend whose engine queues nothing; whose prompts sent
 lately are prefilled within `late_after_s` (the backlog clock: each prompt adds its tokens at
-the pool's measured prefill speed, time drains it); whose inter-token latency by its last
+the pool's measured prefill speed, time drains it; one of R gateway replicas counts each prompt
+it sends R times, for it sees only its own and the others, balanced alike, send as many:
+three replicas on four small engines otherwise placed P0 prompts behind the others' 2,000-token
+prompts); whose inter-token latency by its last
 scrape is within the top class's ITL target (a slowed or older card decodes every request on
 it slower than its TPOT, however short its queue); then the one that prefills soonest, with
 the most free KV by its last scrape less what was sent to it since — an engine runs its own
@@ -41,7 +44,7 @@ EJECT_AFTER = 3  # request failures in a row that take a backend out until a goo
 class Picker:
     def __init__(self, names: tuple[str, ...] = (), stale_after_s: float = 2.0,
                  kv_target: float = 0.85, itl_target_s: float = 0.0,
-                 late_after_s: float = inf) -> None:
+                 late_after_s: float = inf, replica_share: float = 1.0) -> None:
         self.stale_after_s = stale_after_s
         self.kv_target = kv_target
         self.itl_target_s = itl_target_s  # what the top class's TPOT needs (0: not judged)
@@ -62,6 +65,8 @@ class Picker:
         self.done_n: dict[str, int] = dict.fromkeys(names, 0)  # requests ended since it
         self.prefill_done_at: dict[str, float] = dict.fromkeys(names, 0.0)
         self.prefill_s_per_token = 0.0  # set by the caller once measured
+        # one of R replicas (share 1/R) sees only the prompts it sends; the others send alike
+        self.clock_scale = 1.0 / replica_share
         self._turn = 0
         # Positions (in `cost`'s order) of the healthy backends, kept until a scrape changes a
         # backend's health, a backend is added, or the earliest of them goes stale: the picker
@@ -187,7 +192,8 @@ class Picker:
                 self._oldest_ok = -inf
             self.top[name] = self.top.get(name, 0) + top
             start = max(now, self.prefill_done_at.get(name, 0.0))
-            self.prefill_done_at[name] = start + prompt_tokens * self.prefill_s_per_token
+            self.prefill_done_at[name] = (start + prompt_tokens * self.prefill_s_per_token
+                                          * self.clock_scale)
             self.cost[name] = self.cost.get(name, 0.0) + cost
             self.count[name] = self.count.get(name, 0) + 1
             self.sent[name] = self.sent.get(name, 0.0) + cost

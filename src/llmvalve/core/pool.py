@@ -25,13 +25,16 @@ class Rng(Protocol):
     def random(self) -> float: ...
 
 
-def make_limit(controller: str, policy: Policy, now: float) -> PoolLimit:
+def make_limit(controller: str, policy: Policy, now: float,
+               replica_share: float = 1.0) -> PoolLimit:
+    """`replica_share`: this replica's share of the fleet (1/R with R gateway replicas), which
+    `adaptive` holds of the backends."""
     if controller == "none":
         return Unlimited()
     if controller == "seed":
         return SeedLimit(policy.limiter.seed)
     if controller == "adaptive":
-        return AdaptiveLimit(policy, now)
+        return AdaptiveLimit(policy, now, replica_share)
     if controller == "static":
         return StaticLimit(policy.limiter.static.limit)
     if controller.startswith("static:"):

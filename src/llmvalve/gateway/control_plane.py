@@ -74,7 +74,9 @@ class ControlPlaneConfig:
     metrics_urls: tuple[str, ...] = ()
     watch_interval_s: float = 0.0
     metrics_tenants: str = "*"
-    budget_share: float = 1.0  # this replica's share of every tenant budget (--budget-share)
+    # this replica's share of the fleet (--replica-share): of every tenant budget, and of the
+    # backends for the adaptive limit
+    replica_share: float = 1.0
     ports: dict[str, int] = field(default_factory=dict)
 
 
@@ -118,7 +120,7 @@ class ControlPlane:
         self.metrics = GatewayMetrics(tenants=TenantLabels.parse(config.metrics_tenants))
         self.metrics.ttft_slo = lambda klass: ttft_objective(self.policy, klass)
         self.front = Front(Admission(self.policy, random.Random(), config.controller,
-                                     budget_share=config.budget_share))
+                                     replica_share=config.replica_share))
         self.driver = Driver(self.front, self.metrics)
         self.state = AdminState()
         self.reloads = ReloadLog(self.metrics, config.policy_path)

@@ -242,7 +242,7 @@ class _StatusCollector(Collector):
 
 
 BUDGET_FIELDS = {"limit": ("llmvalve_budget_limit", "A budget bucket's size: its per-minute "
-                             "amount times this replica's --budget-share"),
+                             "amount times this replica's --replica-share"),
                  "remaining": ("llmvalve_budget_remaining", "What is left in a budget bucket "
                                "(it refills at limit / 60 per second)")}
 

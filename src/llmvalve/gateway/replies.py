@@ -105,7 +105,7 @@ def over_budget(reject: Reject, class_name: str, tenant: str) -> Reply:
     else:  # this replica's share of the budget is less than one request
         message = (f"The budget of {scope} on {PER_MINUTE[kind]}{numbers} is less than one "
                    "request on this gateway replica: no request can fit. The operator must "
-                   "raise requestsPerMinute or the replica's --budget-share.")
+                   "raise requestsPerMinute or the replica's --replica-share.")
         retry = (("x-should-retry", "false"),)
     headers = (("content-type", "application/json"), *retry,
                ("x-llmvalve-reason", reject.reason.value), ("x-llmvalve-class", class_name),

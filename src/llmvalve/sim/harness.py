@@ -140,10 +140,11 @@ class Simulation:
         self.layout = sc.backend_pools(policy)  # each backend's pool, by its number
         self.backends = [Backend(i, self._engine(i), self.layout[i].name)
                          for i in range(len(self.layout))]
-        # Each replica enforces 1/N of every tenant budget (`serve --budget-share`).
+        # Each replica holds 1/N of the fleet (`serve --replica-share`): of every tenant
+        # budget, and of the backends for the adaptive limit.
         self.gateways = [
             Gateway(g, Front(Admission(policy, random.Random(f"gw:{seed}:{g}"), controller,
-                                       now=-IDLE_LEAD_IN_S, budget_share=1.0 / sc.gateways)),
+                                       now=-IDLE_LEAD_IN_S, replica_share=1.0 / sc.gateways)),
                     [True] * len(self.backends), [0] * len(self.backends))
             for g in range(sc.gateways)]
         self.states = [JobState(j) for j in jobs]
