@@ -212,7 +212,9 @@ def test_a_replica_cuts_by_its_share_of_what_the_engines_hold(share, requests, e
     a.on_snapshot(snap(0.0), 0.0)
     a.on_snapshot(snap(0.5, running=10.0, waiting=4.0), 0.5)  # r = 14 / 12
     assert a.update(1.0, 6_000.0, requests) == pytest.approx(6_000.0 * (12 / 14) ** exponent)
-    assert a.status()["last_action"] == "pressure"
+    status = a.status()
+    assert status["last_action"] == "pressure" and status["replica_share"] == share
+    assert status["held_share"] == (None if share == 1.0 else pytest.approx(requests / 14))
 
 
 @pytest.mark.parametrize(("share", "requests", "growth"), [

@@ -189,6 +189,7 @@ class AdaptiveLimit:
         self._peak_inflight = 0.0
         self._inflight_latest = 0.0  # in flight at the latest update() call
         self._requests_latest = 0  # requests in flight at the latest update() call
+        self._held_share: float | None = None  # of the engines' requests, at the last step
         self._decreased_at = -math.inf
         self._ttft_queue: list[float] = []
         self._prefill = _PrefillModel()  # at low load: TTFT without queueing
@@ -549,7 +550,7 @@ class AdaptiveLimit:
         engines = sum(b.snap.running + b.snap.waiting for b in live)
         if engines <= 0:
             return 1.0
-        held = self._requests_latest / engines
+        self._held_share = held = self._requests_latest / engines
         return min(2.0, max(0.5, self.replica_share / held))
 
     def _set(self, limit: float, why: str) -> None:
@@ -593,4 +594,5 @@ class AdaptiveLimit:
                 "utilisation": self.u, "capacity_tokens": self._capacity_live(),
                 "pressure": self._last_pressure, "last_action": self._last_action,
                 "cost_per_kv_token": self._rho, "slow_backends": self._slow_cards,
+                "replica_share": self.replica_share, "held_share": self._held_share,
                 "epoch": self.epoch}
