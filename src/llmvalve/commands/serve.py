@@ -73,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="this replica's share of the fleet, 1/R with R gateway replicas: "
                         "it enforces that share of every tenant budget, and the adaptive limit "
                         "steps toward that share of the backends (default: "
-                        "$LLMVALVE_REPLICA_SHARE, else 1; --budget-share is the old name)")
+                        "$LLMVALVE_REPLICA_SHARE, or the old $LLMVALVE_BUDGET_SHARE, else 1; "
+                        "--budget-share is the old name)")
 
 
 async def _main(args: argparse.Namespace) -> int:

@@ -189,7 +189,7 @@ class AdaptiveLimit:
         self._peak_inflight = 0.0
         self._inflight_latest = 0.0  # in flight at the latest update() call
         self._requests_latest = 0  # requests in flight at the latest update() call
-        self._held_share: float | None = None  # of the engines' requests, at the last step
+        self._held_share: float | None = None  # of the engines' requests, at the latest step
         self._decreased_at = -math.inf
         self._ttft_queue: list[float] = []
         self._prefill = _PrefillModel()  # at low load: TTFT without queueing
