@@ -110,6 +110,13 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 2.3-5.8 s against 2), as code-bursty-3x.
     "holdout-gw3-small-code": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                                "seed 3: P0 attainment"),
+    # held out (written at stop 24 after the controller's changes, judged as it stood): P0
+    # requests still decoding on the engine that leaves at 70 s, dropped with it (2 or 3 of
+    # ~150 at each seed; no admission decision saves a request its backend drops mid-stream),
+    # and one at seed 1 decoding on the engine that slows 3x at 40 s (TPOT 0.159 s against
+    # 0.15): 0.981 / 0.978 / 0.986
+    "holdout-slow-gw3": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                         "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
