@@ -24,7 +24,8 @@ def held_by_replica(seed: int, share_rule: bool = True) -> list[float]:
     """Each replica's mean requests in flight from 20 s to the end of the traffic."""
     sc = load_scenario(str(SCENARIO))
     sim = Simulation(sc, sc.policy or default_policy(), "adaptive", generate(sc, 1.0, seed), seed)
-    if not share_rule:  # every replica told it is alone
+    if not share_rule:  # every replica's limit steps as if alone (its picker still counts
+        # its prompts for the fleet)
         for g in sim.gateways:
             for pool in g.front.admission.pools.values():
                 pool.limit.replica_share = 1.0
