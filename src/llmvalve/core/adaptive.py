@@ -179,6 +179,9 @@ class AdaptiveLimit:
         self.reconfigure(policy)
         s = self.spec
         self.replica_share = replica_share  # of the fleet: 1/R with R gateway replicas
+        # A lone replica's cut changes what the engines decode: its latency average restarts
+        # at each cut. One of several moves them by its share only and keeps it (module doc).
+        self._cut_restarts_latency = replica_share >= 1.0
         self.backends: dict[str, _Backend] = {}
         self.epoch = 0
         self.u = 0.0  # set from initial_limit_tokens or the first known capacity
@@ -189,7 +192,7 @@ class AdaptiveLimit:
         self._peak_inflight = 0.0
         self._inflight_latest = 0.0  # in flight at the latest update() call
         self._requests_latest = 0  # requests in flight at the latest update() call
-        self._held_share: float | None = None  # of the engines' requests, at the latest step
+        self._held_share: float | None = None  # of the engines' requests, at the last window
         self._decreased_at = -math.inf
         self._ttft_queue: list[float] = []
         self._prefill = _PrefillModel()  # at low load: TTFT without queueing
@@ -340,7 +343,7 @@ class AdaptiveLimit:
     def _average_itl(self, b: _Backend, snap: BackendSnapshot) -> None:
         if snap.itl_mean_s is None:
             return
-        if b.itl_s is None or (b.since < self._decreased_at and self.replica_share >= 1.0):
+        if b.itl_s is None or (b.since < self._decreased_at and self._cut_restarts_latency):
             if b.since >= self._decreased_at:  # the first window wholly after the decrease
                 b.itl_s, b.itl_since = snap.itl_mean_s, b.since
             return
@@ -499,6 +502,7 @@ class AdaptiveLimit:
         L = self.limit()
         ceiling = self.capacity_ceiling()
         live = self._live(now)
+        g = self._share_gain(live)
         fresh = any(b.snap.at > self._decreased_at for b in live) or not self.backends
         # An increase needs a reading of every backend taken after the last decrease, its
         # latency included: a young average (one scrape window after the cut) is evidence
@@ -515,7 +519,7 @@ class AdaptiveLimit:
         if self._drops and fresh:
             self._decrease(min(L, inflight * s.decrease_on_drop), now, "drop")
         elif r > 1.0 + s.band / 2 and fresh:
-            cut = max(0.5, 1.0 / r) ** (1.0 / self._share_gain(live))
+            cut = max(0.5, 1.0 / r) ** (1.0 / g)
             self._decrease(min(L, inflight * cut), now, "pressure")
         elif L > ceiling:
             self._set(ceiling, "ceiling")
@@ -530,13 +534,14 @@ class AdaptiveLimit:
                       "app-limited")
         elif settled and (r_up := self.pressure(now, partial=True)) < 1.0 - s.band / 2:
             aim = 1.0 / max(r_up, 1e-6)
-            growth = 1.0 + (min(s.max_growth, aim) - 1.0) * self._share_gain(live)
+            growth = 1.0 + (min(s.max_growth, aim) - 1.0) * g
             self._set(min(ceiling, L * growth + math.sqrt(L)), "increase")
         else:
             self._last_action = "hold" if settled else "settling"
 
     def _share_gain(self, live: list[_Backend]) -> float:
-        """How much of a step this replica takes, one of several (1 for a lone one): its
+        """How much of a step this replica takes, one of several (1 for a lone one), read once
+        per window (the share it held is kept for `status()` as `held_share`): its
         share of the fleet over its share of the requests the engines hold, within [1/2, 2].
         Replicas read the same engines and step together; proportional steps keep whatever
         split they fell into (three replicas on holdout-rag-gw3 held 60 %, 20 % and 20 % of
@@ -545,13 +550,12 @@ class AdaptiveLimit:
         faster and cuts less (a cut to in-flight · (1/r)^(1/gain)), one holding more the
         other way round, so the split returns to the shares, as additive increase restores
         fairness between TCP flows."""
-        if self.replica_share >= 1.0 or self._requests_latest <= 0:
-            return 1.0
         engines = sum(b.snap.running + b.snap.waiting for b in live)
-        if engines <= 0:
-            return 1.0
-        self._held_share = held = self._requests_latest / engines
-        return min(2.0, max(0.5, self.replica_share / held))
+        held = (self._requests_latest / engines
+                if self.replica_share < 1.0 and self._requests_latest > 0 and engines > 0
+                else None)
+        self._held_share = held
+        return 1.0 if held is None else min(2.0, max(0.5, self.replica_share / held))
 
     def _set(self, limit: float, why: str) -> None:
         cap = self._capacity_live()
@@ -564,7 +568,7 @@ class AdaptiveLimit:
         self.epoch += 1
         self._decreased_at = now
         for b in self.backends.values():
-            if self.replica_share >= 1.0:
+            if self._cut_restarts_latency:
                 b.itl_s = None  # it describes the load before the cut: restart it
             else:
                 b.itl_since = now  # a cut still needs a whole window of it after this one
