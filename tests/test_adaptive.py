@@ -59,9 +59,9 @@ def test_limit_is_kv_capacity_times_target():
 def test_updates_only_at_window_end():
     a = make()
     a.on_snapshot(snap(0.0), 0.0)
-    a.on_release(ticket(), Outcome.DROPPED, 0.2)
     assert a.next_update() == 1.0
     assert a.update(0.5, 6_000.0) == pytest.approx(8_000.0)  # mid-window: nothing changes
+    a.on_release(ticket(), Outcome.DROPPED, 0.6)
     assert a.epoch == 0
     assert a.update(1.0, 6_000.0) == pytest.approx(5_400.0)  # 0.9 · in-flight
     assert a.next_update() == 2.0
@@ -74,6 +74,21 @@ def test_decrease_on_backend_drop_aims_at_inflight_and_advances_epoch():
     assert a.update(1.0, 6_000.0) == pytest.approx(5_400.0)
     assert a.epoch == 1
     assert a.status()["last_action"] == "drop"
+
+
+def test_a_dropped_request_takes_its_place_in_the_limit_with_it_at_once():
+    """Its backend may be gone: the queue must not refill its place on the others before the
+    window's step sees the loss."""
+    a = make()
+    a.on_snapshot(snap(0.0), 0.0)
+    a.on_release(ticket(), Outcome.SUCCESS, 0.2)
+    assert a.limit() == pytest.approx(8_000.0)
+    a.on_release(ticket(), Outcome.DROPPED, 0.3)  # the ticket held 100
+    a.on_release(ticket(), Outcome.DROPPED, 0.3)
+    assert a.limit() == pytest.approx(7_800.0)
+    assert a.epoch == 0  # not yet the window's decrease
+    assert a.update(1.0, 7_000.0) == pytest.approx(6_300.0)  # then 0.9 · in-flight
+    assert a.epoch == 1
 
 
 def test_decrease_on_preemption_counter_increase():
@@ -316,9 +331,10 @@ def test_pressure_decreases_do_not_compound_until_a_fresh_scrape():
     assert a.epoch == 1
     cut = a.limit()
     # next window: only the pre-decrease scrape (still live) and a drop: the excess it shows
-    # is the one already cut for, so no second cut (and no growth either)
+    # is the one already cut for, so no second cut (and no growth either); the dropped
+    # request took its own place out of the limit (100)
     a.on_release(ticket(), Outcome.DROPPED, 1.5)
-    assert a.update(2.0, cut) == pytest.approx(cut)
+    assert a.update(2.0, cut) == pytest.approx(cut - 100.0)
     assert a.epoch == 1 and a.status()["last_action"] == "settling"
     # a scrape taken after the decrease that still shows pressure: now it may cut again
     a.on_snapshot(snap(2.5, running=10.0, waiting=4.0), 2.5)

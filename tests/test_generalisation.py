@@ -15,11 +15,11 @@ cause): the scenario must miss exactly those (reported as xfail), nothing else.
 `make test` runs every built-in of ordinary size (about two minutes of CPU for all of them on a
 2-core machine: each seed costs one `adaptive` run and the oracle sweep of about ten fixed
 limits). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep)
-and the held-out workloads of tests/data/holdout/ run when asked (23: four written before the
-controller's tuning, nineteen after it and judged as they stood; of these, `holdout-rag-gw3`
-was traced and mended at a later stop, and `holdout-gw2-agents`, `holdout-gw3-small-code` and
-`holdout-gw6-medium`, written at that stop, were judged again after its last change: these four
-are not unseen any more):
+and the held-out workloads of tests/data/holdout/ run when asked (24: four written before the
+controller's tuning, twenty after it and judged as they stood; of these, `holdout-rag-gw3`
+and `holdout-rolling-upgrade` were traced and mended at a later stop, and
+`holdout-gw2-agents`, `holdout-gw3-small-code` and `holdout-gw6-medium`, written at that stop,
+were judged again after its last change: these five are not unseen any more):
     LLMVALVE_ISSUE10_FULL=1 pytest tests/test_generalisation.py
 """
 
@@ -120,6 +120,15 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 0.15): 0.981 / 0.978 / 0.986
     "holdout-slow-gw3": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                          "seed 3: P0 attainment"),
+    # held out (written at stop 25, judged as it stood: P0 0.870 / 0.867 / 0.926, goodput
+    # 0.917 / 0.964 / 0.945 x best fixed): a rolling restart of four engines. The queue
+    # refilled the places of the requests a leaving engine dropped on the three left before
+    # the next window saw the loss, and P0 waited 2-6 s for them to drain; a dropped request
+    # now takes its place in the limit with it (goodput 0.991 / 1.058 / 1.016). Left: the P0
+    # requests decoding on each engine as it leaves, dropped with it and retried (TTFT counts
+    # from the first attempt): 10 or 11 of ~120 at each seed, 0.924 / 0.917 / 0.901.
+    "holdout-rolling-upgrade": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                                "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"

@@ -37,7 +37,9 @@ counts for the whole pool.
 
 The control law, once per window (`window_s`): a target with a dead band.
   * a drop in the window (backend 5xx/reset, an increase of the preemption counter) →
-    L ← min(L, inflight · decreaseOnDrop);
+    L ← min(L, inflight · decreaseOnDrop); a request its backend dropped has already taken
+    its cost out of L when it was released (`on_release`), so the queue does not refill
+    the place of a backend that left before this step sees it;
   * r > 1 + band/2 → L ← min(L, inflight · max(0.5, 1/r)^(1/g)): aimed at what is in flight (r
     is proportional to it), never compounding while admitted work drains, and only on a
     scrape taken after the previous decrease;
@@ -403,8 +405,14 @@ class AdaptiveLimit:
 
     # ---- inputs ---------------------------------------------------------------------------
     def on_release(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
+        """A request the backend dropped takes its place in the limit with it, at once: its
+        backend may be gone, and until the window's step sees the loss the queue would refill
+        the place on the backends that are left (a rolling restart put 15 queued requests on
+        the three engines left within half a second of one leaving, 1.4x their KV target, and
+        P0 waited 2-6 s for them to drain)."""
         if outcome is Outcome.DROPPED:
             self._drops += 1
+            self._set(self.limit() - ticket.cost_tokens, "drop")
 
     def on_sample(self, sample: Sample, ticket_epoch: int, now: float) -> None:
         if sample.outcome is not Outcome.SUCCESS or sample.ttft_s is None:
