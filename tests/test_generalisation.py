@@ -15,8 +15,8 @@ cause): the scenario must miss exactly those (reported as xfail), nothing else.
 `make test` runs every built-in of ordinary size (about two minutes of CPU for all of them on a
 2-core machine: each seed costs one `adaptive` run and the oracle sweep of about ten fixed
 limits). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep)
-and the held-out workloads of tests/data/holdout/ run when asked (24: four written before the
-controller's tuning, twenty after it and judged as they stood; of these, `holdout-rag-gw3`
+and the held-out workloads of tests/data/holdout/ run when asked (30: four written before the
+controller's tuning, twenty-six after it and judged as they stood; of these, `holdout-rag-gw3`
 and `holdout-rolling-upgrade` were traced and mended at a later stop, and
 `holdout-gw2-agents`, `holdout-gw3-small-code` and `holdout-gw6-medium`, written at that stop,
 were judged again after its last change: these five are not unseen any more):
@@ -129,6 +129,25 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # from the first attempt): 10 or 11 of ~120 at each seed, 0.924 / 0.917 / 0.901.
     "holdout-rolling-upgrade": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                                 "seed 3: P0 attainment"),
+    # held out (written at stop 25, judged as it stood): chat and agents in 8-25 s bursts at
+    # about 1.1x two H100s' capacity, 0.55x on average. During a burst the limit binds at the
+    # KV target and P1 queues at the gateway for ~3.5 s (`none` lets the engines take it, KV
+    # 0.79-0.90, no preemption); the early-drop forecast, accurate here (4.1 s predicted
+    # where the queue waited 3-3.8 s), refuses the arrivals it puts past half the 8 s TTFT
+    # objective: 7 and 3 P1 requests of ~1,700 at seeds 1 and 2 (0.996, 0.999). A threshold
+    # of the objective less the class's measured p90 time from dispatch to first token met
+    # it, and `calm-steady` s1, but took `heavy-tail` s3 to 0.944 of the best fixed limit.
+    "holdout-calm-onoff-h100": ("seed 1: P1 attainment", "seed 2: P1 attainment"),
+    # held out (written at stop 25, judged as it stood): code completion on two H100s,
+    # 4,000-token prompts and 40-token answers in bursts at ~3.7x; prefill binds and a step
+    # with an 8,192-token chunk takes 0.29 s against P0's 0.15 s TPOT. Inter-token latency
+    # is over its target whenever the engines prefill, and the limit holds ~30 requests
+    # where `static:64` holds 64: P0 0.993 / 0.983 / 0.996 (`static:64`: 0.887 at seed 1),
+    # but 0.937 / 0.950 / 0.969 of `static:64`'s goodput (it serves more P2). Seed 2's P0
+    # misses (5 of ~300) are TPOT misses of answers decoded in steps shared with prefill
+    # chunks (TTFT 0.3-1.2 s), as in `code-bursty-medium`.
+    "holdout-code-h100-onoff": ("seed 1: adaptive", "seed 2: adaptive",
+                                "seed 2: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
