@@ -267,6 +267,20 @@ def test_top_class_is_bounded_by_the_hard_cap_not_by_a_cut_limit():
     assert isinstance(a.submit(r("p0b", 0, cost=2_500.0), 1.0), Queued)  # 9,500 > 8,000
 
 
+def test_a_queued_request_does_not_take_the_place_of_one_its_backend_dropped():
+    """Until the limit's next window sees the loss, a backend that failed a request may be
+    gone: its place is not handed to the queue (a finished request's is)."""
+    a = adm("adaptive", window_s=1.0)
+    a.on_snapshot("default", BackendSnapshot("b0", 0.0, kv_capacity_tokens=10_000.0), 0.0)
+    a.poll(0.0)  # L = 8,000
+    dropped, finished = (admit(a, r(f"p{i}", 1, cost=4_000.0), 0.1) for i in range(2))
+    assert isinstance(a.submit(r("q", 1, cost=4_000.0), 0.2), Queued)
+    a.release(dropped, Outcome.DROPPED, 0.3)
+    assert a.poll(0.3) == []
+    a.release(finished, Outcome.SUCCESS, 0.4)
+    assert ids(a.poll(0.4)) == [("Admit", "q")]
+
+
 def test_token_cost_from_prompt_and_expected_output():
     a = adm("adaptive")
     req = RequestInfo("x", "t", 1, 0.0, prompt_tokens=100)
