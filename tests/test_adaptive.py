@@ -388,6 +388,18 @@ def test_app_limited_limit_follows_what_is_used():
     assert a.limit() == pytest.approx(2_000.0)  # 4,000 / 1.25³ = 2,048 → twice the peak
 
 
+def test_a_request_waiting_for_the_limit_counts_as_use():
+    """1,000 in flight with a 3,000-token request waiting for L = 4,000: the window's demand
+    is 4,000, not 1,000, and the limit is not cut as unused."""
+    a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS)
+    a.on_snapshot(snap(0.0), 0.0)
+    a.update(0.3, 1_000.0, waiting=3_100.0)
+    assert a.update(1.0, 1_000.0, waiting=3_100.0) >= 4_000.0
+    assert a.status()["last_action"] != "app-limited"
+    a.update(2.0, 1_000.0)  # nothing waits: now it is unused
+    assert a.status()["last_action"] == "app-limited"
+
+
 def test_an_idle_limit_keeps_a_sixteenth_of_the_kv_ceiling():
     """Idle, the limit decays to a sixteenth of the KV ceiling (0.8 × 10,000 / 16 = 500),
     not to minLimitTokens: the way back is log(16) / log(maxGrowth) windows at any size."""

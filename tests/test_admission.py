@@ -281,6 +281,26 @@ def test_a_queued_request_does_not_take_the_place_of_one_its_backend_dropped():
     assert ids(a.poll(0.4)) == [("Admit", "q")]
 
 
+def test_a_request_too_large_for_an_idle_limit_gets_it_raised():
+    """At low load the limit follows what is used, down to a sixteenth of the KV ceiling;
+    a request larger than that, waiting behind a little in flight, is use: the limit grows
+    to let it in instead of shrinking back while it waits out its queue timeout."""
+    a = adm("adaptive", window_s=0.5)
+    for i in range(40):  # 20 s idle: L at its floor, 8,000 / 16 = 500
+        t = i * 0.5
+        a.on_snapshot("default", BackendSnapshot("b0", t, kv_capacity_tokens=10_000.0), t)
+        a.poll(t)
+    assert a.status(20.0)["pools"]["default"]["limit"] == pytest.approx(500.0)
+    admit(a, r("small", 1, cost=300.0), 20.0)
+    assert isinstance(a.submit(r("big", 1, cost=2_000.0), 20.0), Queued)
+    admitted = []
+    for i in range(1, 13):  # 6 s, the engine calm (nothing running, nothing waiting)
+        t = 20.0 + i * 0.5
+        a.on_snapshot("default", BackendSnapshot("b0", t, kv_capacity_tokens=10_000.0), t)
+        admitted += [d.request_id for d in a.poll(t) if isinstance(d, Admit)]
+    assert admitted == ["big"]
+
+
 def test_token_cost_from_prompt_and_expected_output():
     a = adm("adaptive")
     req = RequestInfo("x", "t", 1, 0.0, prompt_tokens=100)

@@ -15,11 +15,11 @@ cause): the scenario must miss exactly those (reported as xfail), nothing else.
 `make test` runs every built-in of ordinary size (about two minutes of CPU for all of them on a
 2-core machine: each seed costs one `adaptive` run and the oracle sweep of about ten fixed
 limits). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep)
-and the held-out workloads of tests/data/holdout/ run when asked (30: four written before the
-controller's tuning, twenty-six after it and judged as they stood; of these, `holdout-rag-gw3`
-and `holdout-rolling-upgrade` were traced and mended at a later stop, and
+and the held-out workloads of tests/data/holdout/ run when asked (36: four written before the
+controller's tuning, thirty-two after it and judged as they stood; of these, `holdout-rag-gw3`,
+`holdout-rolling-upgrade` and `holdout-calm-tails-gw3` were traced and mended at a later stop, and
 `holdout-gw2-agents`, `holdout-gw3-small-code` and `holdout-gw6-medium`, written at that stop,
-were judged again after its last change: these five are not unseen any more):
+were judged again after its last change: these six are not unseen any more):
     LLMVALVE_ISSUE10_FULL=1 pytest tests/test_generalisation.py
 """
 
@@ -107,10 +107,11 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # replicas: P0 0.963 / 0.947 / 0.962 (goodput 1.22 / 1.16 / 1.10 x best fixed). As it
     # stood, 0.938 / 0.947 / 0.962: each replica's backlog clock counted only the prompts
     # it sent, and P0 prompts landed behind the other replicas' 2,000-token prompts; now it
-    # counts them for the fleet. Left (seed 2, 7 of 132): answers of 3-6 tokens decoded in
-    # steps shared with prefill chunks (TPOT 0.16-0.22 s against 0.15, as code-bursty-medium)
-    # and prompts of 2,900-4,400 tokens prefilled on small engines beside others (TTFT
-    # 2.3-5.8 s against 2), as code-bursty-3x.
+    # counts them for the fleet (0.956 / 0.947 / 0.962, goodput 1.16 / 1.16 / 1.10, since a
+    # request waiting for the limit counts as use). Left (seed 2, 7 of 132): answers of 3-6
+    # tokens decoded in steps shared with prefill chunks (TPOT 0.16-0.22 s against 0.15, as
+    # code-bursty-medium) and prompts of 2,900-4,400 tokens prefilled on small engines beside
+    # others (TTFT 2.3-5.8 s against 2), as code-bursty-3x.
     "holdout-gw3-small-code": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                                "seed 3: P0 attainment"),
     # held out (written at stop 24 after the controller's changes, judged as it stood): P0
@@ -148,6 +149,36 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # chunks (TTFT 0.3-1.2 s), as in `code-bursty-medium`.
     "holdout-code-h100-onoff": ("seed 1: adaptive", "seed 2: adaptive",
                                 "seed 2: P0 attainment"),
+    # held out (written at stop 25, judged as it stood: P1 0.996 / 0.956 / 0.960 against
+    # `none`'s 1.000, goodput 0.967 x none at seed 3): heavy-tailed prompts and answers at
+    # 0.55-0.75x behind three replicas. A replica at low load held its limit at the idle
+    # floor (a sixteenth of the KV ceiling, ~3,300 tokens) while a 6,000-token prompt waited
+    # for it behind ~2,000 tokens in flight: the app-limited rule counted only what was in
+    # flight, so the limit kept following that down, the prompt waited out its queue timeout
+    # and the early-drop forecast refused the P1 arrivals queued behind it. A request waiting
+    # for the limit now counts as use. Left: one P1 request per seed refused while a large
+    # prompt ahead of it waits the one or two windows the limit takes to grow to it: 0.996.
+    "holdout-calm-tails-gw3": ("seed 1: P1 attainment", "seed 2: P1 attainment",
+                               "seed 3: P1 attainment"),
+    # held out (written at stop 25, judged as it stood): one of four medium engines leaves
+    # five times (7-15 s each) behind two replicas: every P0 miss (13 of ~270 at seeds 1 and
+    # 3) is a request decoding on it when it leaves, retried: 0.951 / 0.954 / 0.941
+    "holdout-flap": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                     "seed 3: P0 attainment"),
+    # held out (written at stop 25, judged as it stood: 0.931 / 0.966 / 0.992 of the best
+    # fixed limit, P0 0.915 / 0.967 / 0.915; seed 1 0.948, P0 1.000 since a request waiting
+    # for the limit counts as use): 8,000-15,500-token prompts on four medium engines at
+    # 1.5x. The P0 misses are TTFTs of 2.5-6.6 s against 2 s for 8,500-12,700-token
+    # prompts prefilled behind others' in the engine (no gateway wait); the best fixed limit,
+    # `static:16`, has P0 0.966 at seed 1.
+    "holdout-longctx16k": ("seed 1: adaptive", "seed 2: P0 attainment",
+                           "seed 3: P0 attainment"),
+    # held out (written at stop 25, judged as it stood): two of three small engines leave for
+    # 20 s and clients retry at once: the P0 misses are requests decoding on the two as they
+    # leave, retried (3-7 per seed), and at seed 1 one that waited for the engine left:
+    # 0.928 / 0.911 / 0.961
+    "holdout-outage-retry-storm": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                                   "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"

@@ -46,11 +46,14 @@ The control law, once per window (`window_s`): a target with a dead band.
   * L above the KV ceiling K · C · ρ → L ← that ceiling; ρ is the measured ratio of our cost
     estimates to real KV tokens (costs are peaks; KV fills as answers grow), slow to rise and
     quick to fall;
-  * app-limited (the window's peak in flight < L/2): L ← max(L / maxGrowth, 2 · peak), not
-    below a sixteenth of the KV ceiling. A limit nobody tests is no evidence, so it follows
-    what is used (as TCP validates an unused window): replicas that each idled at the whole
-    pool's size do not fill it all at once when a burst comes; the floor keeps the way back
-    from idle a few seconds long at any fleet size;
+  * app-limited (the window's peak demand — in flight, plus the largest request waiting for
+    L — < L/2): L ← max(L / maxGrowth, 2 · peak), not below a sixteenth of the KV ceiling.
+    A limit nobody tests is no evidence, so it follows what is used (as TCP validates an
+    unused window): replicas that each idled at the whole pool's size do not fill it all at
+    once when a burst comes; the floor keeps the way back from idle a few seconds long at
+    any fleet size. A request waiting for L tests it: counting in flight alone, a replica
+    at low load held L at the floor while a 6,000-token prompt (more than the floor) waited
+    behind 2,000 tokens in flight, for as long as its queue timeout;
   * r < 1 − band/2, with every live backend scraped over a window begun after the last
     decrease and its latency read in at least one such window (a young average: evidence
     enough for a step aimed by it, not for a cut, which needs the whole latency window) →
@@ -491,10 +494,13 @@ class AdaptiveLimit:
             prev = 1.0 if self._rho is None else self._rho
             self._rho = prev + (0.5 if rho < prev else 0.02) * (rho - prev)
 
-    def update(self, now: float, inflight: float, requests: int = 0) -> float:
+    def update(self, now: float, inflight: float, requests: int = 0,
+               waiting: float = 0.0) -> float:
+        """`waiting`: the largest request the limit keeps waiting (0: none); in flight plus
+        it is what the window's peak counts (the app-limited rule below)."""
         self._inflight_latest = inflight
         self._requests_latest = requests
-        self._peak_inflight = max(self._peak_inflight, inflight)
+        self._peak_inflight = max(self._peak_inflight, inflight + waiting)
         if now < self._window_end:
             return self.limit()
         s = self.spec

@@ -296,7 +296,7 @@ class Admission:
             pool.pushed_out.clear()
             if pool.override_until is not None and now >= pool.override_until:
                 pool.override = pool.override_until = None
-            pool.limit.update(now, pool.inflight, len(pool.tickets))
+            pool.limit.update(now, pool.inflight, len(pool.tickets), pool.waiting_for_limit)
             for w in pool.scheduler.expire(now):
                 reason = Reason.DEADLINE if w.by_client_deadline else Reason.QUEUE_TIMEOUT
                 out.append(self._reject(pool, w.req, reason, now, now - w.enqueued_at))
@@ -305,11 +305,14 @@ class Admission:
 
     def _dispatch(self, pool: Pool, now: float) -> list[Admit]:
         out: list[Admit] = []
+        pool.waiting_for_limit = 0.0
         while True:
             chosen: Waiting | None = None
             blocked_by: int | None = None  # the highest class whose head did not fit
             for w in pool.scheduler.candidates(now):
                 cost = self.cost_of(w.req, pool)
+                if pool.inflight + cost > pool.current_limit():
+                    pool.waiting_for_limit = max(pool.waiting_for_limit, cost)
                 # a head that does not fit blocks the classes below it, never those above (the
                 # lowest class's anti-starvation turn comes first but blocks nobody)
                 shared = blocked_by is None or blocked_by > w.req.priority

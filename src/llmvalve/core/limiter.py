@@ -63,7 +63,8 @@ class PoolLimit(Limit, Protocol):
 
     def on_snapshot(self, snap: BackendSnapshot, now: float) -> None: ...
 
-    def update(self, now: float, inflight: float, requests: int = 0) -> float: ...
+    def update(self, now: float, inflight: float, requests: int = 0,
+               waiting: float = 0.0) -> float: ...
 
     def next_update(self) -> float | None: ...
 
@@ -89,7 +90,8 @@ class LimitBase:
     def on_snapshot(self, snap: BackendSnapshot, now: float) -> None:
         pass
 
-    def update(self, now: float, inflight: float, requests: int = 0) -> float:
+    def update(self, now: float, inflight: float, requests: int = 0,
+               waiting: float = 0.0) -> float:
         return self.limit()
 
     def next_update(self) -> float | None:
@@ -219,7 +221,8 @@ class ScheduledLimit(LimitBase):
         n = self.schedule[self._i][1]
         return math.inf if n is None else float(n)
 
-    def update(self, now: float, inflight: float, requests: int = 0) -> float:
+    def update(self, now: float, inflight: float, requests: int = 0,
+               waiting: float = 0.0) -> float:
         while self._i + 1 < len(self.schedule) and self.schedule[self._i + 1][0] <= now:
             self._i += 1
         return self.limit()

@@ -61,6 +61,9 @@ class Pool:
     # The pool's mean answer length (tokens), learned from the backends' metrics.
     expected_output: float | None = None
     samples: int = 0  # access-log samples received
+    # The largest request the shared limit kept waiting at the last dispatch (0: none): a
+    # limit with a request waiting for it is in use, whatever is in flight.
+    waiting_for_limit: float = 0.0
 
     def current_limit(self) -> float:
         return self.override if self.override is not None else self.limit.limit()
