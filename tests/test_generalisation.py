@@ -15,8 +15,8 @@ cause): the scenario must miss exactly those (reported as xfail), nothing else.
 `make test` runs every built-in of ordinary size (about two minutes of CPU for all of them on a
 2-core machine: each seed costs one `adaptive` run and the oracle sweep of about ten fixed
 limits). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep)
-and the held-out workloads of tests/data/holdout/ run when asked (36: four written before the
-controller's tuning, thirty-two after it and judged as they stood; of these, `holdout-rag-gw3`,
+and the held-out workloads of tests/data/holdout/ run when asked (40: four written before the
+controller's tuning, thirty-six after it and judged as they stood; of these, `holdout-rag-gw3`,
 `holdout-rolling-upgrade` and `holdout-calm-tails-gw3` were traced and mended at a later stop, and
 `holdout-gw2-agents`, `holdout-gw3-small-code` and `holdout-gw6-medium`, written at that stop,
 were judged again after its last change: these six are not unseen any more):
@@ -179,6 +179,25 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 0.928 / 0.911 / 0.961
     "holdout-outage-retry-storm": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                                    "seed 3: P0 attainment"),
+    # held out (written at the end of stop 25, judged as it stood, not mended): do no harm on
+    # one H100 with 100-token prompts and 50-token answers, bursts to ~180 requests/s at
+    # 1.2x: P1 0.80 / 0.79 / 0.81 against `none`'s 1.000, 0.85-0.87 x none. Traced at seed 1:
+    # the picker's prefill backlog clock says the engine has more than half P0's TTFT
+    # objective of prompts to prefill (`prefill_room` False) during each burst and for up to
+    # 20 s after, while the engine has 0-3 requests waiting and KV at 0.05, so P1 waits at
+    # the gateway (p99 12.7 s) and is refused. The clock's prefill speed is bounded by the
+    # least TTFT per prompt token; for 100-token prompts batched many to a step that bound
+    # is one step's time over 100 tokens, several times the engine's real cost per token.
+    "holdout-calm-h100-short": ("seed 1: adaptive", "seed 1: P1 attainment",
+                                "seed 2: adaptive", "seed 2: P1 attainment",
+                                "seed 3: adaptive", "seed 3: P1 attainment"),
+    # held out (written at the end of stop 25, judged as it stood, not mended): two medium
+    # engines at 1.2x whose KV shrinks to a quarter (one) and a half (the other) mid-run: P0
+    # waits 2-5 s at the gateway after each shrink (the pool holds more than the smaller
+    # engines' hard cap until it drains; no request is dropped, so the drop rule does not
+    # apply): 0.965 / 0.938 / 0.985
+    "holdout-kv-shrink": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                          "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
