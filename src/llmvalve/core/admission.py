@@ -308,24 +308,24 @@ class Admission:
         pool.waiting_for_limit = 0.0
         while True:
             chosen: Waiting | None = None
+            cost = 0.0
             blocked_by: int | None = None  # the highest class whose head did not fit
             for w in pool.scheduler.candidates(now):
                 cost = self.cost_of(w.req, pool)
-                if pool.inflight + cost > pool.current_limit():
-                    pool.waiting_for_limit = max(pool.waiting_for_limit, cost)
                 # a head that does not fit blocks the classes below it, never those above (the
                 # lowest class's anti-starvation turn comes first but blocks nobody)
                 shared = blocked_by is None or blocked_by > w.req.priority
                 if self._fits(pool, w.req.priority, cost, now, shared=shared):
                     chosen = w
                     break
+                if pool.inflight + cost > pool.current_limit():  # the shared limit keeps it
+                    pool.waiting_for_limit = max(pool.waiting_for_limit, cost)
                 blocked_by = w.req.priority if blocked_by is None else min(blocked_by,
                                                                           w.req.priority)
             if chosen is None:
                 return out
             pool.scheduler.pop(chosen)
-            out.append(self._admit(pool, chosen.req, self.cost_of(chosen.req, pool), now,
-                                   now - chosen.enqueued_at))
+            out.append(self._admit(pool, chosen.req, cost, now, now - chosen.enqueued_at))
 
     def next_deadline(self) -> float | None:
         """The earliest time poll() has something to do (a queue timeout, a window end)."""
