@@ -79,6 +79,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from llmvalve.core.coprefill import CoPrefill
 from llmvalve.core.policy import AdaptiveLimitSpec, Policy
 from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
 
@@ -203,6 +204,7 @@ class AdaptiveLimit:
         self._prefill = _PrefillModel()  # at low load: TTFT without queueing
         self._prefill_speed = _PrefillModel()  # at any load: its slope
         self._ttft_per_token = _RecentMin(ENVELOPE_SAMPLES)
+        self._co_prefill = CoPrefill()
         self._last_pressure = 0.0
         self._last_action = "start"
         self._slow_cards: list[str] = []  # read at most 1 in latency (see the module doc)
@@ -429,7 +431,10 @@ class AdaptiveLimit:
             # (queueing adds to every prompt alike); the intercept only at low load
             self._prefill_speed.add(float(sample.prompt_tokens), sample.ttft_s)
             if sample.prompt_tokens > 0:
-                self._ttft_per_token.add(sample.ttft_s / sample.prompt_tokens)
+                self._ttft_per_token.add(
+                    sample.ttft_s / sample.prompt_tokens if sample.sent_at is None else
+                    self._co_prefill.bound(sample.backend, sample.sent_at, sample.ttft_s,
+                                           sample.prompt_tokens, now))
             if self._last_pressure < 0.5:
                 self._prefill.add(float(sample.prompt_tokens), sample.ttft_s)
             prefill = self._prefill.predict(float(sample.prompt_tokens))

@@ -129,6 +129,8 @@ class Sample:
     ttft_s: float | None = None  # backend time to first body byte (streamed answers only)
     duration_s: float | None = None  # upstream duration
     prompt_tokens: int | None = None
+    backend: str = ""  # the backend the ticket picked ("" → Envoy's load balancer decided)
+    sent_at: float | None = None  # when it was admitted (the control plane's clock)
 
 
 class BackendSnapshot(NamedTuple):

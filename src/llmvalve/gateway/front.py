@@ -300,7 +300,8 @@ class Front:
         if outcome is not Outcome.IGNORE:
             sample = Sample(entry.check_id, ticket.pool, outcome,
                             ttft_s=entry.ttft_s if entry.streamed else None,
-                            duration_s=entry.upstream_s, prompt_tokens=ticket.prompt_tokens)
+                            duration_s=entry.upstream_s, prompt_tokens=ticket.prompt_tokens,
+                            backend=ticket.backend, sent_at=ticket.admitted_at)
             self.admission.observe(sample, now, ticket.epoch)
         return Joined(ticket, outcome, sample, self._class_name(ticket.priority), released,
                       bool(entry.flags & CLIENT_LEFT), entry.ttft_s)
