@@ -595,3 +595,35 @@ def test_the_prefill_speed_bound_forgets_samples_older_than_its_window():
     assert a._ttft_per_token.value() == pytest.approx(40e-6)
     _sample(a, 1_000, 0.06)
     assert a._ttft_per_token.value() == pytest.approx(40e-6)
+
+
+def _batched(a: AdaptiveLimit, backend: str, sent_at: float, ttft_s: float,
+             prompt: int = 100) -> None:
+    a.on_sample(Sample("r", "default", Outcome.SUCCESS, ttft_s=ttft_s, prompt_tokens=prompt,
+                       backend=backend, sent_at=sent_at), 0, sent_at + ttft_s + 1.0)
+
+
+def test_prompts_prefilled_in_one_step_share_its_time():
+    """Ten 100-token prompts sent to one engine within 10 ms, all answered at the end of one
+    20 ms step. Alone, each TTFT says 100-200 µs a token (what held a calm H100's lower classes
+    back: the engine spends 34). The first one sent was prefilled beside the nine sent after
+    it, so its 20 ms hold 1,000 prompt tokens: 20 µs a token. A prompt sent before it does not
+    count, nor one on another engine, nor one answered after it. (Times in 1/1024 s, so that
+    the sums are exact.)"""
+    a = make()
+    tick = 1 / 1024
+    _batched(a, "b0", 0.0, 30 * tick)  # sent before the first of the ten
+    _batched(a, "b1", 5.5 * tick, 10 * tick)  # another engine
+    _batched(a, "b0", 6 * tick, 30 * tick)  # answered after the step
+    for i in range(9, 0, -1):  # sent at 1-9 ticks, answered at 20, logged before the first
+        _batched(a, "b0", i * tick, (20 - i) * tick)
+    assert a._ttft_per_token.value() == pytest.approx(19 * tick / 900)  # sent at 1: 2-9 too
+    _batched(a, "b0", 0.5 * tick, 19.5 * tick)
+    assert a._ttft_per_token.value() == pytest.approx(19.5 * tick / 1_000)
+
+
+def test_a_request_whose_backend_envoy_picked_counts_alone():
+    a = make()
+    for i in range(5):
+        _batched(a, "", i / 1000, 0.020 - i / 1000)
+    assert a._ttft_per_token.value() == pytest.approx(0.016 / 100)

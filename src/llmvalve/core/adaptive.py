@@ -599,10 +599,11 @@ class AdaptiveLimit:
     def prefill_s_per_token(self) -> float:
         """The backends' prefill time per prompt token, for the picker's backlog clock (0
         until fitted): the slope of TTFT over prompt length where the fit finds one, and at
-        most the least TTFT per prompt token of the latest samples — a request's TTFT holds
-        its whole prefill, so no slope can be steeper. Where queueing in the engines swamps
-        the prompt's own share of TTFT (long prompts of similar length, as RAG sends), the
-        fitted slope is noise around 0 and the bound is the measurement."""
+        most the least of the latest samples' bounds — a request's TTFT holds its whole
+        prefill and that of the prompts sent to its backend after it and answered before it
+        (`core/coprefill.py`), so no slope can be steeper. Where queueing in the engines
+        swamps the prompt's own share of TTFT (long prompts of similar length, as RAG sends),
+        the fitted slope is noise around 0 and the bound is the measurement."""
         fit = self._prefill_speed.coefficients()
         if fit is None:
             return 0.0
