@@ -4,6 +4,7 @@ Retry-After, draining, `none`, lease reclaim and status. Seeded rng, literal vir
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -265,6 +266,32 @@ def test_top_class_is_bounded_by_the_hard_cap_not_by_a_cut_limit():
     assert not isinstance(a.submit(r("p1b", 1, cost=1_000.0), 1.0), Admit)
     admit(a, r("p0", 0, cost=1_000.0), 1.0)  # 7,000 ≤ KV ceiling 8,000
     assert isinstance(a.submit(r("p0b", 0, cost=2_500.0), 1.0), Queued)  # 9,500 > 8,000
+
+
+@pytest.mark.parametrize(("kv_b1", "admitted"), [(0.4, True), (0.6, False)])
+def test_top_class_inside_its_share_starts_where_an_engine_has_room_past_the_hard_cap(
+        kv_b1, admitted):
+    """Costs are estimates; what an engine holds is what its metrics say. After a KV shrink
+    the pool's account stood above the reserved hard cap for seconds while one engine had
+    room, and P0 waited 2-5 s at the gateway for requests it would have started beside
+    (holdout-kv-shrink). A top-class request inside its reserved share goes where an engine's
+    last scrape, with what was sent since, leaves it room below the KV target."""
+    base = policy(window_s=1.0)
+    p0 = dataclasses.replace(base.queues[0], reserved_share=0.2)
+    a = Admission(dataclasses.replace(base, queues=(p0, *base.queues[1:])),
+                  random.Random(7), controller="adaptive")
+    for b in ("b0", "b1"):
+        a.on_snapshot("default", BackendSnapshot(b, 0.0, kv_capacity_tokens=10_000.0), 0.0)
+    a.poll(0.0)  # L = the KV ceiling, 16,000; reserved hard cap 18,000
+    for i in range(4):
+        admit(a, r(f"p1-{i}", 1, cost=4_000.0), 0.1)
+    for b, kv in (("b0", 0.9), ("b1", kv_b1)):
+        a.on_snapshot("default", BackendSnapshot(b, 0.2, kv_usage=kv,
+                                                 kv_capacity_tokens=10_000.0), 0.2)
+    d = a.submit(r("p0", 0, cost=3_000.0), 0.3)  # 19,000 > 18,000; share 3,200
+    assert isinstance(d, Admit if admitted else Queued)
+    if admitted:
+        assert d.ticket.backend == "b1"
 
 
 def test_a_queued_request_does_not_take_the_place_of_one_its_backend_dropped():

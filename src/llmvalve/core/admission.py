@@ -7,7 +7,10 @@ may be in flight), a `Picker` (which backend) and the in-flight account. A reque
                                                  estimate C ≥ L: idle share is borrowed by
                                                  others, as Netflix's partitioned limiter
                                                  does, but a class under its share gets in
-                                                 even at L, up to the limiter's hard cap),
+                                                 even at L, up to the limiter's hard cap;
+                                                 the top class also past it, where an
+                                                 engine's last scrape shows room for it:
+                                                 `Picker.can_start`),
 the fast gate lets its class through (backends' saturation σ ≥ 1: the lowest class stops;
 σ ≥ 1.25: only the highest may start new work), the engines can run it where sequences bind
 (`Limit.max_requests`: only the top class may queue inside an engine), and, below the top
@@ -152,7 +155,8 @@ class Admission:
         share = self.policy.queue(priority).reserved_share * (
             pool.limit.reserve_base() if pool.override is None else L)
         return (share > 0 and pool.inflight_by_class.get(priority, 0.0) + cost <= share
-                and pool.inflight + cost <= pool.limit.hard_cap(reserved=True))
+                and (pool.inflight + cost <= pool.limit.hard_cap(reserved=True)
+                     or (top and pool.override is None and pool.picker.can_start(now, cost))))
 
     def may_wait_s(self, priority: int) -> float:
         """How long a request of the class may wait in the queue and still be useful: its

@@ -163,6 +163,24 @@ class Picker:
         names, done_at, full = self._names, self.prefill_done_at, now + self.room_s
         return any(done_at.get(names[i], 0.0) < full for i in live)
 
+    def can_start(self, now: float, cost: float) -> bool:
+        """A top-class request of `cost` would start at once on some healthy backend: by its
+        last scrape corrected for what was sent and ended since, nothing queued and its KV
+        below the target with this request in it; its prompts ahead prefilled within
+        `late_after_s`; decoding within the ITL target."""
+        if not self.cost:
+            return False
+        live = self._live_positions(now)
+        names, done_at, late = self._names, self.prefill_done_at, now + self.late_after_s
+        for i in live:
+            b = names[i]
+            cap = self.capacity.get(b, 0.0)
+            if (cap > 0 and self._queue_now(b) < 1 and not self._slow(b)
+                    and done_at.get(b, 0.0) <= late
+                    and self._kv_now(b) + cost / cap <= self.kv_target):
+                return True
+        return False
+
     def saturated(self, name: str) -> bool:
         """Full by its last scrape, corrected for what was sent to it and what ended on it
         since: each end frees a place its engine fills from its own queue; or decoding
