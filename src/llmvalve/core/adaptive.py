@@ -265,15 +265,18 @@ class AdaptiveLimit:
         waiting and KV to spare, the requests they run at once (∞ otherwise). It grows if a
         backend is seen running more. Only the top class (`top`) may queue in the engines,
         up to the waiting target each: a P0 request then waits for the next free sequence
-        behind other P0 requests only, not behind the lower classes."""
+        behind other P0 requests only, not behind the lower classes. One of R replicas
+        (`replica_share` 1/R) counts its share of them: the others send alike, and two
+        replicas that each let in what the engines run made them queue half as many again,
+        P0 among them (P0 TTFT 2-2.8 s behind the cap of two H100s, r-seqcap-h100-gw2)."""
         if self._seq_cache is None:  # it changes only with a scrape
             live = [b for b in self.backends.values() if b.snap.ok]
             if not live or any(b.cap_hits < SEQ_CAP_HITS for b in live):
                 self._seq_cache = (math.inf, math.inf)
             else:
-                extra = self.spec.waiting_target
-                self._seq_cache = (sum(b.max_running for b in live),
-                                   sum(b.max_running + extra for b in live))
+                seqs = sum(b.max_running for b in live)
+                share, extra = self.replica_share, self.spec.waiting_target * len(live)
+                self._seq_cache = (share * seqs, share * (seqs + extra))
         return self._seq_cache[top]
 
     def capacity_ceiling(self) -> float:
