@@ -352,16 +352,19 @@ def test_a_scrape_is_topped_up_by_what_was_admitted_since():
     assert a.pressure(0.3) == pytest.approx(0.7 / 0.8)
 
 
-def test_sequence_cap_is_counted_after_repeated_evidence():
-    a = make()
+@pytest.mark.parametrize(("share", "lower", "top"), [(1.0, 32.0, 36.0), (0.5, 16.0, 18.0)])
+def test_sequence_cap_is_counted_after_repeated_evidence(share, lower, top):
+    """One of two replicas counts half the sequences: each letting in all that the engines
+    run made them queue half as many again (r-seqcap-h100-gw2: P0 TTFT 2-2.8 s)."""
+    a = make(replica_share=share)
     a.on_snapshot(snap(0.0, "b0", running=16.0, kv_usage=0.1), 0.0)
     a.on_snapshot(snap(0.0, "b1", running=16.0, kv_usage=0.1), 0.0)
     assert a.max_requests() == math.inf
     for i in range(1, 4):  # both at their most-ever running, with requests waiting, KV spare
         a.on_snapshot(snap(0.5 * i, "b0", running=16.0, waiting=2.0, kv_usage=0.1), 0.5 * i)
         a.on_snapshot(snap(0.5 * i, "b1", running=16.0, waiting=1.0, kv_usage=0.1), 0.5 * i)
-    assert a.max_requests() == 32.0  # the lower classes: what the engines run
-    assert a.max_requests(top=True) == 36.0  # the top class may queue waitingTarget each
+    assert a.max_requests() == lower  # the lower classes: what the engines run
+    assert a.max_requests(top=True) == top  # the top class may queue waitingTarget each
     a.on_snapshot(snap(2.0, "b1", running=18.0, kv_usage=0.1), 2.0)  # it runs more: not a cap
     assert a.max_requests() == math.inf
 

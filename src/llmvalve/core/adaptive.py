@@ -66,7 +66,8 @@ together, and proportional steps alone would keep whatever split they fell into.
 Where sequences bind before KV (an engine seen, `SEQ_CAP_HITS` times, running as many as it
 ever ran with requests waiting and KV to spare), `max_requests` counts them: the lower classes
 may have in flight what the engines run, the top class that plus waitingTarget per engine, so
-a P0 request queues inside an engine behind other P0 requests only.
+a P0 request queues inside an engine behind other P0 requests only (one of R replicas: 1/R
+of both).
 `saturation()` (σ, the fast gate the admission uses to stop lower classes first) is the same
 share-weighted fill without the latency terms, a stale or failing backend counting 1.5.
 After any decrease the epoch advances: access-log samples of requests admitted earlier are
