@@ -197,3 +197,15 @@ def test_failures_in_a_row_take_a_backend_out_until_a_good_scrape():
     assert p.pick(0.3) == "a"
     p.observe("b", True, 0.5)
     assert p.pick(0.6) == "b"
+
+
+def test_a_top_class_request_can_start_where_a_fresh_scrape_shows_room():
+    """KV below the target with the request in it, nothing queued, a good recent scrape."""
+    p = Picker(("a", "b"), stale_after_s=2.0, kv_target=0.8)
+    p.observe("a", ok=True, at=0.0, kv_usage=0.75, capacity_tokens=10_000.0)
+    p.observe("b", ok=True, at=0.0, kv_usage=0.5, waiting=2.0, capacity_tokens=10_000.0)
+    assert not p.can_start(0.1, 1_000.0)  # a: 0.85 > 0.8; b: requests waiting
+    assert p.can_start(0.1, 400.0)  # a: 0.79
+    p.add("a", 400.0, now=0.1)
+    assert not p.can_start(0.1, 400.0)  # what was sent since the scrape counts: 0.83
+    assert not p.can_start(3.0, 100.0)  # stale: its numbers are old

@@ -269,7 +269,7 @@ class AdaptiveLimit:
         behind other P0 requests only, not behind the lower classes. One of R replicas
         (`replica_share` 1/R) counts its share of them: the others send alike, and two
         replicas that each let in what the engines run made them queue half as many again,
-        P0 among them (P0 TTFT 2-2.8 s behind the cap of two H100s, r-seqcap-h100-gw2)."""
+        P0 among them (TTFT 2-2.8 s behind the cap of two H100s, holdout-seqcap-h100-gw2)."""
         if self._seq_cache is None:  # it changes only with a scrape
             live = [b for b in self.backends.values() if b.snap.ok]
             if not live or any(b.cap_hits < SEQ_CAP_HITS for b in live):

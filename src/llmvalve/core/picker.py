@@ -167,7 +167,8 @@ class Picker:
         """A top-class request of `cost` would start at once on some healthy backend: by its
         last scrape corrected for what was sent and ended since, nothing queued and its KV
         below the target with this request in it; its prompts ahead prefilled within
-        `late_after_s`; decoding within the ITL target."""
+        `late_after_s`; decoding within the ITL target. A stale or failing backend's
+        numbers are old: none counts."""
         if not self.cost:
             return False
         live = self._live_positions(now)
@@ -175,7 +176,7 @@ class Picker:
         for i in live:
             b = names[i]
             cap = self.capacity.get(b, 0.0)
-            if (cap > 0 and self._queue_now(b) < 1 and not self._slow(b)
+            if (b in self._healthy and cap > 0 and self._queue_now(b) < 1 and not self._slow(b)
                     and done_at.get(b, 0.0) <= late
                     and self._kv_now(b) + cost / cap <= self.kv_target):
                 return True
