@@ -355,7 +355,7 @@ def test_a_scrape_is_topped_up_by_what_was_admitted_since():
 @pytest.mark.parametrize(("share", "lower", "top"), [(1.0, 32.0, 36.0), (0.5, 16.0, 18.0)])
 def test_sequence_cap_is_counted_after_repeated_evidence(share, lower, top):
     """One of two replicas counts half the sequences: each letting in all that the engines
-    run made them queue half as many again (r-seqcap-h100-gw2: P0 TTFT 2-2.8 s)."""
+    run made them queue half as many again (holdout-seqcap-h100-gw2: P0 TTFT 2-2.8 s)."""
     a = make(replica_share=share)
     a.on_snapshot(snap(0.0, "b0", running=16.0, kv_usage=0.1), 0.0)
     a.on_snapshot(snap(0.0, "b1", running=16.0, kv_usage=0.1), 0.0)
