@@ -392,8 +392,8 @@ def test_app_limited_limit_follows_what_is_used():
 
 
 def test_a_request_waiting_for_the_limit_counts_as_use():
-    """1,000 in flight with a 3,000-token request waiting for L = 4,000: the window's demand
-    is 4,000, not 1,000, and the limit is not cut as unused."""
+    """1,000 in flight with a 3,100-token request waiting for L = 4,000: the window's demand
+    is 4,100, not 1,000, and the limit is not cut as unused."""
     a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS)
     a.on_snapshot(snap(0.0), 0.0)
     a.update(0.3, 1_000.0, waiting=3_100.0)

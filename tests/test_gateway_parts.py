@@ -141,14 +141,15 @@ def test_the_access_log_sample_carries_the_tickets_backend_and_admission_time():
     from llmvalve.core.admission import Admission
     from llmvalve.gateway.front import Check, Front, Go, LogEntry
 
-    front = Front(Admission(POLICY, __import__("random").Random(1), "static:4"))
+    policy = Policy(queues=SEED_QUEUES, pools=(PoolSpec(backends=(BackendSpec("b0", ""),)),))
+    front = Front(Admission(policy, __import__("random").Random(1), "static:4"))
     go = front.check(Check("a", {"content-length": "400"}), 2.0)
-    assert isinstance(go, Go) and go.ticket is not None
+    assert isinstance(go, Go) and go.ticket is not None and go.ticket.backend == "b0"
     joined = front.access_log(LogEntry("a", status=200, ttft_s=0.25, upstream_s=1.0,
                                        streamed=True), 3.0)
     assert joined is not None and joined.sample is not None
     assert joined.sample.sent_at == 2.0 and joined.sample.ttft_s == 0.25
-    assert joined.sample.backend == go.ticket.backend
+    assert joined.sample.backend == "b0"
 
 
 # -- driver ------------------------------------------------------------------------------------

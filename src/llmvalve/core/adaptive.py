@@ -435,10 +435,8 @@ class AdaptiveLimit:
             # (queueing adds to every prompt alike); the intercept only at low load
             self._prefill_speed.add(float(sample.prompt_tokens), sample.ttft_s)
             if sample.prompt_tokens > 0:
-                self._ttft_per_token.add(
-                    sample.ttft_s / sample.prompt_tokens if sample.sent_at is None else
-                    self._co_prefill.bound(sample.backend, sample.sent_at, sample.ttft_s,
-                                           sample.prompt_tokens, now))
+                self._ttft_per_token.add(self._co_prefill.bound(
+                    sample.backend, sample.sent_at, sample.ttft_s, sample.prompt_tokens, now))
             if self._last_pressure < 0.5:
                 self._prefill.add(float(sample.prompt_tokens), sample.ttft_s)
             prefill = self._prefill.predict(float(sample.prompt_tokens))

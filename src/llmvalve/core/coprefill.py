@@ -28,11 +28,12 @@ class CoPrefill:
         self._firsts: dict[str, list[float]] = {}
         self._rows: dict[str, list[tuple[float, int]]] = {}
 
-    def bound(self, backend: str, sent_at: float, ttft_s: float, prompt_tokens: int,
+    def bound(self, backend: str, sent_at: float | None, ttft_s: float, prompt_tokens: int,
               now: float) -> float:
         """The bound this answered request gives (and it is kept for the later ones'); one
-        whose backend Envoy picked (`backend` "") counts alone."""
-        if not backend:
+        whose backend Envoy picked (`backend` "") or whose admission time is unknown counts
+        alone."""
+        if not backend or sent_at is None:
             return ttft_s / prompt_tokens
         firsts = self._firsts.setdefault(backend, [])
         rows = self._rows.setdefault(backend, [])

@@ -64,8 +64,8 @@ worst over seeds. `llmvalve simulate --capacity` measures what the backends serv
 scenario's request mix; each description quotes the load factor it measured.
 
 The built-ins were written beside the controller. What it was also judged on, by the same
-targets: the workloads of `tests/data/holdout/` (49; all but four written after its tuning and
-judged as they stood — each file's description says when).
+targets: the workloads of `tests/data/holdout/` (all but four written after its tuning and judged
+as they stood — each file's description says when).
 `LLMVALVE_ISSUE10_FULL=1 pytest tests/test_generalisation.py` runs
 them at seeds 1–3; its `KNOWN_MISSES` lists every target still missed, here and there, with the
 traced cause.
