@@ -32,6 +32,7 @@ from llmvalve.core.types import (
     Reason,
     Reject,
     RequestInfo,
+    Sample,
     Ticket,
 )
 
@@ -333,13 +334,18 @@ def test_token_cost_from_prompt_and_expected_output():
     req = RequestInfo("x", "t", 1, 0.0, prompt_tokens=100)
     assert admit(a, req, 0.0).cost_tokens == 356.0  # default_max_tokens 256
     # The backends say the answers that finished in the window were 40 tokens long on average
-    # (vLLM's request_generation_tokens histogram): the pool expects 1.25 × that.
+    # (vLLM's request_generation_tokens histogram), and a request of this class has finished:
+    # its class expects 1.25 × that (tests/test_answer_lengths.py has the per-class rules).
     a.on_snapshot("default", BackendSnapshot("b0", 1.0, output_tokens_mean=40.0,
                                              finished_in_window=1000.0), 1.0)
+    a.release(admit(a, RequestInfo("w", "t", 1, 0.0, prompt_tokens=100), 1.0),
+              Outcome.SUCCESS, 1.0)
+    a.observe(Sample("w", "default", Outcome.SUCCESS, ttft_s=0.1, duration_s=1.1,
+                     tenant="t", priority=1), 1.0)
     assert admit(a, RequestInfo("y", "t", 1, 0.0, prompt_tokens=100), 1.0).cost_tokens == 150.0
     assert admit(a, RequestInfo("z", "t", 1, 0.0, prompt_tokens=100, max_tokens=20),
                  1.0).cost_tokens == 120.0
-    assert adm("static:4").cost_of(req, next(iter(adm("static:4").pools.values()))) == 1.0
+    assert adm("static:4").cost_of(req, next(iter(adm("static:4").pools.values())), 1.0) == 1.0
 
 
 def test_cancel_removes_a_queued_request():

@@ -111,17 +111,23 @@ class Admission:
             pool = next(iter(self.pools.values()))
         return pool
 
-    def cost_of(self, req: RequestInfo, pool: Pool) -> float:
+    def cost_of(self, req: RequestInfo, pool: Pool, now: float) -> float:
         """A request's cost in the limit's unit: 1 request, or KV tokens = its prompt plus the
-        answer it is expected to write (1.25 × the pool's mean answer length, at most its
-        `max_tokens`; before anything is learned, `max_tokens` or the policy's default)."""
+        answer it is expected to write (1.25 × its class's mean answer length, at most the
+        `max_tokens` it states; before a request of its class has finished, that `max_tokens`
+        or the policy's default, or what the class's oldest request in flight has written by
+        now if more: see `core/answer_lengths.py`)."""
         if pool.limit.unit == "requests":
             return 1.0
         if req.cost_tokens > 0:
             return req.cost_tokens
-        max_out = req.max_tokens or self.policy.requests.default_max_tokens
-        learned = pool.expected_output
-        out = max_out if learned is None else min(max_out, 1.25 * learned)
+        learned = pool.answers.expected((req.tenant, req.priority))
+        if learned is None:
+            out = float(req.max_tokens or max(self.policy.requests.default_max_tokens,
+                                              pool.answers.written((req.tenant, req.priority),
+                                                                   now)))
+        else:
+            out = 1.25 * learned if not req.max_tokens else min(req.max_tokens, 1.25 * learned)
         return float(req.prompt_tokens) + out
 
     def _gate_allows(self, pool: Pool, priority: int, now: float) -> bool:
@@ -219,6 +225,7 @@ class Admission:
         # Tickets are kept in the order of admission, oldest first (`expired_leases` relies on
         # it): time only goes forward, and ids are unique (the gateway refuses a repeated one).
         pool.tickets[req.request_id] = ticket
+        pool.answers.on_sent((req.tenant, req.priority), req.request_id, now)
         self.budgets.settle(req.request_id)
         return Admit(req.request_id, ticket, wait_s)
 
@@ -237,7 +244,7 @@ class Admission:
             return over_budget
         if not pool.breaker.allow(now):
             return self._reject(pool, req, Reason.BREAKER_OPEN, now, status=503)
-        cost = self.cost_of(req, pool)
+        cost = self.cost_of(req, pool, now)
         blocked_above = any(pool.scheduler.depth(p) for p in self._ranks if p < req.priority)
         own_queue = pool.scheduler.depth(req.priority)
         if not own_queue and self._fits(pool, req.priority, cost, now, shared=not blocked_above):
@@ -315,7 +322,7 @@ class Admission:
             cost = 0.0
             blocked_by: int | None = None  # the highest class whose head did not fit
             for w in pool.scheduler.candidates(now):
-                cost = self.cost_of(w.req, pool)
+                cost = self.cost_of(w.req, pool, now)
                 # a head that does not fit blocks the classes below it, never those above (the
                 # lowest class's anti-starvation turn comes first but blocks nobody)
                 shared = blocked_by is None or blocked_by > w.req.priority
@@ -348,6 +355,7 @@ class Admission:
         pool = self.pools[ticket.pool]
         if pool.tickets.pop(ticket.request_id, None) is None:
             raise ValueError(f"ticket {ticket.request_id} released twice or never admitted")
+        pool.answers.on_end((ticket.tenant, ticket.priority), ticket.request_id)
         pool.inflight = max(0.0, pool.inflight - ticket.cost_tokens)
         pool.picker.remove(ticket.backend, ticket.cost_tokens,
                            self._ranks.get(ticket.priority) == 0, outcome is Outcome.DROPPED)
@@ -364,6 +372,9 @@ class Admission:
         """Per-request feedback (an access-log entry joined to its ticket), after release."""
         pool = self._pool(sample.pool)
         pool.samples += 1
+        if sample.outcome is Outcome.SUCCESS and sample.duration_s is not None:
+            pool.answers.on_sample((sample.tenant, sample.priority),
+                                   sample.duration_s - (sample.ttft_s or 0.0))
         pool.limit.on_sample(sample, pool.limit.epoch if ticket_epoch is None else ticket_epoch,
                              now)
         pool.picker.prefill_s_per_token = pool.limit.prefill_s_per_token()
@@ -374,11 +385,8 @@ class Admission:
         p.picker.observe(snap.backend, snap.ok, snap.at, snap.kv_usage, snap.waiting,
                          snap.kv_capacity_tokens, snap.itl_mean_s)
         p.limit.on_snapshot(snap, now)
-        if snap.ok and snap.output_tokens_mean is not None and snap.finished_in_window > 0:
-            # Each finished request weighs as one sample of an average with decay 0.95.
-            x, prev = snap.output_tokens_mean, p.expected_output
-            keep = 0.95 ** snap.finished_in_window
-            p.expected_output = x if prev is None else keep * prev + (1.0 - keep) * x
+        if snap.ok and snap.output_tokens_mean is not None:
+            p.answers.on_finished(snap.output_tokens_mean, snap.finished_in_window)
 
     def ticket(self, request_id: str) -> Ticket | None:
         """The open ticket of an admitted request, if it is still open."""
@@ -467,7 +475,7 @@ class Admission:
                                           else max(0.0, pool.override_until - now)),
                 "breaker": pool.breaker.state(now).value,
                 "samples": pool.samples,
-                "expected_output_tokens": pool.expected_output,
+                "expected_output_tokens": pool.answers.pooled,
                 "limiter": pool.limit.status(),
                 "classes": {
                     str(q.priority): {

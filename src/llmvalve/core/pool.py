@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from llmvalve.core.adaptive import AdaptiveLimit
+from llmvalve.core.answer_lengths import AnswerLengths
 from llmvalve.core.breaker import Breaker
 from llmvalve.core.limiter import PoolLimit, ScheduledLimit, SeedLimit, StaticLimit, Unlimited
 from llmvalve.core.picker import Picker
@@ -58,8 +59,7 @@ class Pool:
     picker: Picker = field(default_factory=Picker)
     breaker: Breaker = field(default_factory=lambda: Breaker(BreakerSpec()))
     pushed_out: list[Reject] = field(default_factory=list)  # for the next poll()
-    # The pool's mean answer length (tokens), learned from the backends' metrics.
-    expected_output: float | None = None
+    answers: AnswerLengths = field(default_factory=AnswerLengths)  # what answers cost
     samples: int = 0  # access-log samples received
     # The largest request the shared limit kept waiting at the last dispatch (0: none): a
     # limit with a request waiting for it is in use, whatever is in flight.

@@ -121,7 +121,8 @@ class Sample:
     duration, the outcome, and the prompt size the gateway estimated at admission. Output
     lengths are not visible per request (bodies never pass through the control plane); the
     pool's mean answer length comes from the backends' metrics instead
-    (`BackendSnapshot.output_tokens_mean`)."""
+    (`BackendSnapshot.output_tokens_mean`), and each class's from its decode times
+    (`core/answer_lengths.py`)."""
 
     request_id: str
     pool: str
@@ -131,6 +132,8 @@ class Sample:
     prompt_tokens: int | None = None
     backend: str = ""  # the backend the ticket picked ("" → Envoy's load balancer decided)
     sent_at: float | None = None  # when it was admitted (the control plane's clock)
+    tenant: str = ""  # the ticket's class: its answer length is learned per class
+    priority: int = 0
 
 
 class BackendSnapshot(NamedTuple):

@@ -301,7 +301,8 @@ class Front:
             sample = Sample(entry.check_id, ticket.pool, outcome,
                             ttft_s=entry.ttft_s if entry.streamed else None,
                             duration_s=entry.upstream_s, prompt_tokens=ticket.prompt_tokens,
-                            backend=ticket.backend, sent_at=ticket.admitted_at)
+                            backend=ticket.backend, sent_at=ticket.admitted_at,
+                            tenant=ticket.tenant, priority=ticket.priority)
             self.admission.observe(sample, now, ticket.epoch)
         return Joined(ticket, outcome, sample, self._class_name(ticket.priority), released,
                       bool(entry.flags & CLIENT_LEFT), entry.ttft_s)

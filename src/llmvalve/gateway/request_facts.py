@@ -2,9 +2,10 @@
 where the picked backend is (its address, for Envoy's ORIGINAL_DST cluster).
 
 By default only headers are read: the prompt size comes from `content-length` (bytes divided
-by `requests.bytesPerToken`) and the output from `requests.defaultMaxTokens`. With body
-inspection the JSON body (up to `requests.maxBodyBytes`) gives `max_tokens`
-(or `max_completion_tokens`), `stream`, `model` and the size of the prompt text itself.
+by `requests.bytesPerToken`) and the output is not known (the core charges its class's learned
+answer length, `core/answer_lengths.py`). With body inspection the JSON body (up to
+`requests.maxBodyBytes`) gives `max_tokens` (or `max_completion_tokens`), `stream`, `model` and
+the size of the prompt text itself.
 """
 
 from __future__ import annotations
@@ -36,11 +37,7 @@ class BodyFacts:
 @dataclass(frozen=True)
 class Estimate:
     prompt_tokens: int
-    max_tokens: int
-
-    @property
-    def cost_tokens(self) -> float:
-        return float(self.prompt_tokens + self.max_tokens)
+    max_tokens: int  # as the request says (0: it does not say, or its body was not read)
 
 
 def _text_bytes(value: Any) -> int:
@@ -88,11 +85,8 @@ def parse_body(body: bytes) -> BodyFacts | str:
 
 def estimate(spec: RequestSpec, content_length: int, facts: BodyFacts | None) -> Estimate:
     prompt_bytes = facts.prompt_bytes if facts is not None else max(0, content_length)
-    max_tokens = facts.max_tokens if facts is not None and facts.max_tokens is not None else None
-    return Estimate(
-        prompt_tokens=math.ceil(prompt_bytes / spec.bytes_per_token),
-        max_tokens=spec.default_max_tokens if max_tokens is None else max_tokens,
-    )
+    return Estimate(prompt_tokens=math.ceil(prompt_bytes / spec.bytes_per_token),
+                    max_tokens=facts.max_tokens or 0 if facts is not None else 0)
 
 
 def content_length(headers: Mapping[str, str]) -> int:

@@ -9,7 +9,8 @@ What production sees, and so what the simulation feeds the front:
 - the access-log entry, `als_delay_s` after the request ends: its status, the client-left flag
   of a cancelled request, the backend's time to first body byte (a first token only when the
   answer streams) and the upstream duration. Never the answer's length: production does not
-  see it per request (the pool's mean answer length comes from the scraped metrics);
+  see it per request (answer lengths are learned from the scraped metrics and each class's
+  decode times);
 - scrapes: each backend's metrics as a `core.signals.Reading` — what its /metrics page would
   say (`backend/exposition.py` renders the same numbers; a test checks that parsing that page
   gives this reading) — reduced by the same `SignalReader` production uses.
