@@ -111,6 +111,10 @@ measured with real processes: Envoy 1.40, the llmvalve control plane (ext_authz 
 simulated vLLM backends, and an open-loop load generator streaming over HTTP. Every number and
 plot on this page is the output of `llmvalve bench`, written by `python -m llmvalve.bench.docs`;
 the simulator's prediction for the same scenario and requests is shown next to each result.
+The real runs are kept until a scenario is run again (`--run --only NAME`), while
+`--resimulate` recomputes the prediction with the current code: after a change to the
+controller the two sides of a scenario not run since are from different versions (the issue
+notes say which were run when).
 
 Scenarios run: {ran}.""" + (" Not run: " + "; ".join(
             f"`{n}` ({NOT_RUN.get(n, 'not part of the published set')})" for n in missing) + "."
