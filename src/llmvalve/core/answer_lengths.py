@@ -2,12 +2,13 @@
 
 vLLM's histogram of finished answer lengths (`BackendSnapshot.output_tokens_mean`) is exact but
 pools every class, and the answers that finish first are the short ones: behind short P0 chat,
-reasoning answers of ~2,000 tokens were charged ~100 for their first 40 s, three replicas let
+reasoning answers of ~2,000 tokens were charged ~80 for their first 40 s, three replicas let
 ~60 of them into engines that hold ~24, and the engines preempted for the rest of the run
 (holdout-reason-gw3-hetero). So each class (tenant and priority) learns its own length, from
 the decode time of its requests that finished (their upstream duration after the first token,
-from the access log), turned into tokens at the pool's rate: the histogram's mean length over
-the mean decode time of the requests that finished. A class none of whose requests has
+from the access log; the whole duration when the answer does not stream, which errs long),
+turned into tokens at the pool's rate: the histogram's mean length over the mean decode time
+of the requests that finished. A class none of whose requests has
 finished yet is charged its `max_tokens` (or the policy's default), or, once its oldest request
 in flight has been decoding longer than that takes, what that request has written by now: its
 answers are at least that long.
