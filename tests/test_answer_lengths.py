@@ -1,5 +1,5 @@
-"""What a request is charged for its answer: learned per class, not capped by a default the
-request never stated, and not trusted to the short answers that happen to finish first."""
+"""What a request is charged for its answer: learned per class, and not trusted to the short
+answers that happen to finish first."""
 
 from __future__ import annotations
 
@@ -56,23 +56,27 @@ def _cost(a: Admission, req: RequestInfo, now: float) -> float:
     return a.cost_of(req, next(iter(a.pools.values())), now)
 
 
-def test_an_unstated_max_tokens_does_not_cap_a_learned_length():
-    """Without body inspection (the default) no request states its max_tokens: a class that
-    writes 2,000-token answers was charged 256 (`defaultMaxTokens`) for them all the same."""
+def test_a_learned_length_is_capped_by_max_tokens_or_the_default():
+    """A stated `max_tokens` caps the charge; without one (bodies not read, the default)
+    `defaultMaxTokens` does, once the class's length is learned (docs/design.md says why)."""
     a = _admission()
     first = _admit(a, RequestInfo("r0", "solver", 1, 0.0, prompt_tokens=300), 0.0)
     assert first == 300 + 256  # nothing learned: the policy's default
     a.on_snapshot("default", BackendSnapshot("b0", 1.0, kv_capacity_tokens=1_000_000.0,
-                                             output_tokens_mean=2000.0,
+                                             output_tokens_mean=160.0,
                                              finished_in_window=1.0), 1.0)
     ticket = a.ticket("r0")
     assert ticket is not None
-    a.release(ticket, Outcome.SUCCESS, 60.0)
-    a.observe(Sample("r0", "default", Outcome.SUCCESS, ttft_s=0.5, duration_s=60.5,
-                     prompt_tokens=300, tenant="solver", priority=1), 60.0)
-    assert _cost(a, RequestInfo("r1", "solver", 1, 0.0, prompt_tokens=300), 60.0) == 2800.0
-    stated = RequestInfo("r2", "solver", 1, 0.0, prompt_tokens=300, max_tokens=1000)
-    assert _cost(a, stated, 60.0) == 1300.0  # what the request says caps it
+    a.release(ticket, Outcome.SUCCESS, 10.0)
+    a.observe(Sample("r0", "default", Outcome.SUCCESS, ttft_s=0.5, duration_s=10.5,
+                     prompt_tokens=300, tenant="solver", priority=1), 10.0)
+    assert _cost(a, RequestInfo("r1", "solver", 1, 0.0, prompt_tokens=300), 10.0) == 500.0
+    stated = RequestInfo("r2", "solver", 1, 0.0, prompt_tokens=300, max_tokens=100)
+    assert _cost(a, stated, 10.0) == 400.0  # what the request says caps it
+    a.on_snapshot("default", BackendSnapshot("b0", 11.0, kv_capacity_tokens=1_000_000.0,
+                                             output_tokens_mean=2000.0,
+                                             finished_in_window=1000.0), 11.0)
+    assert _cost(a, RequestInfo("r3", "solver", 1, 0.0, prompt_tokens=300), 11.0) == 556.0
 
 
 def test_short_answers_that_finish_first_do_not_price_a_long_class():

@@ -113,10 +113,10 @@ class Admission:
 
     def cost_of(self, req: RequestInfo, pool: Pool, now: float) -> float:
         """A request's cost in the limit's unit: 1 request, or KV tokens = its prompt plus the
-        answer it is expected to write (1.25 × its class's mean answer length, at most the
-        `max_tokens` it states; before a request of its class has finished, that `max_tokens`
-        or the policy's default, or what the class's oldest request in flight has written by
-        now if more: see `core/answer_lengths.py`)."""
+        answer it is expected to write: 1.25 × its class's mean answer length, at most its
+        `max_tokens` (or the policy's default when it states none); before a request of its
+        class has finished, that `max_tokens`, or what the class's oldest request in flight
+        has written by now if more (see `core/answer_lengths.py`)."""
         if pool.limit.unit == "requests":
             return 1.0
         if req.cost_tokens > 0:
@@ -127,7 +127,7 @@ class Admission:
                                               pool.answers.written((req.tenant, req.priority),
                                                                    now)))
         else:
-            out = 1.25 * learned if not req.max_tokens else min(req.max_tokens, 1.25 * learned)
+            out = min(req.max_tokens or self.policy.requests.default_max_tokens, 1.25 * learned)
         return float(req.prompt_tokens) + out
 
     def _gate_allows(self, pool: Pool, priority: int, now: float) -> bool:

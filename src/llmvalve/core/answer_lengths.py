@@ -11,7 +11,9 @@ turned into tokens at the pool's rate: the histogram's mean length over the mean
 of the requests that finished. A class none of whose requests has
 finished yet is charged its `max_tokens` (or the policy's default), or, once its oldest request
 in flight has been decoding longer than that takes, what that request has written by now: its
-answers are at least that long.
+answers are at least that long. (A learned length stays capped at `max_tokens`, or at the
+policy's default when a request states none: the limit's KV calibration assumes it; see
+docs/design.md, "What an answer costs".)
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ where the picked backend is (its address, for Envoy's ORIGINAL_DST cluster).
 
 By default only headers are read: the prompt size comes from `content-length` (bytes divided
 by `requests.bytesPerToken`) and the output is not known (the core charges its class's learned
-answer length, `core/answer_lengths.py`). With body inspection the JSON body (up to
-`requests.maxBodyBytes`) gives `max_tokens` (or `max_completion_tokens`), `stream`, `model` and
-the size of the prompt text itself.
+answer length, at most `requests.defaultMaxTokens`: `core/answer_lengths.py`). With body
+inspection the JSON body (up to `requests.maxBodyBytes`) gives `max_tokens` (or
+`max_completion_tokens`), `stream`, `model` and the size of the prompt text itself.
 """
 
 from __future__ import annotations
