@@ -97,4 +97,7 @@ def test_short_answers_that_finish_first_do_not_price_a_long_class():
     chat = _cost(a, RequestInfo("chat-1", "app", 0, 0.0, prompt_tokens=300), 40.0)
     reason = _cost(a, RequestInfo("reason-1", "solver", 1, 0.0, prompt_tokens=300), 40.0)
     assert chat == 300 + 1.25 * 70
+    [pool] = a.status(40.0)["pools"].values()
+    [row] = pool["answer_tokens"]  # chat only: reasoning is not learned yet
+    assert row["tenant"] == "app" and row["tokens"] == 70.0
     assert reason == 300 + 35.0 * 40  # 40 s at 35 tokens a second (70 tokens in 2 s)

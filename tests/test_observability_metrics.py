@@ -116,6 +116,17 @@ def test_scrapes_become_backend_gauges_and_a_failing_backend_is_a_state_change(c
     assert value(m, "llmvalve_policy_info", version="v1", controller="adaptive") == 1.0
 
 
+def test_learned_answer_lengths_are_gauges_for_labelled_tenants_only():
+    m = GatewayMetrics(tenants=TenantLabels.parse("app"))
+    m.watch_status(lambda: {"pools": {"default": {"answer_tokens": [
+        {"tenant": "app", "class": "interactive", "tokens": 148.0},
+        {"tenant": "someone", "class": "batch", "tokens": 900.0}]}}})
+    assert value(m, "llmvalve_class_answer_tokens", pool="default", tenant="app",
+                 **{"class": "interactive"}) == 148.0
+    assert value(m, "llmvalve_class_answer_tokens", pool="default", tenant="someone",
+                 **{"class": "batch"}) is None  # no label of its own: /status has it
+
+
 def test_json_formatter_writes_one_object_per_line_with_the_fields():
     out = io.StringIO()
     handler = logging.StreamHandler(out)

@@ -121,13 +121,15 @@ class Admission:
             return 1.0
         if req.cost_tokens > 0:
             return req.cost_tokens
-        learned = pool.answers.expected((req.tenant, req.priority))
-        if learned is None:
-            out = float(req.max_tokens or max(self.policy.requests.default_max_tokens,
-                                              pool.answers.written((req.tenant, req.priority),
-                                                                   now)))
+        key = (req.tenant, req.priority)
+        cap = req.max_tokens or self.policy.requests.default_max_tokens
+        learned = pool.answers.expected(key)
+        if learned is not None:
+            out = min(cap, 1.25 * learned)
+        elif req.max_tokens:
+            out = req.max_tokens
         else:
-            out = min(req.max_tokens or self.policy.requests.default_max_tokens, 1.25 * learned)
+            out = max(cap, pool.answers.written(key, now))
         return float(req.prompt_tokens) + out
 
     def _gate_allows(self, pool: Pool, priority: int, now: float) -> bool:
@@ -464,6 +466,7 @@ class Admission:
     def status(self, now: float) -> dict:
         """JSON-able snapshot: policy version, pools (limit, in-flight, signals), classes."""
         pools = {}
+        names = {q.priority: q.name for q in self.policy.queues}
         for name, pool in self.pools.items():
             pools[name] = {
                 "limit": finite(pool.current_limit()),
@@ -476,6 +479,8 @@ class Admission:
                 "breaker": pool.breaker.state(now).value,
                 "samples": pool.samples,
                 "expected_output_tokens": pool.answers.pooled,
+                "answer_tokens": [{"tenant": t, "class": names.get(p, str(p)), "tokens": v}
+                                  for (t, p), v in pool.answers.learned()],
                 "limiter": pool.limit.status(),
                 "classes": {
                     str(q.priority): {

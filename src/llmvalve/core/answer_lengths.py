@@ -75,6 +75,13 @@ class AnswerLengths:
         mine = self._by_class.get(key)
         return None if mine is None else self._tokens(mine)
 
+    def learned(self) -> list[tuple[Key, float]]:
+        """Every class's learned mean answer length in tokens (for status and metrics)."""
+        if self.pooled is None:
+            return []
+        return [(key, tokens) for key in self._by_class
+                if (tokens := self.expected(key)) is not None]
+
     def written(self, key: Key, now: float) -> float:
         """For a class not learned yet: what its oldest request in flight has written by now,
         in tokens (0: none in flight, or no rate known)."""

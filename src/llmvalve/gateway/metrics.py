@@ -226,6 +226,12 @@ class _StatusCollector(Collector):
                            ["pool", "state"])
                 for state in BREAKER_STATES:
                     f.add_metric([str(pool_name), state], 1.0 if breaker == state else 0.0)
+            for row in pool.get("answer_tokens") or []:
+                if self.tenants(row["tenant"]) == row["tenant"]:  # its own label only
+                    family("llmvalve_class_answer_tokens", "A class's learned mean answer "
+                           "length per tenant (admission charges 1.25 x it, capped)",
+                           ["pool", "class", "tenant"]).add_metric(
+                        [str(pool_name), row["class"], row["tenant"]], row["tokens"])
             for cls in (pool.get("classes") or {}).values():
                 for key, (name, doc) in CLASS_FIELDS.items():
                     number = _number(cls.get(key))
