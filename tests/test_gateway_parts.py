@@ -138,7 +138,7 @@ def test_flags_of():
     assert flags_of(flags) == {"UT", "DR"}
 
 
-def test_the_access_log_sample_carries_the_tickets_backend_and_admission_time():
+def test_the_access_log_sample_carries_the_tickets_backend_admission_time_and_class():
     """What the prefill speed's bound needs to know which prompts shared a backend's steps."""
     from llmvalve.core.admission import Admission
     from llmvalve.gateway.front import Check, Front, Go, LogEntry
@@ -152,6 +152,10 @@ def test_the_access_log_sample_carries_the_tickets_backend_and_admission_time():
     assert joined is not None and joined.sample is not None
     assert joined.sample.sent_at == 2.0 and joined.sample.ttft_s == 0.25
     assert joined.sample.backend == "b0"
+    # and its class, whose answer length it teaches (core/answer_lengths.py)
+    assert (joined.sample.tenant, joined.sample.priority) == (go.ticket.tenant,
+                                                              go.ticket.priority)
+    assert joined.sample.tenant  # a named tenant (the anonymous one), not the default ""
 
 
 # -- driver ------------------------------------------------------------------------------------
