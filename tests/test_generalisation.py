@@ -15,9 +15,10 @@ cause): the scenario must miss exactly those (reported as xfail), nothing else.
 `make test` runs every built-in of ordinary size (about two minutes of CPU for all of them on a
 2-core machine: each seed costs one `adaptive` run and the oracle sweep of about ten fixed
 limits). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep)
-and the held-out workloads of tests/data/holdout/ run when asked (40: four written before the
-controller's tuning, thirty-six after it and judged as they stood; of these, `holdout-rag-gw3`,
-`holdout-rolling-upgrade` and `holdout-calm-tails-gw3` were traced and mended at a later stop, and
+and the held-out workloads of tests/data/holdout/ run when asked (61: four written before the
+controller's tuning, the rest after it, in batches by someone who had not read it, and judged
+as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
+and others were traced and mended at a later stop (their entries below say so), and
 `holdout-gw2-agents`, `holdout-gw3-small-code` and `holdout-gw6-medium`, written at that stop,
 were judged again after its last change: these six are not unseen any more):
     LLMVALVE_ISSUE10_FULL=1 pytest tests/test_generalisation.py
@@ -255,6 +256,16 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # fixed limit, P0 0.984; since stop 27 seed 1 is met and seeds 2 and 3 miss by one P0
     # request each (0.984, 0.983): a short prompt queued 3.8 s inside a quarter-size engine.
     "holdout-kv-regrow-retry": ("seed 2: P0 attainment", "seed 3: P0 attainment"),
+    # held out (written at stop 28 by someone who had not read the controller, judged as it
+    # stood): its own four-class policy with a 50 ms TPOT for P0 (voice) on three medium
+    # engines at ~2.3x: 0.824 / 0.819 / 0.773 of the best fixed limit, P0 1.000 / 1.000 /
+    # 0.996. The best fixed limit by goodput (static:128) gives P0 up (0.08-0.20): only small
+    # decode batches meet 50 ms, and P0 is a sliver of the tokens. No fixed limit that keeps
+    # P0 at 0.99 serves more than adaptive (static:64: 2,365 / 2,314 / 2,356 tok/s, P0 1.000 /
+    # 0.989 / 0.988, against 2,436 / 2,377 / 2,356). Meeting both needs engines kept fast for
+    # P0 while the others run at the lower classes' looser TPOT (a lane; tried at stop 28 in
+    # the picker and the limiter's per-engine latency target, not kept: P0 0.38-0.66).
+    "holdout-voice-4class": ("seed 1: adaptive", "seed 2: adaptive", "seed 3: adaptive"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
