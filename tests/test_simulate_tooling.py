@@ -132,6 +132,29 @@ def test_capacity_and_load_factor():
     assert "code-bursty" in out.stdout.split()
 
 
+def test_capacity_is_measured_on_the_mix_offered(tmp_path):
+    """Tiny P2 requests at a high rate beside long P0 answers: replayed under the scenario's
+    own priorities, the overloaded gateway would serve P0 and shed P2, and the capacity would
+    be that of another mix (about 1 request/s of capacity against 40 offered at a load
+    factor near 1). The replay serves the mix as offered: request and token rates agree."""
+    from llmvalve.sim.capacity import measure
+
+    f = tmp_path / "tiny-beside-long.yaml"
+    f.write_text("""
+name: tiny-beside-long
+duration: 60s
+backends: {count: 1, profile: small}
+oracleSweep: [16, 32, 64]
+classes:
+  - {name: chat, priority: 0, rate: 0.5, prompt: {mean: 500}, output: {mean: 300}}
+  - {name: label, priority: 2, rate: 40, prompt: {mean: 150}, output: {mean: 3, max: 5}}
+""")
+    m = measure(load_scenario(str(f)), 1, duration_s=60.0)
+    tokens_per_request = m["offered_tok_s"] / m["offered_req_s"]
+    served = m["capacity_tok_s"] / m["capacity_req_s"]
+    assert 0.8 <= served / tokens_per_request <= 1.25, m
+
+
 def test_the_gateways_meet_the_first_requests_after_an_idle_spell():
     """sim/harness.py IDLE_LEAD_IN_S (docs/scenarios.md): at t = 0 the adaptive limit is where
     idling leaves it (a sixteenth of the KV ceiling, here under minLimitTokens: 2,048), not
