@@ -7,10 +7,12 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from llmvalve.core.admission import make_limit
+from llmvalve.sim.report import summarize
 from llmvalve.sim.runner import default_policy, parse_seeds, simulate, simulate_seeds
 from llmvalve.sim.scenario import load_scenario
 
@@ -130,6 +132,18 @@ def test_capacity_and_load_factor():
     out = subprocess.run([sys.executable, "-m", "llmvalve.cli", "simulate", "--list"],
                          capture_output=True, text=True, check=True)
     assert "code-bursty" in out.stdout.split()
+
+
+def test_an_oracle_keeps_the_top_class_where_the_best_fixed_limit_gives_it_up():
+    """holdout-voice-4class: P0's 50 ms TPOT holds only at small decode batches, and the
+    goodput peaks at a limit that gives P0 up; `top_kept` is the best fixed limit that keeps
+    it at 0.99."""
+    sc = load_scenario(str(Path(__file__).parent / "data/holdout/holdout-voice-4class.yaml"))
+    res, runs = simulate(sc, ["none"], seed=1, oracle=True, hindsight=False)
+    kept, fixed = res["oracles"]["top_kept"], res["oracles"]["fixed"]
+    assert kept["top_attainment"] >= 0.99
+    assert kept["goodput_tok_s"] < fixed["goodput_tok_s"]
+    assert summarize(runs[fixed["controller"]], sc.policy)["classes"]["0"]["slo_attainment"] < 0.5
 
 
 def test_capacity_is_measured_on_the_mix_offered(tmp_path):
