@@ -154,8 +154,9 @@ def _oracle_lines(result: dict) -> list[str]:
         lines.append(f"oracle: best fixed limit {o['controller']} → goodput "
                      f"{o['goodput_tok_s']:.0f} tok/s")
     orc = result.get("oracles")
-    kept = (orc or {}).get("top_kept")
-    if orc and (kept is None or kept["controller"] != orc["fixed"]["controller"]):
+    kept = (orc or {}).get("top_kept", False)
+    if orc and kept is not False and (kept is None
+                                      or kept["controller"] != orc["fixed"]["controller"]):
         lines.append("oracle: best fixed limit that keeps the top class at its SLO: "
                      + ("none of the sweep" if kept is None else
                         f"{kept['controller']} → goodput {kept['goodput_tok_s']:.0f} tok/s "

@@ -5,7 +5,7 @@ Oracles (`--oracle`): yardsticks computed from hindsight on the exact same reque
   * `none`: no limit at all, which is a fixed limit too;
   * `fixed`: the better of the two — what a perfectly hand-tuned constant could do;
   * `top_kept`: the best of those fixed limits whose top class meets its SLO as the issue's
-    targets ask (attainment `TOP_KEPT`, 0.99); absent when none does. It differs from `fixed`
+    targets ask (attainment `TOP_KEPT`, 0.99); null when none does. It differs from `fixed`
     where the goodput peaks at a limit that gives the top class up (a tight TPOT objective
     for a class that is a sliver of the tokens: holdout-voice-4class), and it is the
     yardstick for a controller that must keep the top class;
@@ -135,11 +135,11 @@ def oracles(sc: Scenario, seed: int, policy: Policy, have: dict[str, RunResult],
     top = str(policy.priorities[0])
     top_att = {c: s["classes"][top]["slo_attainment"] for c, s in summaries.items()
                if top in s["classes"]}
-    kept = [c for c in cands if top_att.get(c, 0.0) >= TOP_KEPT]
-    if kept:
-        best = max(kept, key=lambda c: gp[c])
-        out["top_kept"] = {"controller": best, "goodput_tok_s": gp[best],
-                           "top_attainment": top_att[best]}
+    if top_att:  # None: no fixed limit of the sweep keeps it
+        kept = [c for c in cands if top_att.get(c, 0.0) >= TOP_KEPT]
+        best = max(kept, key=lambda c: gp[c], default=None)
+        out["top_kept"] = best and {"controller": best, "goodput_tok_s": gp[best],
+                                    "top_attainment": top_att[best]}
     if window_s is not None:
         picks, best, tried = _hindsight(sc, seed, policy, sweep_runs, gp, fixed, load_scale,
                                         window_s, stepping=stepping)
