@@ -15,7 +15,7 @@ cause): the scenario must miss exactly those (reported as xfail), nothing else.
 `make test` runs every built-in of ordinary size (about two minutes of CPU for all of them on a
 2-core machine: each seed costs one `adaptive` run and the oracle sweep of about ten fixed
 limits). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep)
-and the held-out workloads of tests/data/holdout/ run when asked (61: four written before the
+and the held-out workloads of tests/data/holdout/ run when asked (65: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -270,6 +270,27 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # limit, P0 0.990 / 0.928 / 0.953; on default-policy built-ins it cost goodput
     # (heavy-tail seed 1 -52 %: a lane is half of two engines; code-bursty-3x -7 %).
     "holdout-voice-4class": ("seed 1: adaptive", "seed 2: adaptive", "seed 3: adaptive"),
+    # held out (written at the end of stop 28 by someone who had not read the controller,
+    # judged as it stood): reports of ~3,500-token answers (up to 7,000) beside P0 chat on two
+    # H100 engines of 32,768 KV tokens: 0.905 / 1.034 / 0.998 of the best fixed limit, P0
+    # 0.990 (0.9897) / 0.943 / 0.978, 26-65 preemptions. The gateway reads no bodies here, so
+    # a report's `max_tokens` (7,000) is not stated to it and its learned length is capped at
+    # `defaultMaxTokens` (256): each is charged ~850 tokens of the ~4,000 it grows to, the
+    # cost-per-KV-token ratio stays at 1, and the limit lets in more than the KV holds once
+    # the answers grow; the preemptions cut it and P0 decodes in preempting engines. With
+    # body inspection on (max_tokens read): 13-22 preemptions, P0 0.974 / 0.966 / 1.000, but
+    # goodput 2,047 / 1,926 / 2,017 tok/s (0.81 of the best fixed limit at seed 1).
+    "holdout-longgen-kv": ("seed 1: adaptive", "seed 1: P0 attainment",
+                           "seed 2: P0 attainment", "seed 3: P0 attainment"),
+    # held out (written at the end of stop 28, judged as it stood; its writer meant P0 to be
+    # judged and left the `expect` line out, added as meant): a P1 peak of 40 req/s whose
+    # users give up after 3-8 s, P0 chat whose users (30 %) give up after 8-20 s: P0 0.952 /
+    # 0.980 / 0.974, every miss a P0 request its user cancelled while it decoded (answers of
+    # 100-200 tokens at the ITL target, 0.8 of P0's 150 ms TPOT, take 12-24 s: within the
+    # SLO, past the user's patience). static:32-48 run the engines faster (P0 0.997-1.000)
+    # and serve less (adaptive 1.03-1.06 of the best fixed limit).
+    "holdout-giveup-peak": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                            "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
