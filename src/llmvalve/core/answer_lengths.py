@@ -77,10 +77,7 @@ class AnswerLengths:
 
     def learned(self) -> list[tuple[Key, float]]:
         """Every class's learned mean answer length in tokens (for status and metrics)."""
-        if self.pooled is None:
-            return []
-        return [(key, tokens) for key in self._by_class
-                if (tokens := self.expected(key)) is not None]
+        return [(key, t) for key in self._by_class if (t := self.expected(key)) is not None]
 
     def written(self, key: Key, now: float) -> float:
         """For a class not learned yet: what its oldest request in flight has written by now,

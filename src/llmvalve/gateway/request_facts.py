@@ -86,7 +86,7 @@ def parse_body(body: bytes) -> BodyFacts | str:
 def estimate(spec: RequestSpec, content_length: int, facts: BodyFacts | None) -> Estimate:
     prompt_bytes = facts.prompt_bytes if facts is not None else max(0, content_length)
     return Estimate(prompt_tokens=math.ceil(prompt_bytes / spec.bytes_per_token),
-                    max_tokens=facts.max_tokens or 0 if facts is not None else 0)
+                    max_tokens=(facts.max_tokens or 0) if facts is not None else 0)
 
 
 def content_length(headers: Mapping[str, str]) -> int:

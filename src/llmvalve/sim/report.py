@@ -154,13 +154,14 @@ def _oracle_lines(result: dict) -> list[str]:
         lines.append(f"oracle: best fixed limit {o['controller']} → goodput "
                      f"{o['goodput_tok_s']:.0f} tok/s")
     orc = result.get("oracles")
-    kept = (orc or {}).get("top_kept", False)
-    if orc and kept is not False and (kept is None
-                                      or kept["controller"] != orc["fixed"]["controller"]):
-        lines.append("oracle: best fixed limit that keeps the top class at its SLO: "
-                     + ("none of the sweep" if kept is None else
-                        f"{kept['controller']} → goodput {kept['goodput_tok_s']:.0f} tok/s "
-                        f"(top class {kept['top_attainment']:.3f})"))
+    if orc and "top_kept" in orc:  # said where it is not the best fixed limit
+        kept = orc["top_kept"]
+        head = "oracle: best fixed limit that keeps the top class at its SLO: "
+        if kept is None:
+            lines.append(head + "none of the sweep")
+        elif kept["controller"] != orc["fixed"]["controller"]:
+            lines.append(head + f"{kept['controller']} → goodput {kept['goodput_tok_s']:.0f} "
+                         f"tok/s (top class {kept['top_attainment']:.3f})")
     if orc and "hindsight" in orc:
         h = orc["hindsight"]
         sched = ", ".join(f"{t:g} s {c}" for t, c in h["schedule"])
