@@ -281,7 +281,11 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # body inspection on (max_tokens read): 13-22 preemptions, P0 0.974 / 0.966 / 1.000, but
     # goodput 2,047 / 1,926 / 2,017 tok/s (0.81 of the best fixed limit at seed 1); with it on
     # and the cost-per-KV-token ratio held at 1, P0 1.000 at every seed and 0.66-0.75 of the
-    # best fixed limit: the ratio, learned while the answers are young, lets too many in.
+    # best fixed limit. Stop 29: the targets conflict here — the best fixed limit's P0 is
+    # 0.946 / 0.726 / 0.928, the best fixed limit that keeps P0 (static:16) serves 1,926 /
+    # 1,955 / 1,826 tok/s (adaptive 1.19 / 1.26 / 1.42 of it); the answers in flight are at
+    # every age, so a forecast of their KV growth reads ~0 (tried, not kept); kvTarget 0.7
+    # keeps P0 (1.000 / 0.997 / 0.989) at 0.93 / 0.90 / 0.90 of the best fixed limit.
     "holdout-longgen-kv": ("seed 1: adaptive", "seed 1: P0 attainment",
                            "seed 2: P0 attainment", "seed 3: P0 attainment"),
     # held out (written at the end of stop 28, judged as it stood; its writer meant P0 to be
