@@ -56,6 +56,17 @@ def test_limit_is_kv_capacity_times_target():
     assert a.reserve_base() == pytest.approx(32_000.0)
 
 
+def test_initial_limit_is_in_tokens_until_the_control_law_sets_one():
+    a = make(initial_limit_tokens=5_000.0)
+    assert a.limit() == pytest.approx(5_000.0)
+    a.on_snapshot(snap(0.0, "b0", capacity=16_384.0), 0.0)  # the capacity becomes known
+    a.on_snapshot(snap(0.0, "b1", capacity=30_000.0), 0.0)
+    assert a.limit() == pytest.approx(5_000.0)
+    a.update(1.0, inflight=4_900.0)  # the first window's step takes over
+    a.on_snapshot(snap(1.0, "b0", capacity=16_384.0), 1.0)
+    assert a.limit() != pytest.approx(5_000.0)
+
+
 def test_updates_only_at_window_end():
     a = make()
     a.on_snapshot(snap(0.0), 0.0)
@@ -239,7 +250,7 @@ def test_a_replica_cuts_by_its_share_of_what_the_engines_hold(share, requests, e
     (0.5, 2, 1.5),  # holding 2 of 10: twice the step
 ])
 def test_a_replica_grows_by_its_share_of_what_the_engines_hold(share, requests, growth):
-    a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS, replica_share=share)
+    a = make(initial_limit_tokens=4_000.0, replica_share=share)
     a.on_snapshot(snap(0.0, running=10.0), 0.0)  # r = 0
     a.update(0.0, 3_000.0, requests)
     assert a.update(1.0, 3_000.0, requests) == pytest.approx(4_000.0 * growth
@@ -306,14 +317,14 @@ def test_after_idling_the_first_latency_reading_lets_the_limit_grow_not_cut():
     """An engine that starts decoding after idling has no stale average to outwait: its
     first window's latency counts at once for an increase when calm, holds it when not, and
     is no reason to cut until it covers a whole latency window."""
-    a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS)
+    a = make(initial_limit_tokens=4_000.0)
     for t in (0.0, 0.5, 1.0):  # idle: no decoding, no latency to know
         a.on_snapshot(snap(t), t)
     a.update(1.0, 3_000.0)  # traffic returns and uses the limit
     a.on_snapshot(snap(1.5, itl_mean_s=0.05), 1.5)  # the first window with decoding
     L = a.limit()
     assert a.update(2.0, 3_000.0) > L and a.status()["last_action"] == "increase"
-    b = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS)
+    b = make(initial_limit_tokens=4_000.0)
     for t in (0.0, 0.5, 1.0):
         b.on_snapshot(snap(t), t)
     b.update(1.0, 3_000.0)
@@ -380,7 +391,7 @@ def test_waiting_with_full_kv_is_not_a_sequence_cap():
 def test_app_limited_limit_follows_what_is_used():
     """A limit nobody uses is no evidence: it comes down toward twice the peak in flight,
     by at most maxGrowth per window."""
-    a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS)
+    a = make(initial_limit_tokens=4_000.0)
     a.on_snapshot(snap(0.0), 0.0)
     assert a.limit() == pytest.approx(4_000.0)
     a.update(0.3, 1_500.0)  # peak in-flight of the window: 1,500 < L/2
@@ -394,7 +405,7 @@ def test_app_limited_limit_follows_what_is_used():
 def test_a_request_waiting_for_the_limit_counts_as_use():
     """1,000 in flight with a 3,100-token request waiting for L = 4,000: the window's demand
     is 4,100, not 1,000, and the limit is not cut as unused."""
-    a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS)
+    a = make(initial_limit_tokens=4_000.0)
     a.on_snapshot(snap(0.0), 0.0)
     a.update(0.3, 1_000.0, waiting=3_100.0)
     assert a.update(1.0, 1_000.0, waiting=3_100.0) >= 4_000.0
@@ -406,7 +417,7 @@ def test_a_request_waiting_for_the_limit_counts_as_use():
 def test_an_idle_limit_keeps_a_sixteenth_of_the_kv_ceiling():
     """Idle, the limit decays to a sixteenth of the KV ceiling (0.8 × 10,000 / 16 = 500),
     not to minLimitTokens: the way back is log(16) / log(maxGrowth) windows at any size."""
-    a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS, min_limit_tokens=100.0)
+    a = make(initial_limit_tokens=4_000.0, min_limit_tokens=100.0)
     for t in range(0, 30):
         a.on_snapshot(snap(float(t)), float(t))
         a.update(float(t) + 0.5, 0.0)
@@ -415,7 +426,7 @@ def test_an_idle_limit_keeps_a_sixteenth_of_the_kv_ceiling():
 
 
 def test_increase_when_calm_multiplicative_plus_sqrt():
-    a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS)
+    a = make(initial_limit_tokens=4_000.0)
     a.on_snapshot(snap(0.0), 0.0)  # r = 0
     a.update(0.0, 3_000.0)
     # L · 1.25 + √L = 5000 + 63.2456
@@ -424,7 +435,7 @@ def test_increase_when_calm_multiplicative_plus_sqrt():
 
 
 def test_increase_is_bounded_by_one_over_r_and_by_the_kv_ceiling():
-    a = make(initial_limit_tokens=0.4 * FALLBACK_CAPACITY_TOKENS)
+    a = make(initial_limit_tokens=4_000.0)
     a.update(0.0, 3_000.0)
     a.on_snapshot(snap(0.0, kv_usage=0.72), 0.0)  # r = 0.9 → growth 1/0.9 < 1.25
     assert a.update(1.0, 3_000.0) == pytest.approx(4_000.0 / 0.9 + math.sqrt(4_000.0))
@@ -435,7 +446,7 @@ def test_increase_is_bounded_by_one_over_r_and_by_the_kv_ceiling():
 
 
 def test_limit_above_kv_ceiling_comes_down_to_it():
-    a = make(initial_limit_tokens=FALLBACK_CAPACITY_TOKENS)  # u = 1 → L = 10,000
+    a = make(initial_limit_tokens=10_000.0)
     a.update(0.0, 9_000.0)
     a.on_snapshot(snap(0.0), 0.0)
     assert a.limit() == pytest.approx(10_000.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -25,6 +26,29 @@ def test_policy_dict_round_trips():
     assert dataclasses.replace(q, version="") == dataclasses.replace(p, version="")
 
 
+BUDGETS = Path(__file__).parent / "data" / "holdout" / "holdout-budgets-gw2.yaml"
+
+
+def test_policy_dict_round_trips_budgets_and_the_control_laws_settings():
+    p = load_scenario(str(BUDGETS)).policy
+    a = p.limiter.adaptive
+    p = dataclasses.replace(p, limiter=dataclasses.replace(p.limiter, adaptive=dataclasses.replace(
+        a, band=0.2, latency_window_s=3.0)))
+    q = load_policy(yaml.safe_dump(policy_dict(p)))
+    assert dataclasses.replace(q, version="") == dataclasses.replace(p, version="")
+
+
+def test_bench_policy_keeps_a_tenants_budget_on_the_wall_clock():
+    """A scenario's tenant keeps its budgets through real Envoy, per wall-clock minute: with
+    the clock four times faster, four times as much a minute."""
+    sc = load_scenario(str(BUDGETS))
+    doc, _ = bench_policy(sc.policy, generate(sc), 4.0)
+    tenants = {t.name: t for t in load_policy(yaml.safe_dump(doc)).tenants}
+    assert tenants["runaway-agent"].budgets.tenant.tokens_per_minute == 4 * 300_000
+    assert tenants["nightly-evals"].budgets.tenant.requests_per_minute == 4 * 120
+    assert tenants["web-chat"].budgets is None
+
+
 def test_scaling_divides_schedules_and_pins_engine_side_targets():
     p = default_policy()
     s = scale_policy(p, 4.0)
@@ -36,6 +60,7 @@ def test_scaling_divides_schedules_and_pins_engine_side_targets():
     assert s.pools[0].scrape_timeout_s == p.pools[0].scrape_timeout_s  # not a schedule
     a = s.limiter.adaptive
     assert a.window_s == p.limiter.adaptive.window_s / 4
+    assert a.latency_window_s == p.limiter.adaptive.latency_window_s / 4
     # compared with the backends' histograms, which stay in engine seconds
     assert a.itl_target_s == pytest.approx(min(q.slo.tpot_s for q in p.queues) * 0.8)
     assert a.queue_target_s == pytest.approx(min(q.slo.ttft_s for q in p.queues) / 4)

@@ -44,8 +44,9 @@ def test_shed_reply_shape():
     assert "agent-workflow" in error["message"]
 
 
-def test_unavailable_reasons_are_503():
-    reply = replies.shed(Reject("r", 429, Reason.POOL_UNAVAILABLE, 5.0), "x")
+@pytest.mark.parametrize("reason", [Reason.BREAKER_OPEN, Reason.DRAINING])
+def test_unavailable_reasons_are_503(reason):
+    reply = replies.shed(Reject("r", 429, reason, 5.0), "x")
     assert reply.status == 503
     assert json.loads(reply.body)["error"]["type"] == "service_unavailable"
 

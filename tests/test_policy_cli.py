@@ -94,3 +94,14 @@ def test_check_does_not_import_heavy_modules():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.stdout.splitlines()[-1] == "0 []", proc.stderr
+
+
+def test_the_policy_reference_quotes_the_default_policys_check():
+    """docs/policy.md opens with `policy check` on the packaged default: the line it shows is
+    the command's own (the version changes with every edit of the file)."""
+    out = llmvalve("policy", "check", str(DEFAULT_POLICY)).stdout.strip()
+    line = out.replace(str(DEFAULT_POLICY), "default-policy.yaml")
+    docs = Path(__file__).parent.parent / "docs"
+    assert line in (docs / "policy.md").read_text()
+    version = re.search(r"version ([0-9a-f]{12})", line).group(1)
+    assert f'"policy_version": "{version}"' in (docs / "metrics.md").read_text()

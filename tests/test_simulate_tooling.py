@@ -180,3 +180,14 @@ def test_the_gateways_meet_the_first_requests_after_an_idle_spell():
     first = run.timeseries[0]
     assert first.t == 0.0 and first.action == "app-limited"
     assert first.limit == 2048.0
+
+
+def test_readme_burst_section_is_the_simulators_own_output(tmp_path):
+    """The README's burst table is generated (`python -m llmvalve.sim.docs`): a change to the
+    simulator or the controller that moves a figure fails here until it is regenerated."""
+    from llmvalve.sim import docs
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    begin, end = readme.index(docs.README_BEGIN), readme.index(docs.README_END)
+    assert readme[begin:end + len(docs.README_END)] == docs.readme_section(tmp_path)
+    assert (tmp_path / "sim-burst.png").stat().st_size > 10_000

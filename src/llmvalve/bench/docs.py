@@ -35,6 +35,7 @@ from llmvalve.bench.scenario_compare import (
     sim_draws,
 )
 from llmvalve.bench.scenario_compare import agreement as agreement  # re-exported (tests)
+from llmvalve.readme_section import update_readme as replace_section
 from llmvalve.sim.scenario import builtin_names, load_scenario
 
 # What the published page runs (every built-in).
@@ -325,17 +326,7 @@ vLLM backends and an open-loop streaming load generator, all on this 2-core mach
 
 
 def update_readme(readme: Path, section: str) -> None:
-    text = readme.read_text()
-    if README_BEGIN in text and README_END in text:
-        head, _, rest = text.partition(README_BEGIN)
-        _, _, tail = rest.partition(README_END)
-        text = head + section + tail
-    else:
-        anchor = "\n## How it fits"
-        if anchor not in text:
-            raise SystemExit(f"{readme}: no '## How it fits' section to insert before")
-        text = text.replace(anchor, "\n" + section + "\n" + anchor, 1)
-    readme.write_text(text)
+    replace_section(readme, README_BEGIN, README_END, section, "\n## How it fits")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,15 +5,17 @@ Time scale. The simulated backends run `time_scale` (X) times faster than the wa
 the whole run is the scenario compressed X-fold: arrivals, cancellations and client back-off
 happen at engine time / X, and so must everything the control plane times: queue timeouts,
 SLOs (the standing-queue and early-drop rules use them), starvation, Retry-After bounds,
-breaker windows, the scrape interval and the adaptive limiter's window and staleness. Those
-are divided by X here. Two values are compared with the backends' own histograms, which are
-in engine seconds (inter-token latency and engine queue time, see backend/exposition.py), so
-the adaptive limiter's `itlTarget` and `queueTarget` are pinned to their unscaled defaults
-instead. Scrape timeouts are not scaled (they guard against a stuck backend, not a schedule).
+breaker windows, the scrape interval and the adaptive limiter's window, latency window and
+staleness. Those are divided by X here, and per-minute budgets multiplied by X. Two values
+are compared with the backends' own histograms, which are in engine seconds (inter-token
+latency and engine queue time, see backend/exposition.py), so the adaptive limiter's
+`itlTarget` and `queueTarget` are pinned to their unscaled defaults instead. Scrape timeouts
+are not scaled (they guard against a stuck backend, not a schedule).
 
 Tenants. Each tenant of the scenario (each (tenant, priority) of its requests) gets an API key
 `sk-bench-<tenant>`; the policy stores its hash with `maxPriority` = `defaultPriority` = the
-highest class that tenant sends. Requests also send the priority header with their own class,
+highest class that tenant sends, and keeps what else the policy says of it (budgets, models),
+as the simulator's gateway does. Requests also send the priority header with their own class,
 which the gateway clamps to the tenant's maximum (a tenant with several classes lowers some of
 its requests). The policy's own tenants are kept; `anonymous` is turned off.
 
@@ -27,7 +29,7 @@ import dataclasses
 import re
 from collections.abc import Iterable
 
-from llmvalve.core.policy import AdaptiveLimitSpec, Policy, hash_api_key
+from llmvalve.core.policy import AdaptiveLimitSpec, Budget, BudgetSpec, Policy, hash_api_key
 
 KEY_PREFIX = "sk-bench-"
 
@@ -57,6 +59,7 @@ def scale_policy(policy: Policy, x: float) -> Policy:
     itl = a.itl_target_s or min(q.slo.tpot_s for q in policy.queues) * 0.8
     qt = a.queue_target_s or min(q.slo.ttft_s for q in policy.queues) / 4
     adaptive: AdaptiveLimitSpec = r(a, window_s=a.window_s / x, stale_after_s=a.stale_after_s / x,
+                                    latency_window_s=a.latency_window_s / x,
                                     itl_target_s=itl, queue_target_s=qt)
     pools = tuple(r(p, scrape_interval_s=p.scrape_interval_s / x,
                     breaker=r(p.breaker, window_s=p.breaker.window_s / x,
@@ -66,8 +69,28 @@ def scale_policy(policy: Policy, x: float) -> Policy:
              scheduler=r(policy.scheduler,
                          starvation_after_s=policy.scheduler.starvation_after_s / x),
              limiter=r(policy.limiter, adaptive=adaptive), pools=pools,
+             tenants=tuple(r(t, budgets=_scaled_budgets(t.budgets, x)) for t in policy.tenants),
              retry_after=r(policy.retry_after, min_s=policy.retry_after.min_s / x,
                            max_s=policy.retry_after.max_s / x))
+
+
+def _scaled_budgets(b: BudgetSpec | None, x: float) -> BudgetSpec | None:
+    """Per-minute amounts on a clock x times faster: x times as much per wall-clock minute."""
+    def per(budget: Budget) -> Budget:
+        return Budget(*(None if v is None else v * x
+                        for v in (budget.requests_per_minute, budget.tokens_per_minute)))
+    return None if b is None else BudgetSpec(per(b.tenant), tuple((m, per(v))
+                                                                  for m, v in b.models))
+
+
+def _budget_dict(budget: Budget) -> dict:
+    return {k: v for k, v in (("requestsPerMinute", budget.requests_per_minute),
+                              ("tokensPerMinute", budget.tokens_per_minute)) if v is not None}
+
+
+def _budgets_dict(b: BudgetSpec) -> dict:
+    models = {m: _budget_dict(v) for m, v in b.models}
+    return {**_budget_dict(b.tenant), **({"models": models} if models else {})}
 
 
 def policy_dict(policy: Policy) -> dict:
@@ -94,7 +117,8 @@ def policy_dict(policy: Policy) -> dict:
                 "window": a.window_s, "minSamples": a.min_samples, "kvTarget": a.kv_target,
                 "waitingTarget": a.waiting_target, "queueTarget": a.queue_target_s,
                 "itlTarget": a.itl_target_s, "staleAfter": a.stale_after_s,
-                "maxGrowth": a.max_growth, "decreaseOnDrop": a.decrease_on_drop}},
+                "maxGrowth": a.max_growth, "decreaseOnDrop": a.decrease_on_drop,
+                "band": a.band, "latencyWindow": a.latency_window_s}},
         "pools": [{
             "name": p.name, "cluster": p.cluster, "engine": p.engine,
             "backends": [{"name": b.name, "metricsUrl": b.metrics_url} for b in p.backends],
@@ -106,7 +130,8 @@ def policy_dict(policy: Policy) -> dict:
             **({"models": list(p.models)} if p.models else {})} for p in policy.pools],
         "tenants": [{"name": t.name, "apiKeyHashes": list(t.api_key_hashes),
                      "maxPriority": t.max_priority, "defaultPriority": t.default_priority,
-                     **({"models": list(t.models)} if t.models else {})}
+                     **({"models": list(t.models)} if t.models else {}),
+                     **({"budgets": _budgets_dict(t.budgets)} if t.budgets else {})}
                     for t in policy.tenants],
         "anonymous": None if policy.anonymous is None else {
             "maxPriority": policy.anonymous.max_priority,
@@ -146,10 +171,15 @@ def bench_policy(policy: Policy, jobs: Iterable, time_scale: float,
 
     classes = tenant_classes(jobs)
     keys = {t: tenant_key(t) for t in classes}
-    mine = tuple(TenantSpec(t, (hash_api_key(keys[t]),), p, p) for t, p in sorted(classes.items()))
-    kept = tuple(t for t in policy.tenants if t.name not in classes)
+    scaled = scale_policy(policy, time_scale)
+    known = {t.name: t for t in scaled.tenants}
+    mine = tuple(dataclasses.replace(known.get(t, TenantSpec(t)),
+                                     api_key_hashes=(hash_api_key(keys[t]),),
+                                     max_priority=p, default_priority=p)
+                 for t, p in sorted(classes.items()))
+    kept = tuple(t for t in scaled.tenants if t.name not in classes)
     p = dataclasses.replace(
-        scale_policy(policy, time_scale), tenants=kept + mine, anonymous=None,
+        scaled, tenants=kept + mine, anonymous=None,
         requests=dataclasses.replace(policy.requests, body_inspection=True,
                                      max_body_bytes=max(policy.requests.max_body_bytes,
                                                         1 << 18)))

@@ -1,7 +1,8 @@
 """`llmvalve status`: print a running control plane's status.
 
 By default it asks the admin gRPC API (`GetStatus`, protos/llmvalve/admin/v1/admin.proto) on
-the control plane's gRPC port; `--admin URL` reads the admin HTTP port's /status instead.
+the control plane's admin gRPC listener (127.0.0.1:9101 by default); `--admin URL` reads the
+admin HTTP port's /status instead.
 """
 
 from __future__ import annotations

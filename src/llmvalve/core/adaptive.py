@@ -192,8 +192,11 @@ class AdaptiveLimit:
         self.backends: dict[str, _Backend] = {}
         self.epoch = 0
         self.u = 0.0  # set from initial_limit_tokens or the first known capacity
-        if s.initial_limit_tokens > 0:
-            self.u = s.initial_limit_tokens / FALLBACK_CAPACITY_TOKENS
+        # initialLimitTokens is the limit, in tokens, until the control law first sets one:
+        # u (relative to the capacity) follows the capacity the first scrapes report
+        self._initial = s.initial_limit_tokens
+        if self._initial > 0:
+            self.u = self._initial / FALLBACK_CAPACITY_TOKENS
         self._window_end = now + s.window_s
         self._drops = 0
         self._peak_inflight = 0.0
@@ -454,8 +457,7 @@ class AdaptiveLimit:
             self.backends[snap.backend] = _Backend(snap, snap.preemptions_total, snap.at,
                                                    snap.running,
                                                    inflight_at=self._inflight_latest)
-            return
-        if snap.ok:
+        elif snap.ok:
             if snap.preemptions_total > prev.preemptions_seen:
                 self._drops += 1
             prev.preemptions_seen = snap.preemptions_total
@@ -474,6 +476,8 @@ class AdaptiveLimit:
             # keep the last good numbers (capacity) but mark it failing
             prev.snap = BackendSnapshot(backend=snap.backend, at=prev.snap.at, ok=False,
                                         kv_capacity_tokens=prev.snap.kv_capacity_tokens)
+        if self._initial > 0:
+            self.u = self._initial / self._capacity_live()
 
     def _observe_sequences(self, b: _Backend, snap: BackendSnapshot) -> None:
         """Evidence that the engine's sequence cap binds: requests wait while it runs as many
@@ -583,6 +587,7 @@ class AdaptiveLimit:
         return 1.0 if held is None else min(2.0, max(0.5, self.replica_share / held))
 
     def _set(self, limit: float, why: str) -> None:
+        self._initial = 0.0  # the control law has set one
         cap = self._capacity_live()
         s = self.spec
         self.u = min(s.max_limit_tokens, max(s.min_limit_tokens, limit)) / cap

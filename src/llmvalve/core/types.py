@@ -30,7 +30,6 @@ class Reason(enum.Enum):
     FAST_REJECT = "fast_reject_under_pressure"
     DEADLINE = "client_deadline"
     BREAKER_OPEN = "breaker_open"
-    POOL_UNAVAILABLE = "pool_unavailable"
     DRAINING = "draining"
     GATEWAY_OVERLOADED = "gateway_overloaded"  # the control plane itself cannot keep up
     UNAUTHORIZED = "unauthorized"
@@ -98,7 +97,7 @@ class RateLimit:
 @dataclass(frozen=True)
 class Reject:
     request_id: str
-    status: int  # 429, or 503 when the pool is unavailable / breaker open
+    status: int  # 429, or 503 when the breaker is open or the gateway drains
     reason: Reason
     retry_after_s: float
     wait_s: float = 0.0

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from llmvalve.core.policy import FallbackSpec
 from llmvalve.core.types import RateLimit, Reason, Reject
 
-UNAVAILABLE = frozenset({Reason.BREAKER_OPEN, Reason.POOL_UNAVAILABLE, Reason.DRAINING})
+UNAVAILABLE = frozenset({Reason.BREAKER_OPEN, Reason.DRAINING})
 BUDGET = frozenset({Reason.BUDGET_REQUESTS, Reason.BUDGET_TOKENS})
 PER_MINUTE = {"requests": "requests per minute (RPM)", "tokens": "tokens per minute (TPM)"}
 
@@ -36,7 +36,6 @@ MESSAGES = {
     Reason.DEADLINE: "The request's deadline would pass before a slot frees up.",
     Reason.BREAKER_OPEN: "The model backends are failing; requests are paused. "
     "Retry after {after} s.",
-    Reason.POOL_UNAVAILABLE: "No model backend is available. Retry after {after} s.",
     Reason.DRAINING: "This gateway is shutting down. Retry after {after} s.",
     Reason.GATEWAY_OVERLOADED: "The gateway is overloaded; {cls} requests are shed. "
     "Retry after {after} s.",

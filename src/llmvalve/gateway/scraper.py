@@ -2,8 +2,9 @@
 
 One task per backend, each with its own `SignalReader` (which keeps the previous histogram
 buckets for windowed percentiles). A scrape that fails or takes longer than the pool's
-`scrapeTimeout` is reported as `ok=False`; how long a backend may stay unreported before it
-counts as saturated is the core's rule (`limiter.adaptive.staleAfter`), not this module's.
+`scrapeTimeout` is reported as `ok=False` (the core counts that backend as saturated until
+its next good scrape); how long one whose scrapes stop arriving may stay unreported is the
+core's rule (`limiter.adaptive.staleAfter`), not this module's.
 The interval (0.5 s by default) is a trade-off: vLLM updates its gauges every engine step, and
 a half-second window still holds enough inter-token samples for a p90 while costing each
 backend two small HTTP requests a second.

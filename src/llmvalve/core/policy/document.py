@@ -62,10 +62,8 @@ def configmap_policy(doc: Node) -> Node | None:
     if not isinstance(data, MappingNode):
         return data if data is not None else doc
     entries = {k.value: v for k, v in data.value if isinstance(k, ScalarNode)}
-    if "policy.yaml" in entries:
-        return entries["policy.yaml"]
-    yamls = [v for k, v in entries.items() if k.endswith((".yaml", ".yml"))]
-    return yamls[0] if len(yamls) == 1 else data
+    # only this key: the Deployment mounts data."policy.yaml" and nothing else
+    return entries.get("policy.yaml", data)
 
 
 def policy_root(text: str, source: str,

@@ -71,7 +71,7 @@ class SeedLimitSpec:
 class AdaptiveLimitSpec:
     """Our limiter. Limits are in tokens of KV cache (prompt + expected output)."""
 
-    initial_limit_tokens: float = 0.0  # 0 → derived from the backends' KV size when known
+    initial_limit_tokens: float = 0.0  # until the first step; 0 → from the backends' KV size
     min_limit_tokens: float = 2048.0
     max_limit_tokens: float = 4_000_000.0
     window_s: float = 0.5
@@ -89,7 +89,7 @@ class AdaptiveLimitSpec:
 
 @dataclass(frozen=True)
 class LimiterSpec:
-    controller: str = "adaptive"  # adaptive | seed | static
+    controller: str = "adaptive"  # adaptive | seed | static | none
     static: StaticLimitSpec = field(default_factory=StaticLimitSpec)
     seed: SeedLimitSpec = field(default_factory=SeedLimitSpec)
     adaptive: AdaptiveLimitSpec = field(default_factory=AdaptiveLimitSpec)
@@ -116,7 +116,7 @@ class PoolSpec:
     # The models this pool serves (the OpenAI `model` of a request). Empty: any model that no
     # other pool names.
     models: tuple[str, ...] = ()
-    engine: str = "vllm"  # vllm | trtllm | sglang: metric names to scrape
+    engine: str = "vllm"  # vllm | trtllm | sglang: documents it (the scraper reads every name)
     backends: tuple[BackendSpec, ...] = ()
     scrape_interval_s: float = 0.5
     scrape_timeout_s: float = 0.4
@@ -168,7 +168,7 @@ class FeatureSpec:
 class RetryAfterSpec:
     min_s: float = 1.0
     max_s: float = 60.0
-    jitter: float = 0.3  # ± fraction applied to the computed drain time
+    jitter: float = 0.3  # the drain time × a random factor in [1 − jitter/2, 1 + jitter/2]
 
 
 @dataclass(frozen=True)
