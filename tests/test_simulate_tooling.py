@@ -134,6 +134,30 @@ def test_capacity_and_load_factor():
     assert "code-bursty" in out.stdout.split()
 
 
+def test_capacity_is_that_of_the_fleet_the_scenario_starts_with(tmp_path):
+    """Events at t = 0 shape the fleet (the format has no per-engine profile): the capacity
+    replay keeps them, so two engines slowed twofold from the start serve less than two
+    unslowed ones; events later on are not part of it."""
+    from llmvalve.sim.capacity import measure
+
+    def capacity(events: str) -> float:
+        f = tmp_path / "fleet.yaml"
+        f.write_text(f"""
+name: fleet-shape
+duration: 60s
+backends: {{count: 2, profile: small}}
+oracleSweep: [8, 16, 32]
+events: {events}
+classes:
+  - {{name: chat, priority: 1, rate: 4, prompt: {{mean: 500}}, output: {{mean: 150}}}}
+""")
+        return measure(load_scenario(str(f)), 1, duration_s=60.0)["capacity_tok_s"]
+
+    plain = capacity("[]")
+    assert capacity("[{at: 0s, backend: [0, 1], slowdown: 2.0}]") < 0.75 * plain
+    assert capacity("[{at: 30s, backend: [0, 1], slowdown: 2.0}]") == plain
+
+
 def test_an_oracle_keeps_the_top_class_where_the_best_fixed_limit_gives_it_up():
     """holdout-voice-4class: P0's 50 ms TPOT holds only at small decode batches, and the
     goodput peaks at a limit that gives P0 up; `top_kept` is the best fixed limit that keeps

@@ -1,11 +1,12 @@
 """What the scenario's backends can serve of its own request mix, and so its load factor.
 
 The scenario's requests (same lengths, same pools) are replayed as a steady Poisson stream at
-several times their mean rate, without capacity events, cancellations or retries, under each
-fixed limit of the oracle sweep and under `none`. The replay sends them all in one class for
-one tenant, first come first served: under its own policy the overloaded gateway would serve
-the top classes and the quiet tenants first and shed the rest, and what completes would be
-another mix (tiny P2 requests shed, long P0 answers served: `holdout-tiny-classify`
+several times their mean rate, without cancellations, retries or capacity events after the
+start (events at t = 0 are kept: they shape the fleet, e.g. engines of unequal KV or speed),
+under each fixed limit of the oracle sweep and under `none`. The replay sends them all in one
+class for one tenant, first come first served: under its own policy the overloaded gateway
+would serve the top classes and the quiet tenants first and shed the rest, and what completes
+would be another mix (tiny P2 requests shed, long P0 answers served: `holdout-tiny-classify`
 read 5.6 req/s of capacity against 97 offered at a load factor of 2.1). The capacity is the
 highest rate of output tokens of requests completed while traffic flows (300 s, so that long
 answers finish inside the window). The load factor is the scenario's mean offered output
@@ -46,7 +47,8 @@ def measure(sc: Scenario, seed: int | None = None, duration_s: float = 300.0) ->
         cls = replace(j.cls, retry=RetrySpec(), cancel_prob=0.0)
         replay.append(Job(len(replay), t, cls, top, "capacity", j.prompt_tokens,
                           j.output_tokens, j.max_tokens, None))
-    steady = replace(sc, events=(), duration_s=duration_s)
+    steady = replace(sc, events=tuple(e for e in sc.events if e.at_s == 0),
+                     duration_s=duration_s)
     policy = sc.policy or default_policy()
     best: dict = {"capacity_tok_s": 0.0}
     for c in [f"static:{n}" for n in sc.oracle_sweep] + ["none"]:

@@ -41,7 +41,9 @@ over the seeds.
 Columns: goodput = output tokens/s of requests that met their class SLO (TTFT and TPOT; see
 `docs/policy.md` for the default SLOs); `att` = SLO attainment (met / offered; a rejected or
 dropped request is a miss, one refused for its tenant's budget is not judged); `ttft99` = p99
-time to first token of completed requests, from the first attempt; rejected = refused at
+time to first token of completed requests, from the first attempt; thruput = output tokens/s
+of every completed request, met or not, the drain after the traffic included, over the
+scenario's duration (so it may read above what the backends sustain); rejected = refused at
 arrival (final, after the client's retries); dropped = left the queue at its timeout or
 deadline, or lost with a backend; preempt = engine preemptions.
 
@@ -64,16 +66,20 @@ Oracles (what hindsight could do on the exact same requests):
 `/fixed`, `/hindsi` and `/none` are the controller's goodput over each oracle's at that seed.
 Fleet-scale built-ins (32 backends or more) are run at seed 1 with the fixed oracles only: the
 hindsight search takes about four times as long as the fixed oracles there.
-The JSON (`--json`) also has per-tenant results in each class, per-second time series per
+The JSON (`--json`) also has per-tenant results in each class (classes of a scenario that share
+a tenant and a priority are counted together), per-second time series per
 controller (limit, in flight, per-class in flight and queue depth, KV usage, engine running and
 waiting, saturation, rejections) and, with `--seeds`, every seed's results and the mean and
 worst over seeds. `llmvalve simulate --capacity` measures what the backends serve of a
 scenario's request mix, replayed as offered (one class, first come first served: under its
-own priorities an overloaded gateway serves the top classes' mix and sheds the rest); each
-built-in's description quotes the load factor it measures. The held-out files quote their
-writers' measurements: before stop 28 the replay kept the scenario's priorities and read
-up to a fifth more capacity where the classes' lengths differ (`calm-steady` at seed 2:
-0.80x then, 0.90x now).
+own priorities an overloaded gateway serves the top classes' mix and sheds the rest), on the
+fleet as it starts (events at `at: 0s`, which shape it, are kept; later ones are not), as the
+best of `none` and the fixed limits of `oracleSweep` (a sweep that does not reach past the
+best limit understates it); each built-in's description quotes the load factor it measures.
+The held-out files quote their writers' measurements: before stop 28 the replay kept the
+scenario's priorities and read up to a fifth more capacity where the classes' lengths differ
+(`calm-steady` at seed 2: 0.80x then, 0.90x now); before stop 29 it dropped the events at
+0 s as well (`holdout-p0-near-share-hetero`: 2.14–2.26x then, 2.23–2.31x with them).
 
 The built-ins were written beside the controller. What it was also judged on, by the same
 targets: the workloads of `tests/data/holdout/` (all but four written after its tuning and judged
@@ -93,8 +99,11 @@ backends: {count: 2, profile: small}      # engine profiles: small, medium, tiny
 # profile overrides: maxNumSeqs, kvBlocks, maxBatchedTokens (e.g. {profile: medium, maxNumSeqs: 16})
 events:                                   # capacity events; backend: an index or a list
   - {at: 30s, backend: 1, slowdown: 2.0}  # or leave: true, rejoin: true, kvBlocks: N
+  # slowdown: step time × it (below 1: faster); kvBlocks: the KV size from then on (above
+  # the profile's too); at 0s they shape a fleet of unequal engines
   - {at: 40s, backend: [0, 1], slowdown: 3.0}
 gateways: 1                               # independent replicas, each with its own controller
+                                          # (static:N is N per replica)
 metrics: {scrapeInterval: 0.5s, alsDelay: 0.05s}  # feedback delays (on a fixed grid;
                                           # `simulate --timing-draw K` draws phase and delay)
 policy: default                           # or a policy file path, or an inline mapping
@@ -110,7 +119,10 @@ classes:
     prompt: {mean: 500, cv: 0.5, max: 4000} # lognormal lengths, tokens
     output: {mean: 150, cv: 0.5, max: 600}
     maxTokens: 300                          # default 2 × output mean
-    cancel: {prob: 0.3, after: [0.5s, 5s]}  # clients that give up
+    cancel: {prob: 0.3, after: [0.5s, 5s]}  # with prob, the client leaves if its request
+                                            # has not finished `after` (uniform) its first
+                                            # arrival: queued, between retries, before its
+                                            # first token or while it streams
     retry: {mode: jitter, maxAttempts: 3, base: 1s, cap: 30s}  # or immediate, none
   - name: ramped
     priority: 1
