@@ -174,8 +174,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # and the early-drop forecast refused the P1 arrivals queued behind it. A request waiting
     # for the limit now counts as use. Left: one P1 request per seed refused while a large
     # prompt ahead of it waits the one or two windows the limit takes to grow to it: 0.996.
-    "holdout-calm-tails-gw3": ("seed 1: P1 attainment", "seed 2: P1 attainment",
-                               "seed 3: P1 attainment"),
+    # Stop 29: with `none` placed by Envoy's least-request balancing (as documented; it had
+    # llmvalve's picker), `none`'s P1 falls below adaptive's at seed 2 as well: met there.
+    "holdout-calm-tails-gw3": ("seed 1: P1 attainment", "seed 3: P1 attainment"),
     # held out (written at stop 25, judged as it stood): one of four medium engines leaves
     # five times (7-15 s each) behind two replicas: every P0 miss (13 of ~270 at seeds 1 and
     # 3) is a request decoding on it when it leaves, retried: 0.951 / 0.954 / 0.941
@@ -234,8 +235,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # from 60 to 100 s, clients retrying: every P0, P1 and P2 miss is a request decoding on
     # the engine as it left, retried (`none` has P0 0.967 at seed 1 for the same reason):
     # TTFT 8-15 s counted from the first attempt.
-    "holdout-calm-failover-gw2": ("seed 1: P1 attainment", "seed 2: P0 attainment",
-                                  "seed 3: P0 attainment", "seed 3: P1 attainment"),
+    # Stop 29: with `none` placed by Envoy's least-request balancing (as documented),
+    # adaptive's P0 at seed 2 and P1 at seed 3 are no longer below `none`'s: met there.
+    "holdout-calm-failover-gw2": ("seed 1: P1 attainment", "seed 3: P0 attainment"),
     # held out (written at the end of stop 26, judged as it stood, mended at stop 27):
     # reasoning answers of ~1,800 tokens beside short P0 chat, three replicas, four small
     # engines (one slower, one with a quarter of the KV): P0 0.625 / 0.952 / 0.906, TTFT

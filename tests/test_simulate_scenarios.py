@@ -195,3 +195,16 @@ def test_unknown_scenario_is_a_clear_error():
                           "no-such"], capture_output=True, text=True)
     assert out.returncode == 2
     assert "built-ins are" in out.stderr
+
+
+def test_none_is_envoy_alone_whatever_llmvalve_would_pick(monkeypatch):
+    """`none` is the fleet without llmvalve (docs/design.md): Envoy's least-request balancing
+    places every request. With a picker that sends everything to one engine, a fixed limit
+    uses that engine only and `none` still uses both."""
+    from llmvalve.core.picker import Picker
+
+    monkeypatch.setattr(Picker, "pick", lambda self, now, first=False: "b0")
+    sc = load_scenario("steady")
+    used = {c: {st.backend for st in run_one(sc, c, 1).jobs if st.backend is not None}
+            for c in ("none", "static:32")}
+    assert used == {"none": {0, 1}, "static:32": {0}}

@@ -295,7 +295,10 @@ class Simulation:
         st.ticket = verdict.ticket
         st.queue_wait_s += verdict.ticket.wait_s
         backend_name = verdict.ticket.backend
-        b = int(backend_name[1:]) if backend_name else self._route(g, verdict.ticket.pool)
+        # `none` is Envoy alone (docs/design.md): its least-request balancing places every
+        # request, whatever llmvalve's picker chose
+        b = (int(backend_name[1:]) if backend_name and self.controller != "none"
+             else self._route(g, verdict.ticket.pool))
         backend = self.backends[b]
         st.backend = b
         st.sent_at = now
