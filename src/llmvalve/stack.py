@@ -34,6 +34,9 @@ DEMO_KEYS = {
 }
 
 
+BIND_ATTEMPTS = 3  # Envoy started on freshly picked ports when one was taken meanwhile
+
+
 @dataclass
 class StackConfig:
     policy: Path | None = None
@@ -77,6 +80,9 @@ class Stack:
         for name in ("grpc_port", "http_port", "admin_grpc_port"):
             if getattr(c, name) == 0:
                 setattr(c, name, free_port(c.host))
+        # Envoy's own ports, when picked here, may be picked again if another process takes
+        # one before Envoy binds it (start_envoy)
+        self._envoy_ports_picked = c.envoy_admin_port == 0 and c.port == 0
         if c.envoy_admin_port == 0:
             c.envoy_admin_port = free_port(c.host)
         if c.admin_port == 0:
@@ -208,6 +214,21 @@ class Stack:
         ))
 
     def start_envoy(self) -> None:
+        """A port picked free may be taken before Envoy binds it (the backends and the control
+        plane start first, and a test suite beside this one picks ports too): Envoy then exits
+        at once, and is started again on ports picked anew."""
+        c = self.config
+        for attempt in range(BIND_ATTEMPTS):
+            try:
+                self._start_envoy_once()
+                return
+            except RuntimeError as e:
+                if (not self._envoy_ports_picked or "Address already in use" not in str(e)
+                        or attempt == BIND_ATTEMPTS - 1):
+                    raise
+                c.port, c.envoy_admin_port = free_port(c.host), free_port(c.host)
+
+    def _start_envoy_once(self) -> None:
         c = self.config
         path = self.workdir / "envoy.yaml"
         path.write_text(self.envoy_config())
