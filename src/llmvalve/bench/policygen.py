@@ -29,7 +29,7 @@ import dataclasses
 import re
 from collections.abc import Iterable
 
-from llmvalve.core.policy import AdaptiveLimitSpec, Budget, BudgetSpec, Policy, hash_api_key
+from llmvalve.core.policy import AdaptiveLimitSpec, Budget, BudgetSpec, Policy
 
 KEY_PREFIX = "sk-bench-"
 
@@ -167,19 +167,12 @@ def _fallback(fb) -> dict:  # type: ignore[no-untyped-def]
 def bench_policy(policy: Policy, jobs: Iterable, time_scale: float,
                  controller: str | None = None) -> tuple[dict, dict[str, str]]:
     """(the policy mapping to write, tenant → API key)."""
-    from llmvalve.core.policy import TenantSpec
+    from llmvalve.sim.gateway import keyed_tenants
 
     classes = tenant_classes(jobs)
     keys = {t: tenant_key(t) for t in classes}
-    scaled = scale_policy(policy, time_scale)
-    known = {t.name: t for t in scaled.tenants}
-    mine = tuple(dataclasses.replace(known.get(t, TenantSpec(t)),
-                                     api_key_hashes=(hash_api_key(keys[t]),),
-                                     max_priority=p, default_priority=p)
-                 for t, p in sorted(classes.items()))
-    kept = tuple(t for t in scaled.tenants if t.name not in classes)
     p = dataclasses.replace(
-        scaled, tenants=kept + mine, anonymous=None,
+        keyed_tenants(scale_policy(policy, time_scale), classes, keys.__getitem__),
         requests=dataclasses.replace(policy.requests, body_inspection=True,
                                      max_body_bytes=max(policy.requests.max_body_bytes,
                                                         1 << 18)))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 
 from llmvalve.core import signals
 from llmvalve.core.policy import Policy, TenantSpec, hash_api_key
@@ -38,9 +39,16 @@ def sim_policy(policy: Policy, jobs: list[Job]) -> Policy:
     wanted: dict[str, int] = {}
     for job in jobs:
         wanted[job.tenant] = min(job.priority, wanted.get(job.tenant, job.priority))
+    return keyed_tenants(policy, wanted, lambda name: KEY_PREFIX + name)
+
+
+def keyed_tenants(policy: Policy, wanted: dict[str, int], key: Callable[[str], str]) -> Policy:
+    """`policy` with one API key (`key(tenant)`) for each tenant of `wanted`, at the class it
+    maps to (its maximum and default); a tenant the policy names keeps its other settings
+    (budgets, models); anonymous access off. The simulator and the bench both use it."""
     known = {t.name: t for t in policy.tenants}
     tenants = [dataclasses.replace(known.get(name, TenantSpec(name)),
-                                   api_key_hashes=(hash_api_key(KEY_PREFIX + name),),
+                                   api_key_hashes=(hash_api_key(key(name)),),
                                    max_priority=top, default_priority=top)
                for name, top in wanted.items()]
     tenants += [t for name, t in known.items() if name not in wanted]
