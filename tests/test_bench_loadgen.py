@@ -134,7 +134,12 @@ async def test_open_loop_arrivals_do_not_wait_for_answers(gateway):
     jobs = [job(0, 0.0, CHAT, out=999)] + [job(i, 0.05 * i, CHAT) for i in range(1, 20)]
     gen = LoadGenerator(jobs, Target(gateway.url), time_scale=X, duration_s=1.0, drain_s=1.0)
     res = await gen.run()
-    assert max(res.arrival_lag_ms) < 50
+    # a loop that waited for the first answer would never send the rest (it hangs for an hour);
+    # on time means most leave within a few ms and none waits for anything but the machine
+    # (a busy CI machine once held one arrival 140 ms)
+    lags = sorted(res.arrival_lag_ms)
+    assert lags[len(lags) // 2] < 25, lags
+    assert lags[-1] < 500, lags
     done = [s for s in res.states if s.status == "completed"]
     assert len(done) == 19
     assert res.unfinished == 1  # the hung request, stopped at the end of the drain
