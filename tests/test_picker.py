@@ -209,3 +209,23 @@ def test_a_top_class_request_can_start_where_a_fresh_scrape_shows_room():
     p.add("a", 400.0, now=0.1)
     assert not p.can_start(0.1, 400.0)  # what was sent since the scrape counts: 0.83
     assert not p.can_start(3.0, 100.0)  # stale: its numbers are old
+
+def test_lower_classes_wait_rather_than_fill_the_engines_at_their_kv_target():
+    """One large engine busy prefilling and small ones with prefill room but at their KV
+    target: a lower-class request waits at the gateway rather than queue or preempt on a
+    small one (holdout-p0-near-share-hetero: the small engines sat at KV 0.9-1.0 while the
+    large one held 0.3-0.6, and P0 requests placed on them waited 2-9 s). When every engine
+    is at its KV target the limit decides, not the picker."""
+    p = Picker(("big", "small"), kv_target=0.8, late_after_s=1.0)  # room_s = 0.5 s
+    p.prefill_s_per_token = 0.001
+    p.observe("big", ok=True, at=0.0, kv_usage=0.4, capacity_tokens=200_000.0)
+    p.observe("small", ok=True, at=0.0, kv_usage=0.9, capacity_tokens=30_000.0)
+    p.add("big", 1_100.0, prompt_tokens=1_000, now=0.0)  # 1 s of prompts ahead of it
+    assert not p.prefill_room(0.1)
+    assert p.prefill_room(0.6)  # big has room again
+    p.observe("small", ok=True, at=0.2, kv_usage=0.5, capacity_tokens=30_000.0)
+    assert p.prefill_room(0.2)  # small has KV room again
+    for b in ("big", "small"):
+        p.observe(b, ok=True, at=0.3, kv_usage=0.85, capacity_tokens=30_000.0)
+    p.add("big", 1_100.0, prompt_tokens=1_000, now=0.3)
+    assert p.prefill_room(0.3)  # both at the target: small has prefill room, the limit decides

@@ -14,9 +14,10 @@ may be in flight), a `Picker` (which backend) and the in-flight account. A reque
 the fast gate lets its class through (backends' saturation σ ≥ 1: the lowest class stops;
 σ ≥ 1.25: only the highest may start new work), the engines can run it where sequences bind
 (`Limit.max_requests`: only the top class may queue inside an engine), and, below the top
-class, some engine has less than half the top class's TTFT objective of prompts still to
-prefill (`Picker.prefill_room`). The highest class is bounded by the hard cap rather than by
-L (P0's "penetration right": a limit cut for latency stops the lower classes first).
+class, some engine has less than a quarter of the top class's TTFT objective of prompts
+still to prefill and KV below the target, or every engine is at the KV target
+(`Picker.prefill_room`). The highest class is bounded by the hard cap rather than by L
+(P0's "penetration right": a limit cut for latency stops the lower classes first).
 
 Dispatch order is strict priority with round-robin between tenants; a class whose head does not
 fit blocks the classes below it (no small low-priority request jumps a waiting P0), except
@@ -149,7 +150,7 @@ class Admission:
         if pool.tickets and len(pool.tickets) >= pool.limit.max_requests(top):
             return False  # the engines run no more at once: it would queue there
         if not top and not pool.picker.prefill_room(now):
-            return False  # every engine has more prompts to prefill than a P0 could wait
+            return False  # no engine with prompts and KV to spare (one is busy prefilling)
         L = pool.current_limit()
         if self._ranks[priority] == 0 and pool.override is None:
             # The top class punches through a limit cut for latency: it stops only at the

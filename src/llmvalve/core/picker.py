@@ -13,7 +13,8 @@ estimates, and what a backend really holds is what its own metrics say), or with
 clock, one request waiting on one engine sent every lower-class request of the next scrape
 interval to the other: on rag-h100, 18 prompts of 5,000 tokens, three seconds of prefill that
 a P0 prompt sent there waited behind. The admission stops the lower classes when every engine
-is past `room_s` (`prefill_room`).
+is past `room_s`, and when every engine within it is at its KV target while another is not
+(`prefill_room`).
 
 A request of the top class (`first=True`) is not balanced but placed where it can start
 soonest and decode fast enough: a backend whose engine queues nothing; whose prompts sent
@@ -155,13 +156,27 @@ class Picker:
         return names[min(keys)[3]]
 
     def prefill_room(self, now: float) -> bool:
-        """Some healthy backend has less than `room_s` of prompts sent to it still to
-        prefill (by the backlog clock; always true before the prefill speed is known)."""
+        """A lower-class request may be sent now: some healthy backend has less than `room_s`
+        of prompts sent to it still to prefill (by the backlog clock; always true before the
+        prefill speed is known) and KV below the target — or every backend is at the KV
+        target (the limit decides then, not the picker). When only backends at their KV
+        target have prefill room while another has KV to spare but is busy prefilling, the
+        request waits at the gateway: sent to a full engine it would queue or preempt there
+        and top-class requests placed there after it would wait behind it (one large engine
+        and three small ones: the small ones sat at KV 0.9-1.0, preempting, while the large
+        one held 0.3-0.6)."""
         if not self.cost:
             return True
         live = self._live_positions(now)
         names, done_at, full = self._names, self.prefill_done_at, now + self.room_s
-        return any(done_at.get(names[i], 0.0) < full for i in live)
+        room = False
+        for i in live:
+            b = names[i]
+            if done_at.get(b, 0.0) < full:
+                if self._kv_now(b) < self.kv_target:
+                    return True
+                room = True
+        return room and all(self._kv_now(names[i]) >= self.kv_target for i in live)
 
     def can_start(self, now: float, cost: float) -> bool:
         """A top-class request of `cost` would start at once on some healthy backend: by its
