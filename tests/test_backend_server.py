@@ -411,11 +411,13 @@ async def test_request_counter_counts_generation_requests_only(make_backend, htt
 async def test_time_scale_runs_the_engine_clock_faster(make_backend, http):
     backend = await make_backend(time_scale=4.0)
     t0 = time.perf_counter()
-    async with await post_chat(http, backend, {"messages": MSG, "max_tokens": 40,
+    async with await post_chat(http, backend, {"messages": MSG, "max_tokens": 160,
                                                      "ignore_eos": True}) as resp:
         await resp.read()
     wall = time.perf_counter() - t0
     engine_e2e = backend.engine.metrics.e2e.total
-    # 40 steps of ≥ 10.5 ms engine time, seen in a quarter of the wall time.
-    assert engine_e2e >= 40 * TINY.base_s
-    assert 3.0 < engine_e2e / wall < 4.6
+    # 160 steps of ≥ 10.5 ms engine time, seen in a quarter of the wall time (the HTTP hops
+    # around it take wall time the engine does not see: room for ~0.2 s of them on a busy
+    # machine; at time scale 1 the ratio would be at most 1)
+    assert engine_e2e >= 160 * TINY.base_s
+    assert 2.5 < engine_e2e / wall < 4.6
