@@ -210,6 +210,7 @@ def test_a_top_class_request_can_start_where_a_fresh_scrape_shows_room():
     assert not p.can_start(0.1, 400.0)  # what was sent since the scrape counts: 0.83
     assert not p.can_start(3.0, 100.0)  # stale: its numbers are old
 
+
 def test_lower_classes_wait_rather_than_fill_the_engines_at_their_kv_target():
     """One large engine busy prefilling and small ones with prefill room but at their KV
     target: a lower-class request waits at the gateway rather than queue or preempt on a

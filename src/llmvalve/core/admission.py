@@ -150,7 +150,7 @@ class Admission:
         if pool.tickets and len(pool.tickets) >= pool.limit.max_requests(top):
             return False  # the engines run no more at once: it would queue there
         if not top and not pool.picker.prefill_room(now):
-            return False  # no engine with prompts and KV to spare (one is busy prefilling)
+            return False  # no engine has both prefill room and KV to spare for it
         L = pool.current_limit()
         if self._ranks[priority] == 0 and pool.override is None:
             # The top class punches through a limit cut for latency: it stops only at the
