@@ -1,5 +1,5 @@
 """`llmvalve bench` end to end, short: the burst through real Envoy with no protection and with
-llmvalve, at time scale 10 (about 30 s here). Asserts the direction of the result — interactive
+llmvalve, at time scale 5 (about a minute here). Asserts the direction of the result — interactive
 users keep their SLO with llmvalve and lose it without — not exact numbers, and that every
 process the bench started is gone afterwards."""
 
@@ -34,19 +34,22 @@ def open_into(directory: Path) -> list[int]:
     return out
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_bench_burst_none_against_adaptive(envoy_bin, tmp_path):
     out = tmp_path / "burst.json"
     work = tmp_path / "work"
     t0 = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "llmvalve.cli", "bench", "--scenario", "burst",
-         "--modes", "none,adaptive", "--time-scale", "10", "--drain", "30",
+         "--modes", "none,adaptive", "--time-scale", "5", "--drain", "30",
          "--json", str(out), "--workdir", str(work), "--quiet"],
-        capture_output=True, text=True, timeout=110)
+        capture_output=True, text=True, timeout=280)
     elapsed = time.monotonic() - t0
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert elapsed < 60, f"the smoke run took {elapsed:.0f} s"
+    # at time scale 10 a 2-core machine running a second suite sent arrivals 235-315 ms late
+    # (2-3 s of scenario time, past P0's 2 s TTFT objective): the client, not the gateway,
+    # was the bottleneck; at 5 it sends half as many a second
+    assert elapsed < 240, f"the smoke run took {elapsed:.0f} s"
     res = json.loads(out.read_text())
     none, adaptive = res["controllers"]["none"], res["controllers"]["adaptive"]
 
