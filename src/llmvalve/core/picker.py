@@ -169,14 +169,16 @@ class Picker:
             return True
         live = self._live_positions(now)
         names, done_at, full = self._names, self.prefill_done_at, now + self.room_s
-        room = False
+        room = spare = False  # some backend with prefill room / with KV below the target
         for i in live:
             b = names[i]
+            kv_ok = self._kv_now(b) < self.kv_target
             if done_at.get(b, 0.0) < full:
-                if self._kv_now(b) < self.kv_target:
+                if kv_ok:
                     return True
                 room = True
-        return room and all(self._kv_now(names[i]) >= self.kv_target for i in live)
+            spare = spare or kv_ok
+        return room and not spare
 
     def can_start(self, now: float, cost: float) -> bool:
         """A top-class request of `cost` would start at once on some healthy backend: by its
