@@ -102,14 +102,15 @@ def headers(key: str, **extra: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}", "content-type": "application/json", **extra}
 
 
-async def hold_slots(session: aiohttp.ClientSession, url: str, n: int, key: str = P0_KEY):
+async def hold_slots(session: aiohttp.ClientSession, url: str, n: int, key: str = P0_KEY,
+                     **extra_headers: str):
     """n long streaming requests that hold their slots until cancelled; returns their tasks."""
     started = asyncio.Queue()
 
     async def one() -> None:
         # ignore_eos (a vLLM sampling parameter): generate all 4000 tokens, not a natural stop.
         async with session.post(url, json=chat_body(4000, stream=True, ignore_eos=True),
-                                headers=headers(key)) as response:
+                                headers=headers(key, **extra_headers)) as response:
             assert response.status == 200, await response.text()
             await response.content.readline()
             await started.put(1)
