@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmvalve.gateway.envoy_config import EnvoyParams, render
+from llmvalve.processes import Proc, free_port, http_get, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((ROOT / "envoy").glob("*.yaml"))
@@ -72,3 +73,33 @@ def test_the_control_plane_is_reached_on_loopback_only():
             for group in cluster["load_assignment"]["endpoints"]:
                 for ep in group["lb_endpoints"]:
                     assert ep["endpoint"]["address"]["socket_address"]["address"] == "127.0.0.1"
+
+
+def test_a_listen_port_another_envoy_holds_fails_to_bind(envoy_bin, tmp_path):
+    """Two stacks side by side can pick the same free port before either binds it. The second
+    Envoy must fail ("Address already in use": `Stack.start_envoy` picks new ports), not share
+    the port: with Envoy's default SO_REUSEPORT both bind it, the kernel splits the port's
+    connections between them, and a client of one stack is answered by the other (or dropped
+    when that one stops)."""
+    port = free_port()
+
+    def start(name: str) -> Proc:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(render(EnvoyParams(
+            listen_address="127.0.0.1", listen_port=port, admin_port=free_port(),
+            clusters={"llm_backends": (("127.0.0.1", free_port()),)}, note="test")))
+        return Proc(name, [envoy_bin, "-c", str(path), "--disable-hot-restart",
+                           "--log-level", "error"], tmp_path / f"{name}.log")
+
+    first = start("first")
+    try:
+        wait_until(lambda: http_get(f"http://127.0.0.1:{port}/ready")[0] == 200, 30,
+                   "the first Envoy", first)
+        second = start("second")
+        try:
+            with pytest.raises(RuntimeError, match="Address already in use"):
+                wait_until(lambda: False, 30, "the second Envoy to exit", second)
+        finally:
+            second.stop()
+    finally:
+        first.stop()

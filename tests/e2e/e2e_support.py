@@ -64,6 +64,17 @@ class E2E:
                 return int(value)
         return 0
 
+    def envoy_stats(self, pattern: str) -> dict[str, int]:
+        """Envoy's non-zero counters whose names match `pattern` (a regex)."""
+        status, body = http_get(self.stack.envoy_admin_url + f"/stats?filter={pattern}")
+        assert status == 200
+        stats = {}
+        for line in body.decode().splitlines():
+            key, _, value = line.partition(": ")
+            if value.isdigit() and int(value):
+                stats[key] = int(value)
+        return stats
+
     def set_faults(self, **faults) -> None:
         for i in range(len(self.stack.backends)):
             post_json(self.stack.backend_url(i) + "/admin/faults", faults)

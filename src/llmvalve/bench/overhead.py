@@ -99,6 +99,7 @@ def upstream_config(ports: list[int], admin_port: int) -> str:
                       "status": 200, "body": {"inline_string": ANSWER}}}]
         return {"name": f"backend-{i}",
                 "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+                "enable_reuse_port": False,  # a taken port fails to bind (the template's note)
                 "filter_chains": [{"filters": [{
                     "name": "envoy.filters.network.http_connection_manager",
                     "typed_config": {
