@@ -56,13 +56,7 @@ class E2E:
         return get_json(f"http://127.0.0.1:{self.stack.fallback[1]}/admin/stats")
 
     def envoy_stat(self, name: str) -> int:
-        status, body = http_get(self.stack.envoy_admin_url + f"/stats?filter=^{name}$")
-        assert status == 200
-        for line in body.decode().splitlines():
-            key, _, value = line.partition(": ")
-            if key == name:
-                return int(value)
-        return 0
+        return self.envoy_stats(f"^{name}$").get(name, 0)
 
     def envoy_stats(self, pattern: str) -> dict[str, int]:
         """Envoy's non-zero counters whose names match `pattern` (a regex)."""
