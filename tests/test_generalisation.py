@@ -12,9 +12,9 @@ run with the same queues and policy:
 A target a scenario still misses is listed in `KNOWN_MISSES` (by seed and target, with its
 cause): the scenario must miss exactly those (reported as xfail), nothing else.
 
-`make test` runs every built-in of ordinary size (about two minutes of CPU for all of them on a
-2-core machine: each seed costs one `adaptive` run and the oracle sweep of about ten fixed
-limits). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep)
+`make test` runs every built-in of ordinary size (two to four minutes for all of them on a
+2-core machine, both cores busy: each seed costs one `adaptive` run and the oracle sweep of
+about ten fixed limits). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep)
 and the held-out workloads of tests/data/holdout/ run when asked (65: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
