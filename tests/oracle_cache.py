@@ -26,9 +26,10 @@ PATH = Path(__file__).parent / "data" / "oracle-cache.json"
 
 @cache
 def source_key() -> str:
-    """A hash of every file of the package (paths and contents; compiled files aside)."""
+    """A hash of every file of the package (paths and contents; compiled files aside) and of
+    the Python version (the workloads are drawn with its `random`)."""
     root = Path(llmvalve.__file__).parent
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(f"python {sys.version_info[0]}.{sys.version_info[1]}".encode())
     for path in sorted(root.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts:
             digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
