@@ -35,7 +35,7 @@ import pytest
 
 import oracle_cache
 from llmvalve.sim.runner import ratios, simulate, simulate_seeds
-from llmvalve.sim.scenario import builtin_names, load_scenario
+from llmvalve.sim.scenario import Scenario, builtin_names, load_scenario
 
 SEEDS = [1, 2, 3]
 VS_BEST_FIXED = 0.95  # adaptive ≥ 0.95 × max(best static:N, none), at the worst seed
@@ -337,12 +337,11 @@ FULL = bool(os.environ.get("LLMVALVE_ISSUE10_FULL"))
 ON_REQUEST = pytest.mark.skipif(not FULL, reason="set LLMVALVE_ISSUE10_FULL=1 to run")
 
 
-def judged_runs(scenario: str, seeds: list[int]) -> dict[str, dict]:
+def judged_runs(sc: Scenario, seeds: list[int]) -> dict[str, dict]:
     """Per seed, `none` and `adaptive` with their ratios to the oracles, as
     `simulate --oracle` reports them. The best fixed limit's goodput comes from
     tests/oracle_cache.py when it was computed from this source, else from the sweep run
     here (nine of each seed's eleven runs)."""
-    sc = load_scenario(scenario)
     fixed = oracle_cache.best_fixed(sc.name, seeds)
     if fixed is None:
         res, _ = simulate_seeds(sc, ["none", "adaptive"], seeds, oracle=True, hindsight=False)
@@ -362,7 +361,7 @@ def misses(scenario: str, seeds: list[int] = SEEDS) -> list[str]:
     """Every target the scenario misses, one line each (empty: all met)."""
     sc = load_scenario(scenario)
     out = []
-    for seed, r in judged_runs(scenario, seeds).items():
+    for seed, r in judged_runs(sc, seeds).items():
         a, none = r["controllers"]["adaptive"], r["controllers"]["none"]
         ratio = r["vs_oracle"]["adaptive"]["fixed"]
         if ratio < VS_BEST_FIXED:
@@ -434,8 +433,8 @@ def test_every_built_in_is_judged():
 
 
 def test_the_oracle_cache_is_what_the_sweep_gives():
-    """The cached best fixed limit is the sweep's own result at this source (one built-in, one
-    seed: the sweep of the cheapest)."""
+    """The cached best fixed limit is the sweep's own result at this source (one cheap
+    built-in, one seed)."""
     if oracle_cache.best_fixed("calm-steady", [1]) is None:
         pytest.skip("tests/data/oracle-cache.json is stale: the judgement runs the sweep itself "
                     "(refresh it: python tests/oracle_cache.py)")
