@@ -48,8 +48,10 @@ def test_bench_burst_none_against_adaptive(envoy_bin, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # at time scale 10 a 2-core machine running a second suite sent arrivals 235-315 ms late
     # (2-3 s of scenario time, past P0's 2 s TTFT objective): the client, not the gateway,
-    # was the bottleneck; at 5 it sends half as many a second
-    assert elapsed < 240, f"the smoke run took {elapsed:.0f} s"
+    # was the bottleneck; at 5 it sends half as many a second. Each mode is at most 30 s of
+    # wall time (120 s of traffic and 30 s of drain, scaled): 68 s in all on an idle 2-core
+    # machine; the bound leaves room for a busy one, not for a run that hangs in its drain.
+    assert elapsed < 150, f"the smoke run took {elapsed:.0f} s"
     res = json.loads(out.read_text())
     none, adaptive = res["controllers"]["none"], res["controllers"]["adaptive"]
 
