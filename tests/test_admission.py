@@ -490,3 +490,21 @@ pools:
     assert isinstance(probe, Admit)
     a.release(probe.ticket, Outcome.SUCCESS, 5.6)
     assert isinstance(a.submit(RequestInfo("y", "t", 0, 1.0), 5.7), Admit)
+
+
+def test_first_tokens_in_the_access_log_correct_the_backlog_clock():
+    """An access-log entry with the request's backend, admission time and TTFT says every
+    prompt sent to that backend before it was prefilled by its first token
+    (core/backlog.py): the picker's clock is pulled back to what was sent since."""
+    a = adm("adaptive")
+    a.on_snapshot("default", BackendSnapshot("b0", 0.0, kv_capacity_tokens=100_000.0), 0.0)
+    pool = a.pools["default"]
+    pool.picker.prefill_s_per_token = 0.01  # 1 s a 100-token prompt
+    first = admit(a, RequestInfo("p1", "t", 0, 0.0, prompt_tokens=100), 0.0)
+    second = admit(a, RequestInfo("p2", "t", 0, 0.0, prompt_tokens=100), 0.1)
+    assert first.backend == second.backend == "b0"
+    assert pool.picker.prefill_done_at["b0"] == 2.0
+    a.release(second, Outcome.SUCCESS, 3.0)
+    a.observe(Sample("p2", "default", Outcome.SUCCESS, ttft_s=0.05, duration_s=2.9,
+                     prompt_tokens=100, backend="b0", sent_at=0.1, tenant="t"), 3.0)
+    assert abs(pool.picker.prefill_done_at["b0"] - 1.15) < 1e-9  # 0.15 + its own 1 s

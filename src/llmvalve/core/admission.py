@@ -380,6 +380,9 @@ class Admission:
                                    sample.duration_s - (sample.ttft_s or 0.0))
         pool.limit.on_sample(sample, pool.limit.epoch if ticket_epoch is None else ticket_epoch,
                              now)
+        if (sample.outcome is Outcome.SUCCESS and sample.ttft_s is not None
+                and sample.sent_at is not None and sample.backend):
+            pool.picker.prefilled(sample.backend, sample.sent_at, sample.sent_at + sample.ttft_s)
         pool.picker.prefill_s_per_token = pool.limit.prefill_s_per_token()
 
     def on_snapshot(self, pool: str, snap: BackendSnapshot, now: float) -> None:

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 from math import inf
 
+from llmvalve.core.backlog import BacklogClock
+
 EJECT_AFTER = 3  # request failures in a row that take a backend out until a good scrape
 
 
@@ -65,6 +67,7 @@ class Picker:
         self.sent_n: dict[str, int] = dict.fromkeys(names, 0)  # requests sent since it
         self.done_n: dict[str, int] = dict.fromkeys(names, 0)  # requests ended since it
         self.prefill_done_at: dict[str, float] = dict.fromkeys(names, 0.0)
+        self._clocks: dict[str, BacklogClock] = {}  # what prefill_done_at is read from
         self.prefill_s_per_token = 0.0  # set by the caller once measured
         # one of R replicas (share 1/R) sees only the prompts it sends; the others send alike
         self.clock_scale = 1.0 / replica_share
@@ -227,14 +230,22 @@ class Picker:
             if name not in self.cost:
                 self._oldest_ok = -inf
             self.top[name] = self.top.get(name, 0) + top
-            start = max(now, self.prefill_done_at.get(name, 0.0))
-            self.prefill_done_at[name] = (start + prompt_tokens * self.prefill_s_per_token
-                                          * self.clock_scale)
+            clock = self._clocks.get(name) or self._clocks.setdefault(name, BacklogClock())
+            self.prefill_done_at[name] = clock.add(
+                now, prompt_tokens * self.prefill_s_per_token * self.clock_scale)
             self.cost[name] = self.cost.get(name, 0.0) + cost
             self.count[name] = self.count.get(name, 0) + 1
             self.sent[name] = self.sent.get(name, 0.0) + cost
             self.sent_n[name] = self.sent_n.get(name, 0) + 1
             self._saturated[name] = self.saturated(name)
+
+    def prefilled(self, name: str, sent_at: float, first_token_at: float) -> None:
+        """A request sent to `name` at `sent_at` had its first token at `first_token_at`:
+        the prompts sent there before it were prefilled by then (core/backlog.py)."""
+        clock = self._clocks.get(name)
+        if clock is not None:
+            clock.prefilled(sent_at, first_token_at)
+            self.prefill_done_at[name] = clock.done_at
 
     def remove(self, name: str, cost: float, top: bool = False, failed: bool = False) -> None:
         """A request sent to `name` ended; `failed`: with a backend failure (5xx, reset,
