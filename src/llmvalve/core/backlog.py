@@ -9,12 +9,13 @@ nothing. A request's first token closes the loop: when it came, every prompt sen
 backend before that request had been prefilled, so the backlog now is at most the prompts
 sent since, replayed from that moment:
 
-    done ≤ W_N + max(first − W_j, max_{i>j} (s_i − W_{i−1}))
+    done ≤ W + max(first − B_j, max_{i≥j} (s_i − B_i))
 
-with s_i the send times, W_i the cumulative work of the first i prompts and j the last prompt
-sent before the answered one. The suffix maximum comes from a stack of decreasing values, so
-a correction costs a bisection, not a replay. Prompts sent at the same instant as the answered
-one count as still ahead (a batch dispatched together is prefilled in any order).
+with s_i the send times, B_i the work of the prompts sent before prompt i, W that of all of
+them and j the first prompt not sent before the answered one. The suffix maximum comes from a
+stack of decreasing values, so a correction costs a bisection, not a replay. Prompts sent at
+the same instant as the answered one count as still ahead (a batch dispatched together is
+prefilled in any order).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class BacklogClock:
         self._w = 0.0  # work of every prompt sent so far (seconds)
         self._sent: list[float] = []  # send times, ascending
         self._w_before: list[float] = []  # the work sent before each
-        # the suffix maxima of s_i - W_{i-1}: (position, value), values decreasing
+        # the suffix maxima of s_i - B_i: positions ascending, values decreasing
         self._stack_at: list[int] = []
         self._stack_value: list[float] = []
         self._base = 0  # positions forgotten from the front

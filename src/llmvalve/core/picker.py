@@ -18,16 +18,16 @@ is past `room_s`, and when every engine within it is at its KV target while anot
 
 A request of the top class (`first=True`) is not balanced but placed where it can start
 soonest and decode fast enough: a backend whose engine queues nothing; whose prompts sent
-lately are prefilled within `late_after_s` (the backlog clock: each prompt adds its tokens at
-the pool's measured prefill speed, time drains it; one of R gateway replicas counts each prompt
-it sends R times, for it sees only its own and the others, balanced alike, send as many:
-three replicas on four small engines otherwise placed P0 prompts behind the others' 2,000-token
-prompts); whose inter-token latency by its last
-scrape is within the top class's ITL target (a slowed or older card decodes every request on
-it slower than its TPOT, however short its queue); then the one that prefills soonest, with
-the most free KV by its last scrape less what was sent to it since — an engine runs its own
-queue first come first served and prefills the requests it started first, so a P0 request
-sent behind them waits for them.
+lately are prefilled within `late_after_s` (the backlog clock, core/backlog.py: each prompt
+adds its tokens at the pool's measured prefill speed, time drains it, and each first token in
+the access log pulls it back to the prompts sent since; one of R gateway replicas counts each
+prompt it sends R times, for it sees only its own and the others, balanced alike, send as
+many: three replicas on four small engines otherwise placed P0 prompts behind the others'
+2,000-token prompts); whose inter-token latency by its last scrape is within the top class's
+ITL target (a slowed or older card decodes every request on it slower than its TPOT, however
+short its queue); then the one that prefills soonest, with the most free KV by its last
+scrape less what was sent to it since — an engine runs its own queue first come first served
+and prefills the requests it started first, so a P0 request sent behind them waits for them.
 
 A backend is healthy unless its last scrape failed or is older than `stale_after_s`, or its
 last `EJECT_AFTER` requests failed (until a good scrape).
