@@ -156,6 +156,23 @@ def test_lower_classes_go_where_prompts_are_not_already_piled_up():
     assert sent.count("b") == 3  # then both are full: balanced (not six to a, 3 s of prefill)
 
 
+def test_top_class_goes_where_its_kv_fits_before_where_it_starts_soonest():
+    """An engine whose KV the request would overflow is not where it starts soonest: it waits
+    there for blocks to free, or is the first preempted (vLLM preempts the newest request).
+    Long-context work on four medium engines: 10,000-token P0 prompts sent to an engine at
+    KV 0.92 by its scrape, a tenth of a second of prompts sooner than one at 0.45, waited up to
+    10 s for their first token (holdout-longctx16k)."""
+    p = Picker(("a", "b"), kv_target=0.8, late_after_s=2.0)
+    p.prefill_s_per_token = 0.001
+    p.observe("a", ok=True, at=0.0, kv_usage=0.85, capacity_tokens=10_000.0)
+    p.observe("b", ok=True, at=0.0, kv_usage=0.3, capacity_tokens=10_000.0)
+    p.add("b", 600.0, prompt_tokens=500, now=0.0)  # half a second of prompts ahead on b
+    assert p.pick(0.1, first=True, cost_tokens=1_000.0) == "a"  # 0.95: it fits, starts first
+    assert p.pick(0.1, first=True, cost_tokens=2_000.0) == "b"  # 1.05: it would not fit on a
+    p.add("a", 1_000.0, prompt_tokens=900, now=0.1)  # sent since a's scrape: 0.95 now
+    assert p.pick(0.1, first=True, cost_tokens=1_000.0) == "b"
+
+
 def test_top_class_avoids_an_engine_decoding_slower_than_its_tpot_allows():
     p = Picker(("a", "b"), kv_target=0.8, itl_target_s=0.12, late_after_s=1.0)
     p.prefill_s_per_token = 0.001

@@ -219,7 +219,7 @@ class Admission:
 
     def _admit(self, pool: Pool, req: RequestInfo, cost: float, now: float,
                wait_s: float) -> Admit:
-        backend = pool.picker.pick(now, first=self._ranks[req.priority] == 0)
+        backend = pool.picker.pick(now, self._ranks[req.priority] == 0, cost)
         pool.picker.add(backend, cost, req.prompt_tokens, now, self._ranks[req.priority] == 0)
         ticket = Ticket(req.request_id, pool.spec.name, req.priority, req.tenant, cost, now,
                         pool.limit.epoch, backend, req.prompt_tokens, wait_s)

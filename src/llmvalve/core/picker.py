@@ -25,9 +25,11 @@ prompt it sends R times, for it sees only its own and the others, balanced alike
 many: three replicas on four small engines otherwise placed P0 prompts behind the others'
 2,000-token prompts); whose inter-token latency by its last scrape is within the top class's
 ITL target (a slowed or older card decodes every request on it slower than its TPOT, however
-short its queue); then the one that prefills soonest, with the most free KV by its last
-scrape less what was sent to it since — an engine runs its own queue first come first served
-and prefills the requests it started first, so a P0 request sent behind them waits for them.
+short its queue); whose KV, by its last scrape plus what was sent since, holds the request (one
+that overflows it waits there for blocks, or is the first preempted); then the one that
+prefills soonest, with the most free KV by its last scrape less what was sent to it since — an
+engine runs its own queue first come first served and prefills the requests it started first,
+so a P0 request sent behind them waits for them.
 
 A backend is healthy unless its last scrape failed or is older than `stale_after_s`, or its
 last `EJECT_AFTER` requests failed (until a good scrape).
@@ -133,7 +135,7 @@ class Picker:
             self._oldest_ok = min(fresh, default=inf)
         return self._live
 
-    def pick(self, now: float, first: bool = False) -> str:
+    def pick(self, now: float, first: bool = False, cost_tokens: float = 0.0) -> str:
         if not self.cost:
             return ""
         live = self._live_positions(now)
@@ -145,7 +147,8 @@ class Picker:
                 b = names[i]
                 start = max(now, done_at.get(b, 0.0))
                 return (self._queue_now(b) >= 1, start - now > self.late_after_s,
-                        self._slow(b), start, self._kv_now(b), (i - turn) % n)
+                        self._slow(b), not self._fits(b, cost_tokens, 1.0), start,
+                        self._kv_now(b), (i - turn) % n)
             return names[min(live, key=soonest)]
         live_names = [names[i] for i in live]
         count_of = count.get
@@ -197,10 +200,16 @@ class Picker:
             b = names[i]
             cap = self.capacity.get(b, 0.0)
             if (b in self._healthy and cap > 0 and self._queue_now(b) < 1 and not self._slow(b)
-                    and done_at.get(b, 0.0) <= late
-                    and self._kv_now(b) + cost / cap <= self.kv_target):
+                    and done_at.get(b, 0.0) <= late and self._fits(b, cost, self.kv_target)):
                 return True
         return False
+
+    def _fits(self, name: str, cost: float, usage: float) -> bool:
+        """A request of `cost` keeps the KV usage within `usage` by the last scrape corrected
+        for what was sent since (an engine of unknown size: it does). Past 1 it waits in its
+        engine for blocks to free, or is the first preempted: vLLM preempts the newest."""
+        cap = self.capacity.get(name, 0.0)
+        return cap <= 0 or self._kv_now(name) + cost / cap <= usage
 
     def saturated(self, name: str) -> bool:
         """Full by its last scrape, corrected for what was sent to it and what ended on it
