@@ -203,7 +203,7 @@ def test_none_is_envoy_alone_whatever_llmvalve_would_pick(monkeypatch):
     uses that engine only and `none` still uses both."""
     from llmvalve.core.picker import Picker
 
-    monkeypatch.setattr(Picker, "pick", lambda self, now, first=False: "b0")
+    monkeypatch.setattr(Picker, "pick", lambda self, now, first=False, cost_tokens=0.0: "b0")
     sc = load_scenario("steady")
     used = {c: {st.backend for st in run_one(sc, c, 1).jobs if st.backend is not None}
             for c in ("none", "static:32")}
