@@ -247,3 +247,27 @@ def test_lower_classes_wait_rather_than_fill_the_engines_at_their_kv_target():
         p.observe(b, ok=True, at=0.3, kv_usage=0.85, capacity_tokens=30_000.0)
     p.add("big", 1_100.0, prompt_tokens=1_000, now=0.3)
     assert p.prefill_room(0.3)  # both at the target: small has prefill room, the limit decides
+
+
+def test_top_class_stays_off_a_backend_that_keeps_dropping_out():
+    """A backend back from failing twice within five minutes is flapping: a P0 request decoding
+    there when it drops again is lost (one of four engines leaving five times, holdout-flap).
+    Once back is a restart (a rolling upgrade restarts every engine once): not marked."""
+    p = Picker(("a", "b"), kv_target=0.8, late_after_s=2.0)
+    p.prefill_s_per_token = 0.001
+
+    def scrape(at: float, a_ok: bool = True) -> None:
+        p.observe("a", ok=a_ok, at=at, kv_usage=0.1, capacity_tokens=10_000.0)
+        p.observe("b", ok=True, at=at, kv_usage=0.5, capacity_tokens=10_000.0)
+
+    scrape(0.0, a_ok=False)
+    scrape(10.0)  # back once
+    assert p.pick(10.0, first=True, cost_tokens=100.0) == "a"  # the most free KV
+    scrape(20.0, a_ok=False)
+    scrape(30.0)  # back twice: flapping
+    assert p.pick(30.0, first=True, cost_tokens=100.0) == "b"
+    assert {p.pick(30.0) for _ in range(4)} == {"a", "b"}  # the lower classes still use it
+    p.add("b", 100.0, prompt_tokens=3_000, now=30.0)  # b would start P0 3 s late: a it is
+    assert p.pick(30.0, first=True, cost_tokens=100.0) == "a"
+    scrape(311.0)  # the first return is over five minutes old
+    assert p.pick(311.0, first=True, cost_tokens=100.0) == "a"

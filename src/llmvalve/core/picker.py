@@ -25,11 +25,15 @@ prompt it sends R times, for it sees only its own and the others, balanced alike
 many: three replicas on four small engines otherwise placed P0 prompts behind the others'
 2,000-token prompts); whose inter-token latency by its last scrape is within the top class's
 ITL target (a slowed or older card decodes every request on it slower than its TPOT, however
-short its queue); whose KV, by its last scrape plus what was sent since, holds the request (one
-that overflows it waits there for blocks, or is the first preempted); then the one that
-prefills soonest, with the most free KV by its last scrape less what was sent to it since — an
-engine runs its own queue first come first served and prefills the requests it started first,
-so a P0 request sent behind them waits for them.
+short its queue); that is not flapping (back from failing twice within five minutes: a request
+decoding there when it drops again is lost, and P0's share is small enough for the others to
+carry; one of four engines leaving five times in 170 s, holdout-flap: P0 misses 32 → 14 over
+seeds 1-3, each rolling-upgrade engine leaves once and is not marked); whose KV, by its last
+scrape plus what was sent since, holds the request (one that overflows it waits there for
+blocks, or is the first preempted); then the one that prefills soonest, with the most free KV
+by its last scrape less what was sent to it since — an engine runs its own queue first come
+first served and prefills the requests it started first, so a P0 request sent behind them waits
+for them.
 
 A backend is healthy unless its last scrape failed or is older than `stale_after_s`, or its
 last `EJECT_AFTER` requests failed (until a good scrape).
@@ -44,6 +48,10 @@ from math import inf
 from llmvalve.core.backlog import BacklogClock
 
 EJECT_AFTER = 3  # request failures in a row that take a backend out until a good scrape
+# A backend that came back from failing twice within this long is flapping (a crash loop, a bad
+# NIC): the top class goes elsewhere while another backend starts it as soon. Five minutes is
+# the cap of Kubernetes' crash-loop back-off.
+FLAPPING_WINDOW_S = 300.0
 
 
 class Picker:
@@ -82,6 +90,7 @@ class Picker:
         self._healthy: set[str] = set()
         self._oldest_ok = -inf  # the healthy backends' oldest good scrape
         self._failures: dict[str, int] = {}  # request failures in a row, by backend
+        self._returns: dict[str, list[float]] = {}  # when it came back from failing, lately
         # saturated(name), kept up to date: it changes only with a scrape, a send or an end.
         self._saturated: dict[str, bool] = dict.fromkeys(names, False)
 
@@ -99,6 +108,9 @@ class Picker:
         if capacity_tokens > 0:
             self.capacity[name] = capacity_tokens
         if ok:
+            if self.last_ok.get(name) == -1.0:
+                self._returns[name] = [t for t in self._returns.get(name, ())
+                                       if at - t < FLAPPING_WINDOW_S] + [at]
             self.last_ok[name] = at
         else:
             self.last_ok[name] = -1.0  # failing until a good scrape
@@ -147,8 +159,9 @@ class Picker:
                 b = names[i]
                 start = max(now, done_at.get(b, 0.0))
                 return (self._queue_now(b) >= 1, start - now > self.late_after_s,
-                        self._slow(b), not self._fits(b, cost_tokens, 1.0), start,
-                        self._kv_now(b), (i - turn) % n)
+                        self._slow(b), self._flapping(b, now),
+                        not self._fits(b, cost_tokens, 1.0), start, self._kv_now(b),
+                        (i - turn) % n)
             return names[min(live, key=soonest)]
         live_names = [names[i] for i in live]
         count_of = count.get
@@ -203,6 +216,11 @@ class Picker:
                     and done_at.get(b, 0.0) <= late and self._fits(b, cost, self.kv_target)):
                 return True
         return False
+
+    def _flapping(self, name: str, now: float) -> bool:
+        """Back from failing twice within `FLAPPING_WINDOW_S`: what it runs may be lost again."""
+        returns = self._returns.get(name)
+        return bool(returns) and sum(now - t < FLAPPING_WINDOW_S for t in returns) >= 2
 
     def _fits(self, name: str, cost: float, usage: float) -> bool:
         """A request of `cost` keeps the KV usage within `usage` by the last scrape corrected
