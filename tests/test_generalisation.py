@@ -86,7 +86,7 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # and seed 1 misses the same way in a run that diverged: a 4,477- and a 2,808-token
     # prompt prefilled behind others (TTFT 2.27 and 2.10 s) and a 15-token answer decoded
     # in steps shared with prefill chunks (TPOT 0.156 s against 0.15), 3 of ~105, no wait.
-    # Since stop 33 (P0 goes where its KV fits first) seed 1 is met (0.991) and seed 2
+    # Since stop 33 (P0 goes where its KV fits first) seed 1 is met (0.990) and seed 2
     # misses again by two of ~110: a 3,251- and a 3,698-token prompt sent while no engine's
     # KV held them (each at 0.84-0.99 with what was sent since), TTFT 2.41 and 2.17 s.
     "code-bursty": ("seed 2: P0 attainment",),
@@ -204,8 +204,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # `static:16`, has P0 0.966 at seed 1.
     # Since stop 27's run: seed 1 ≥ 0.95 of the best fixed limit and one P0 miss (a
     # 10,134-token prompt, TTFT 2.7 s), seed 2 0.909 and 6 misses. Since P0 goes where its
-    # KV fits (stop 33): seed 1 and seed 2's goodput met; P0 1.000 / 0.983 / 0.966 (one and
-    # two 10,000-token prompts prefilled behind others' in the engine).
+    # KV fits (stop 33): seed 1 and seed 2's goodput met; P0 1.000 / 0.983 / 0.966: a
+    # 9,211-token prompt at seed 2 (TTFT 2.96 s), an 8,260- and a 13,282-token one at seed 3
+    # (2.63 s; 7.53 s, 0.48 s of it at the gateway).
     "holdout-longctx16k": ("seed 2: P0 attainment", "seed 3: P0 attainment"),
     # held out (written at stop 25, judged as it stood): two of three small engines leave for
     # 20 s and clients retry at once: the P0 misses are requests decoding on the two as they

@@ -48,6 +48,7 @@ from math import inf
 from llmvalve.core.backlog import BacklogClock
 
 EJECT_AFTER = 3  # request failures in a row that take a backend out until a good scrape
+FAILING = -1.0  # `last_ok` of a backend failing until its next good scrape
 # A backend that came back from failing twice within this long is flapping (a crash loop, a bad
 # NIC): the top class goes elsewhere while another backend starts it as soon. Five minutes is
 # the cap of Kubernetes' crash-loop back-off.
@@ -108,12 +109,12 @@ class Picker:
         if capacity_tokens > 0:
             self.capacity[name] = capacity_tokens
         if ok:
-            if self.last_ok.get(name) == -1.0:
+            if self.last_ok.get(name) == FAILING:
                 self._returns[name] = [t for t in self._returns.get(name, ())
                                        if at - t < FLAPPING_WINDOW_S] + [at]
             self.last_ok[name] = at
         else:
-            self.last_ok[name] = -1.0  # failing until a good scrape
+            self.last_ok[name] = FAILING
         self._saturated[name] = self.saturated(name)
 
     def retarget(self, stale_after_s: float, kv_target: float, itl_target_s: float,
@@ -134,7 +135,7 @@ class Picker:
 
     def healthy(self, name: str, now: float) -> bool:
         t = self.last_ok.get(name)
-        return t is None or (t >= 0 and now - t <= self.stale_after_s)
+        return t is None or (t != FAILING and now - t <= self.stale_after_s)
 
     def _live_positions(self, now: float) -> list[int]:
         """Positions of the healthy backends in `cost`'s order (all of them when none is)."""
@@ -286,7 +287,7 @@ class Picker:
                 self._failures[name] = n
             else:
                 self._failures[name] = 0
-                self.last_ok[name] = -1.0  # failing until a good scrape
+                self.last_ok[name] = FAILING
                 self._oldest_ok = -inf
             self.top[name] = max(0, self.top.get(name, 0) - top)
             self.cost[name] = max(0.0, self.cost[name] - cost)
