@@ -43,6 +43,13 @@ def test_a_model_budget_alone_is_a_budget():
     assert p.tenants[0].budgets == BudgetSpec(Budget(), (("m", Budget(1.0)),))
 
 
+@pytest.mark.parametrize("block", ["{}", "{models: {}}", "{models: }"])
+def test_a_budgets_that_sets_nothing_is_an_error(block: str):
+    assert errors(tenants(f"    budgets: {block}\n")) == [
+        "p.yaml:6: tenants[0].budgets: sets no budget: give requestsPerMinute and/or "
+        "tokensPerMinute (or per model under `models`)"]
+
+
 def test_with_a_catch_all_pool_any_model_may_have_a_budget():
     pools = "pools:\n  - {name: main, models: [big]}\n  - {name: rest}\n"
     p = load_policy(tenants("    budgets: {models: {anything: {requestsPerMinute: 5}}}\n",

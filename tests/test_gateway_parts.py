@@ -67,6 +67,27 @@ def test_static_fallback_for_legacy_completions(stream):
 
 
 # -- reading -----------------------------------------------------------------------------------
+def test_a_request_shed_for_the_gateways_own_lag_gets_its_features_fallback():
+    import random
+
+    from llmvalve.core.admission import Admission
+    from llmvalve.core.policy import FeatureSpec
+    from llmvalve.gateway.front import Answer, Check, Front, Go
+
+    policy = Policy(queues=SEED_QUEUES,
+                    features=(FeatureSpec("suggest", FallbackSpec("static", "later")),))
+    front = Front(Admission(policy, random.Random(1), "static:2"))
+    late = Check("c1", {"x-llmvalve-feature": "suggest"}, path="/v1/chat/completions",
+                 age_s=5.0)
+    verdict = front.check(late, now=1.0)
+    assert isinstance(verdict, Go) and verdict.cluster == "llmvalve_fallback"
+    assert (verdict.record.decision, verdict.record.reason) == ("fallback_static",
+                                                                "gateway_overloaded")
+    assert verdict.record.retry_after_s is None  # the answer carries no Retry-After
+    plain = front.check(Check("c2", {}, path="/v1/chat/completions", age_s=5.0), now=1.0)
+    assert isinstance(plain, Answer) and plain.reply.status == 429
+
+
 def test_body_facts_and_estimate():
     body = json.dumps({"model": "m", "max_completion_tokens": 10, "stream": True,
                        "messages": [{"role": "user", "content": [

@@ -104,6 +104,8 @@ def test_multi_document_manifest_picks_the_configmap():
     assert issue.field == "queues[2].timeout"
     assert text.splitlines()[issue.line - 1].strip() == "timeout: 0s"
     assert load_policy(other + "---\n" + cm).queues == SEED_QUEUES
+    envoy = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: envoy}\ndata: {envoy.yaml: x}\n"
+    assert load_policy(envoy + "---\n" + cm + "---\n" + other).queues == SEED_QUEUES
 
 
 # ----------------------------------------------------------------------------- values
@@ -420,6 +422,14 @@ def test_not_a_mapping_and_empty_documents():
     assert errors_of("# only a comment\n")[0].field == "policy"
     [issue] = errors_of("- 1\n- 2\n")
     assert issue.field == "policy" and "mapping" in issue.message
+
+
+def test_an_empty_value_counts_as_absent():
+    """`bodyInspection:` with no value keeps the default (on when pools name models), not off."""
+    assert load_policy(SEED_BARE + "requests: {bodyInspection: }\n").requests.body_inspection \
+        is None
+    assert load_policy(SEED_BARE + "requests: {bodyInspection: false}\n") \
+        .requests.body_inspection is False
 
 
 def test_unknown_top_level_key_lists_or_suggests():

@@ -141,6 +141,7 @@ async def test_envoy_crash_releases_everything_and_a_new_envoy_is_served(e2e):
         queued = [asyncio.create_task(session.post(url, json=chat_body(4),
                                                    headers=headers(P0_KEY))) for _ in range(2)]
         await wait_until(lambda: e2e.status()["gateway"]["checks_held"] == 2, 5, "queued")
+        assert metric(e2e, "llmvalve_checks_held") == 2
         e2e.stack.envoy.kill()
         t0 = time.monotonic()
         e2e.wait_idle(timeout_s=15)
@@ -157,6 +158,7 @@ async def test_envoy_crash_releases_everything_and_a_new_envoy_is_served(e2e):
                      5, "the access log of the new Envoy")
     assert_nothing_leaked(e2e)
     assert e2e.status()["gateway"]["reconciled"] == 8
+    assert metric(e2e, 'llmvalve_releases_total{outcome="ignore",by="reconciled"}') == 8
 
 
 # -- last: it stops and restarts the control plane -----------------------------------------

@@ -212,10 +212,13 @@ class Admission:
 
     def shed(self, req: RequestInfo, reason: Reason, now: float, floor_s: float = 0.0) -> Reject:
         """A rejection decided outside the queues (the gateway's own overload), with the
-        Retry-After of the request's class: at least `floor_s`."""
+        Retry-After of the request's class: at least `floor_s`; a feature's fallback applies
+        as to any overload."""
         pool = self._pool(req.pool)
+        feature = self.policy.feature(req.feature)
         return Reject(req.request_id, 429, reason,
-                      self.retry_after_s(pool, req.priority, now, floor_s), 0.0)
+                      self.retry_after_s(pool, req.priority, now, floor_s), 0.0,
+                      feature.fallback if feature else None)
 
     def _admit(self, pool: Pool, req: RequestInfo, cost: float, now: float,
                wait_s: float) -> Admit:

@@ -135,6 +135,7 @@ class ControlPlane:
             self.watcher = PolicyWatcher(config.policy_path, lambda: self.reload("watch"),
                                          config.watch_interval_s)
         self.metrics.watch_status(self.driver.status)
+        self.metrics.held.set_function(lambda: self.driver.waiting)
 
     async def start(self) -> None:
         self.data_grpc = grpc.aio.server(options=GRPC_OPTIONS)

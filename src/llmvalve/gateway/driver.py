@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llmvalve.core.policy import Policy
-from llmvalve.core.types import BackendSnapshot
+from llmvalve.core.types import BackendSnapshot, Outcome
 from llmvalve.gateway.front import Answer, Check, Front, Go, Joined, LogEntry, Record, Wait
 from llmvalve.gateway.metrics import GatewayMetrics
 from llmvalve.gateway.tasks import Background
@@ -71,7 +71,7 @@ class Driver:
                 verdict = await future
             except asyncio.CancelledError:
                 self._waiters.pop(check.check_id, None)
-                self._record(self.front.client_left(check.check_id, self.clock()), check)
+                self._client_left(check.check_id, check.headers.get("x-request-id", ""))
                 raise
         self._record(verdict.record, check)
         return verdict
@@ -108,7 +108,15 @@ class Driver:
             if future is not None and not future.done():
                 future.set_result(verdict)
             else:  # nobody waits for it any more: give its slot back
-                self.front.client_left(verdict.check_id, now)
+                self._client_left(verdict.check_id)
+
+    def _client_left(self, check_id: str, request_id: str = "") -> None:
+        record = self.front.client_left(check_id, self.clock())
+        if record is None:
+            return
+        if record.decision == "cancelled_in_flight":  # it held a slot: given back
+            self.metrics.released(Outcome.IGNORE, "client_left")
+        self.metrics.record(record, check_id, request_id)
 
     def _record(self, record: Record | None, check: Check) -> None:
         if record is not None:
@@ -141,6 +149,8 @@ class Driver:
             except Exception:
                 log.exception("reclaiming slots failed")
                 continue
+            self.metrics.released(Outcome.DROPPED, "lease", len(reclaimed))
+            self.metrics.released(Outcome.IGNORE, "reconciled", len(reconciled))
             for ticket in reclaimed:
                 log.warning("lease expired, slot reclaimed: %s", ticket.request_id)
             if reconciled:

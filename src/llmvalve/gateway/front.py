@@ -399,7 +399,7 @@ class Front:
                                 ("x-llmvalve-reason", reject.reason.value))
             return Go(waiting.info.request_id, None, FALLBACK_CLUSTER, None, headers, (),
                       Record("fallback_static", waiting.klass, reject.reason.value,
-                             waiting.info.tenant, reject.wait_s, reject.retry_after_s))
+                             waiting.info.tenant, reject.wait_s))  # answered: no Retry-After
         if fallback is not None and fallback.kind == "reroute":
             rerouted = self._reroute(waiting, reject, fallback, now)
             if rerouted is not None:

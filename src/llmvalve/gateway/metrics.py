@@ -68,7 +68,8 @@ class GatewayMetrics:
             "llmvalve_queue_wait_seconds", "Time admitted requests waited in the queue",
             ["class"], buckets=WAIT_BUCKETS, registry=r)
         self.releases = Counter(
-            "llmvalve_releases", "Tickets closed, by outcome", ["outcome"], registry=r)
+            "llmvalve_releases", "Tickets closed, by outcome and by what closed them",
+            ["outcome", "by"], registry=r)
         self.held = Gauge(
             "llmvalve_checks_held", "Authorization checks held open while their request waits "
             "in a queue", registry=r)
@@ -124,7 +125,7 @@ class GatewayMetrics:
         klass, sample = joined.klass, joined.sample
         self._child(self.access_logs, "yes" if sample is not None else "no").inc()
         if joined.released:
-            self._child(self.releases, joined.outcome.value).inc()
+            self.released(joined.outcome, "access_log")
             if joined.client_left:
                 self.record(Record("cancelled_in_flight", klass, "cancelled",
                                    joined.ticket.tenant), joined.ticket.request_id)
@@ -143,6 +144,12 @@ class GatewayMetrics:
         if met is not None:
             self.slo.judge(klass, met, self.clock())
             self._child(self.slo_verdicts, klass, "yes" if met else "no").inc()
+
+    def released(self, outcome: Outcome, by: str, n: int = 1) -> None:
+        """Tickets closed: by their access-log entry, the client leaving before its answer
+        started (`client_left`), an expired lease (`lease`) or reconciliation."""
+        if n:
+            self._child(self.releases, outcome.value, by).inc(n)
 
     def admin_refused(self, api: str) -> None:
         self._child(self.admin_refusals, api).inc()

@@ -40,7 +40,8 @@ def read_budgets(tenant: NodeFields, pools: tuple[PoolSpec, ...],
         return None
     own = _budget(f)
     models = _models(f, pools, allowed_models)
-    if not any(f.get(k) is not None for k in KEYS):
+    given = [f.get(k) for k in KEYS]
+    if all(n is None or (isinstance(n, MappingNode) and not n.value) for n in given):
         r.error(node, f.path, _EMPTY + " (or per model under `models`)")
     return BudgetSpec(own, models)
 

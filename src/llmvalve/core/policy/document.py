@@ -25,7 +25,7 @@ def compose_document(text: str, r: NodeReader, field: str) -> Node | None:
         r.error(None, field, "empty document")
         return None
     if len(docs) > 1:
-        picked = [d for d in docs if configmap_policy(d) is not None]
+        picked = [d for d in docs if holds_policy(d)]
         if len(picked) == 1:
             return picked[0]
         r.error(docs[1], field, f"{len(docs)} YAML documents; expected one policy "
@@ -52,18 +52,34 @@ def syntax_issue(exc: yaml.YAMLError, text: str, r: NodeReader) -> PolicyIssue:
 
 def configmap_policy(doc: Node) -> Node | None:
     """The value node of data."policy.yaml" when `doc` is a ConfigMap, else None."""
-    if not isinstance(doc, MappingNode):
-        return None
-    top = {k.value: v for k, v in doc.value if isinstance(k, ScalarNode)}
-    kind = top.get("kind")
-    if not (isinstance(kind, ScalarNode) and kind.value == "ConfigMap"):
+    top = _configmap(doc)
+    if top is None:
         return None
     data = top.get("data")
     if not isinstance(data, MappingNode):
         return data if data is not None else doc
-    entries = {k.value: v for k, v in data.value if isinstance(k, ScalarNode)}
     # only this key: the Deployment mounts data."policy.yaml" and nothing else
-    return entries.get("policy.yaml", data)
+    return _keys(data).get("policy.yaml", data)
+
+
+def holds_policy(doc: Node) -> bool:
+    """A ConfigMap with a data."policy.yaml" entry: in a manifest of several documents, the
+    policy's (other ConfigMaps may sit beside it)."""
+    top = _configmap(doc)
+    data = top.get("data") if top is not None else None
+    return isinstance(data, MappingNode) and "policy.yaml" in _keys(data)
+
+
+def _configmap(doc: Node) -> dict[str, Node] | None:
+    if not isinstance(doc, MappingNode):
+        return None
+    top = _keys(doc)
+    kind = top.get("kind")
+    return top if isinstance(kind, ScalarNode) and kind.value == "ConfigMap" else None
+
+
+def _keys(node: MappingNode) -> dict[str, Node]:
+    return {k.value: v for k, v in node.value if isinstance(k, ScalarNode)}
 
 
 def policy_root(text: str, source: str,

@@ -45,8 +45,8 @@ def read_requests(top: NodeFields) -> RequestSpec:
         feature_header=headers["featureHeader"],
         deadline_header=headers["deadlineHeader"],
         model_header=headers["modelHeader"],
-        body_inspection=(f.boolean("bodyInspection", False) if f.has("bodyInspection")
-                         else None),
+        body_inspection=(f.boolean("bodyInspection", False)
+                         if f.get("bodyInspection") is not None else None),
         max_body_bytes=f.integer("maxBodyBytes", d.max_body_bytes, ge=1),
         default_max_tokens=f.integer("defaultMaxTokens", d.default_max_tokens, ge=1),
         bytes_per_token=f.number("bytesPerToken", d.bytes_per_token, gt=0),
