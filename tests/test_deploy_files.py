@@ -53,7 +53,7 @@ def port_of(addr: str) -> int:
 
 
 def volumes(service: dict) -> dict[str, Path]:
-    """container path → host path, for the read-only file mounts of a compose service."""
+    """container path → host path, for the read-only mounts of a compose service."""
     out = {}
     for v in service.get("volumes", []):
         parts = v.split(":")
@@ -121,8 +121,9 @@ def test_compose_control_plane_matches_envoy_and_loads_its_policy(compose, envoy
         split_addr(args.http)]
     assert endpoints["llmvalve_grpc"] == [split_addr(args.grpc)]
     assert all(is_loopback(host) for eps in endpoints.values() for host, _ in eps)
-    policy_file = volumes(service)[str(args.policy)]
-    assert load_policy_file(policy_file).queues == SEED_QUEUES
+    folder = volumes(service)[str(args.policy.parent)]  # a folder: edits by rename are seen
+    assert folder.is_dir()
+    assert load_policy_file(folder / args.policy.name).queues == SEED_QUEUES
     admin = port_of(args.admin)
     owner = compose["services"][netns_owner(compose, "llmvalve")]
     assert admin in {p.target for p in published(owner)}
@@ -198,8 +199,8 @@ def test_dockerfile_serves_on_the_ports_and_paths_the_deployments_use(compose):
     assert {port for host, port in binds if not is_loopback(host)} == exposed == {
         port_of(args.admin)}
     compose_args = serve_args(compose["services"]["llmvalve"]["command"])
-    assert (args.policy, args.http, args.grpc, args.admin) == (
-        compose_args.policy, compose_args.http, compose_args.grpc, compose_args.admin)
+    assert (args.policy.parent, args.http, args.grpc, args.admin) == (  # the policy's folder
+        compose_args.policy.parent, compose_args.http, compose_args.grpc, compose_args.admin)
     for kind, rest in instructions:  # every COPY from the context exists and is not ignored
         if kind == "COPY" and not rest.startswith("--from"):
             for source in shlex.split(rest)[:-1]:
@@ -277,7 +278,10 @@ def test_pod_runs_envoy_and_llmvalve_wired_to_each_other(pod, envoy_cfg):
     volume = mounts(pod, cp)[str(args.policy.parent)]
     assert volume["configMap"]["name"] == "gateway-overload-policy"
     assert volume["configMap"]["items"] == [{"key": "policy.yaml", "path": args.policy.name}]
-    assert pod["terminationGracePeriodSeconds"] > args.drain_timeout
+    # Envoy exits at once on SIGTERM, cutting every stream: its preStop keeps it serving
+    # while llmvalve drains, and the grace period outlasts both.
+    [_, seconds] = envoy["lifecycle"]["preStop"]["exec"]["command"]
+    assert args.drain_timeout < int(seconds) < pod["terminationGracePeriodSeconds"]
 
 
 def test_probes_hit_endpoints_that_exist(pod, envoy_cfg):

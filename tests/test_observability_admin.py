@@ -305,3 +305,15 @@ async def test_without_a_token_the_admin_grpc_api_is_loopback_only(backend_metri
             assert s.connect_ex(("127.0.0.1", plane.ports["admin_grpc"])) == 0
     finally:
         await plane.stop()
+
+
+def test_the_commands_token_file_flag_wins_over_the_environment(tmp_path, monkeypatch):
+    from llmvalve.gateway.admin_auth import TOKEN_ENV, client_token
+
+    path = tmp_path / "token"
+    path.write_text("from-file\n")
+    monkeypatch.setenv(TOKEN_ENV, "from-env")
+    assert client_token(str(path)) == "from-file"
+    assert client_token(None) == "from-env"
+    monkeypatch.setenv(TOKEN_ENV, " ")
+    assert client_token(None) is None

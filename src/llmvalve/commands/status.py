@@ -24,7 +24,7 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the control plane's admin gRPC address (default "
                         f"{DEFAULT_GRPC_ADDR})")
     parser.add_argument("--token-file", default=None, metavar="FILE",
-                        help="the admin token (default: $LLMVALVE_ADMIN_TOKEN)")
+                        help="a file holding the admin token (without it: $LLMVALVE_ADMIN_TOKEN)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -80,14 +80,11 @@ class AdminToken:
 
 
 def client_token(token_file: str | None = None) -> str | None:
-    """The token a command (`status`, `top`, `override`) sends: LLMVALVE_ADMIN_TOKEN, else
-    the first line of `token_file`."""
-    token = os.environ.get(TOKEN_ENV)
-    if token:
-        return token.strip()
+    """The token a command (`status`, `top`, `override`) sends: the first line of
+    `token_file` when one is given (the explicit flag wins), else LLMVALVE_ADMIN_TOKEN."""
     if token_file:
         return Path(token_file).read_text(encoding="utf-8").strip() or None
-    return None
+    return (os.environ.get(TOKEN_ENV) or "").strip() or None
 
 
 def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
