@@ -88,6 +88,23 @@ def test_a_request_shed_for_the_gateways_own_lag_gets_its_features_fallback():
     assert isinstance(plain, Answer) and plain.reply.status == 429
 
 
+def test_a_body_envoy_cut_is_costed_from_the_clients_content_length():
+    import random
+
+    from llmvalve.core.admission import Admission
+    from llmvalve.gateway.front import Check, Front, Go
+
+    policy = Policy(queues=SEED_QUEUES, requests=RequestSpec(body_inspection=True))
+    full = json.dumps({"model": "m", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "word " * 1200}]}).encode()
+    cut = Check("c1", {"x-llmvalve-content-length": str(len(full))}, body=full[:4096],
+                body_complete=False, path="/v1/chat/completions")
+    verdict = Front(Admission(policy, random.Random(1), "static:2")).check(cut, now=1.0)
+    assert isinstance(verdict, Go) and verdict.ticket is not None
+    bytes_per_token = policy.requests.bytes_per_token
+    assert verdict.ticket.prompt_tokens == -(-len(full) // bytes_per_token) > 4096 / 4
+
+
 def test_body_facts_and_estimate():
     body = json.dumps({"model": "m", "max_completion_tokens": 10, "stream": True,
                        "messages": [{"role": "user", "content": [
@@ -211,10 +228,10 @@ async def test_driver_holds_a_check_until_its_slot_frees_and_a_cancelled_one_lea
 
 # -- scraper -----------------------------------------------------------------------------------
 async def test_scraper_feeds_snapshots_and_reports_failures(aiohttp_free_port):
-    texts = ["vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n", "garbage{"]
+    text = "vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n"
 
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=texts[0])
+        return web.Response(text=text)
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
@@ -244,7 +261,8 @@ async def test_scraper_feeds_snapshots_and_reports_failures(aiohttp_free_port):
         await runner.cleanup()
     good = [s for _, s in seen if s.backend == "b0"]
     assert good and good[0].ok and good[0].running == 3.0 and good[0].waiting == 1.0
-    assert all(not s.ok for _, s in seen if s.backend == "dead")
+    dead = [s for _, s in seen if s.backend == "dead"]
+    assert dead and not any(s.ok for s in dead)
     assert {p for p, _ in seen} == {"default"}
 
 

@@ -280,8 +280,8 @@ async def test_drain_gives_up_at_its_deadline():
 
 async def test_forged_access_log_entries_do_not_steer_the_limit():
     """Entries for requests the gateway never admitted — made-up latencies, made-up failures,
-    sent straight to the access-log service — are counted and never reach the limiter: the
-    limit, its epoch and its samples do not move."""
+    sent straight to the access-log service — are counted and never reach the limiter: it
+    takes no sample from them and makes no cut for them (its epoch stays)."""
     policy = load_policy(ADAPTIVE.replace("URL", "http://127.0.0.1:1"))
     clock = [100.0]
     front = Front(Admission(policy, random.Random(1), now=clock[0]))

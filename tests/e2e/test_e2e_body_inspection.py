@@ -50,7 +50,9 @@ async def test_invalid_json_is_400_openai_style(e2e):
     e2e.wait_idle()
 
 
-def test_body_over_max_body_bytes_is_estimated_from_its_length(e2e):
+def test_a_body_over_max_body_bytes_is_served(e2e):
+    """Envoy cuts it at max_request_bytes and marks it partial; the request is admitted and
+    answered (its cost from the client's length: test_gateway_parts)."""
     big = {"model": "sim-small", "max_tokens": 2,
            "messages": [{"role": "user", "content": "word " * 1200}]}  # 6 KB > 4 KiB
     completion = client(e2e).chat.completions.create(**big)
