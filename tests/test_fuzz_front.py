@@ -279,3 +279,22 @@ def test_the_harness_sees_a_double_release():
         pass
     else:  # pragma: no cover
         raise AssertionError("a second release went unnoticed")
+
+
+def test_a_request_rerouted_into_another_pool_is_judged_once():
+    """A fallback's reroute is a miss of its class when it is decided (metrics.record); its
+    access-log entry still releases the slot and feeds the limiter, but is not judged again."""
+    front = Front(Admission(variant(True, limit=1, queue=1), random.Random(1), now=0.0))
+    body = json.dumps({"model": "big", "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    verdicts = [front.check(Check(f"c{i}", {"authorization": "Bearer k0",
+                                            "x-llmvalve-feature": "summarize"},
+                                  body=body, path="/v1/chat/completions"), 1.0)
+                for i in range(3)]  # admitted, queued, queue full: rerouted to `tiny`
+    assert verdicts[2].record.decision == "fallback_reroute" and verdicts[2].ticket.pool == "small"
+    first = front.access_log(LogEntry("c0", 200, ttft_s=0.1, upstream_s=0.5), 2.0)
+    rerouted = front.access_log(LogEntry("c2", 200, ttft_s=0.1, upstream_s=0.5), 2.0)
+    assert first is not None and rerouted is not None
+    assert (first.rerouted, rerouted.rerouted) == (False, True)
+    assert rerouted.released and rerouted.sample is not None
+    assert not front._rerouted

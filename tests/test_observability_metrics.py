@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import random
+from dataclasses import replace
 
 import pytest
 from prometheus_client import generate_latest
@@ -74,6 +75,8 @@ def test_slo_judges_ttft_at_the_gateway_and_counts_sheds_as_misses():
     metrics.joined(joined("p0", 0.0, Outcome.IGNORE, None))  # cancelled: not judged
     metrics.joined(joined("p0", 0.0, Outcome.DROPPED, None))  # the backend failed: missed
     metrics.joined(joined("p0", 0.0, Outcome.SUCCESS, None))  # no first byte seen: not judged
+    rerouted = replace(joined("p0", 0.0, Outcome.SUCCESS, 1.0), rerouted=True)
+    metrics.joined(rerouted)  # a fallback's reroute: judged (a miss) when it was decided
     assert value(metrics, "llmvalve_ttft_seconds_count", **{"class": "p0"}) == 2
     slo = metrics.slo
     slo.judge("p2", False, 3.0)

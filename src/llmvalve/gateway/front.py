@@ -173,6 +173,7 @@ class Joined:
     released: bool  # this entry closed the ticket (else it had been closed before)
     client_left: bool = False  # the client went away before the answer was complete
     ttft_s: float | None = None  # the client's first body byte (streamed or not), for SLOs
+    rerouted: bool = False  # a fallback's reroute: judged (a miss) when it was decided
 
 
 @dataclass
@@ -194,6 +195,7 @@ class Front:
         self._waiting: dict[str, _Waiting] = {}
         self._ended: collections.OrderedDict[str, tuple[Ticket, float]] = (
             collections.OrderedDict())
+        self._rerouted: set[str] = set()  # admitted into another pool by a fallback
         self.counts = collections.Counter({k: 0 for k in (
             "released", "joined", "late", "unmatched", "ignored", "reclaimed", "reconciled")})
 
@@ -304,8 +306,10 @@ class Front:
                             backend=ticket.backend, sent_at=ticket.admitted_at,
                             tenant=ticket.tenant, priority=ticket.priority)
             self.admission.observe(sample, now, ticket.epoch)
+        rerouted = entry.check_id in self._rerouted
+        self._rerouted.discard(entry.check_id)
         return Joined(ticket, outcome, sample, self._class_name(ticket.priority), released,
-                      bool(entry.flags & CLIENT_LEFT), entry.ttft_s)
+                      bool(entry.flags & CLIENT_LEFT), entry.ttft_s, rerouted)
 
     def reclaim(self, now: float) -> list[Ticket]:
         """Release (DROPPED) tickets past their pool's lease timeout."""
@@ -429,6 +433,7 @@ class Front:
             if isinstance(decision, Queued):
                 self.admission.cancel(info.request_id, now)
             return None
+        self._rerouted.add(info.request_id)
         return self._go(waiting, decision.ticket, reject.wait_s, now, fallback.model, extra)
 
     def _phase(self, check_id: str) -> Phase | None:
@@ -461,7 +466,7 @@ class Front:
         self._ended[ticket.request_id] = (ticket, now)
         while self._ended and (len(self._ended) > RECENT_MAX
                                or next(iter(self._ended.values()))[1] < now - RECENT_TTL_S):
-            self._ended.popitem(last=False)
+            self._rerouted.discard(self._ended.popitem(last=False)[0])
 
     def _class_name(self, priority: int) -> str:
         try:

@@ -129,7 +129,7 @@ class GatewayMetrics:
             if joined.client_left:
                 self.record(Record("cancelled_in_flight", klass, "cancelled",
                                    joined.ticket.tenant), joined.ticket.request_id)
-        if sample is None:
+        if sample is None or joined.rerouted:
             return
         met: bool | None = None
         if sample.outcome is Outcome.DROPPED:
