@@ -158,7 +158,7 @@ async def test_envoy_crash_releases_everything_and_a_new_envoy_is_served(e2e):
                      5, "the access log of the new Envoy")
     assert_nothing_leaked(e2e)
     assert e2e.status()["gateway"]["reconciled"] == 8
-    assert metric(e2e, 'llmvalve_releases_total{outcome="ignore",by="reconciled"}') == 8
+    assert metric(e2e, 'llmvalve_releases_total{by="reconciled",outcome="ignore"}') == 8
 
 
 # -- last: it stops and restarts the control plane -----------------------------------------
