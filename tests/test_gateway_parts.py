@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 
 import aiohttp
 import pytest
 from aiohttp import web
 from envoy.data.accesslog.v3 import accesslog_pb2
 
+from llmvalve.core.admission import Admission
 from llmvalve.core.policy import (
     SEED_QUEUES,
     BackendSpec,
     FallbackSpec,
+    FeatureSpec,
     Policy,
     PoolSpec,
     RequestSpec,
@@ -25,7 +28,7 @@ from llmvalve.gateway import request_facts as reading
 from llmvalve.gateway.access_log import entry_of, flags_of
 from llmvalve.gateway.admin_http import AdminState, build_app
 from llmvalve.gateway.driver import Driver
-from llmvalve.gateway.front import Record
+from llmvalve.gateway.front import Answer, Check, Front, Go, LogEntry, Record
 from llmvalve.gateway.metrics import GatewayMetrics
 from llmvalve.gateway.scraper import Scraper
 
@@ -68,12 +71,6 @@ def test_static_fallback_for_legacy_completions(stream):
 
 # -- reading -----------------------------------------------------------------------------------
 def test_a_request_shed_for_the_gateways_own_lag_gets_its_features_fallback():
-    import random
-
-    from llmvalve.core.admission import Admission
-    from llmvalve.core.policy import FeatureSpec
-    from llmvalve.gateway.front import Answer, Check, Front, Go
-
     policy = Policy(queues=SEED_QUEUES,
                     features=(FeatureSpec("suggest", FallbackSpec("static", "later")),))
     front = Front(Admission(policy, random.Random(1), "static:2"))
@@ -89,11 +86,6 @@ def test_a_request_shed_for_the_gateways_own_lag_gets_its_features_fallback():
 
 
 def test_a_body_envoy_cut_is_costed_from_the_clients_content_length():
-    import random
-
-    from llmvalve.core.admission import Admission
-    from llmvalve.gateway.front import Check, Front, Go
-
     policy = Policy(queues=SEED_QUEUES, requests=RequestSpec(body_inspection=True))
     full = json.dumps({"model": "m", "max_tokens": 2,
                        "messages": [{"role": "user", "content": "word " * 1200}]}).encode()
@@ -179,11 +171,8 @@ def test_flags_of():
 
 def test_the_access_log_sample_carries_the_tickets_backend_admission_time_and_class():
     """What the prefill speed's bound needs to know which prompts shared a backend's steps."""
-    from llmvalve.core.admission import Admission
-    from llmvalve.gateway.front import Check, Front, Go, LogEntry
-
     policy = Policy(queues=SEED_QUEUES, pools=(PoolSpec(backends=(BackendSpec("b0", ""),)),))
-    front = Front(Admission(policy, __import__("random").Random(1), "static:4"))
+    front = Front(Admission(policy, random.Random(1), "static:4"))
     go = front.check(Check("a", {"content-length": "400"}), 2.0)
     assert isinstance(go, Go) and go.ticket is not None and go.ticket.backend == "b0"
     joined = front.access_log(LogEntry("a", status=200, ttft_s=0.25, upstream_s=1.0,
@@ -199,10 +188,7 @@ def test_the_access_log_sample_carries_the_tickets_backend_admission_time_and_cl
 
 # -- driver ------------------------------------------------------------------------------------
 async def test_driver_holds_a_check_until_its_slot_frees_and_a_cancelled_one_leaves():
-    from llmvalve.core.admission import Admission
-    from llmvalve.gateway.front import Answer, Check, Front, Go, LogEntry
-
-    front = Front(Admission(POLICY, __import__("random").Random(1), "static:1"))
+    front = Front(Admission(POLICY, random.Random(1), "static:1"))
     driver = Driver(front)
     driver.start()
     headers = {"content-length": "100", "x-llmvalve-priority": "0"}  # tail-drop class
