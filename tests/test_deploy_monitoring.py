@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -189,9 +190,12 @@ def test_grafana_provisioning_loads_the_dashboard_from_compose_mounts(compose):
 
 def test_compose_prometheus_scrapes_the_control_plane_admin_port(compose):
     prometheus = compose["services"]["prometheus"]
-    config_path = prometheus["command"][0].split("=", 1)[1]
-    assert ROOT / mounts(prometheus)[config_path] == PROMETHEUS / "prometheus.yml"
-    [job] = load(PROMETHEUS / "prometheus.yml")["scrape_configs"]
+    config_path = Path(prometheus["command"][0].split("=", 1)[1])
+    folder = ROOT / mounts(prometheus)[str(config_path.parent)]
+    assert folder / config_path.name == PROMETHEUS / "prometheus.yml"
+    config = load(PROMETHEUS / "prometheus.yml")
+    assert all((folder / f).is_file() for f in config["rule_files"])  # mounted beside it
+    [job] = config["scrape_configs"]
     [target] = job["static_configs"][0]["targets"]
     host, port = target.split(":")
     # The host is the service holding the network namespace llmvalve runs in.
@@ -199,6 +203,55 @@ def test_compose_prometheus_scrapes_the_control_plane_admin_port(compose):
     args = build_parser().parse_args(compose["services"]["llmvalve"]["command"])
     assert int(port) == int(args.admin.rpartition(":")[2])
     assert job["metrics_path"] == "/metrics"
+
+
+# -- alerts -------------------------------------------------------------------------------------
+def alert_rules() -> list[dict]:
+    return [r for g in load(PROMETHEUS / "alerts.yml")["groups"] for r in g["rules"]]
+
+
+def test_alert_rules_name_only_exported_metrics_and_labels(exported):
+    rules = alert_rules()
+    assert len(rules) >= 5
+    problems = Problems()
+    for rule in rules:
+        check_promql(f"alert {rule['alert']}", rule["expr"], exported, problems)
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+        for text in rule["annotations"].values():  # templates name labels the series carry
+            for label in re.findall(r"\$labels\.(\w+)", text):
+                assert label in TARGET_LABELS | _labels(rule["expr"], exported), (
+                    rule["alert"], label)
+    assert not problems.items, "\n".join(problems.items)
+    assert len({r["alert"] for r in rules}) == len(rules)
+    # every alert is explained where the metrics are
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    assert all(f"`{r['alert']}`" in doc for r in rules)
+
+
+def _labels(expr: str, exported) -> set[str]:
+    """The labels the expression's result may carry: those of its series, or its `by`."""
+    by = re.search(r"by \(([^)]*)\)", expr)
+    if by:
+        return {x.strip() for x in by.group(1).split(",")}
+    return set().union(*(exported[n] for n in re.findall(r"llmvalve_\w+", expr)))
+
+
+def test_the_operators_prometheusrule_holds_the_same_alerts():
+    rule = load(PROMETHEUS / "prometheusrule.yaml")
+    assert (rule["apiVersion"], rule["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
+    assert rule["metadata"]["namespace"] == load(K8S / "namespace.yaml")["metadata"]["name"]
+    assert rule["spec"]["groups"] == load(PROMETHEUS / "alerts.yml")["groups"]
+
+
+def test_promtool_accepts_the_alert_rules():
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("no promtool (apt-get install prometheus); the rules are checked against "
+                    "the exported metrics in the other tests")
+    done = subprocess.run([promtool, "check", "rules", str(PROMETHEUS / "alerts.yml")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("name", ["prometheus.yml", "kubernetes-scrape.yml"])
