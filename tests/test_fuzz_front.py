@@ -298,3 +298,4 @@ def test_a_request_rerouted_into_another_pool_is_judged_once():
     assert (first.rerouted, rerouted.rerouted) == (False, True)
     assert rerouted.released and rerouted.sample is not None
     assert not front._rerouted
+    assert front.releases == {("success", "access_log"): 2}

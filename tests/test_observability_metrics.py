@@ -77,7 +77,7 @@ def test_slo_judges_ttft_at_the_gateway_and_counts_sheds_as_misses():
     metrics.joined(joined("p0", 0.0, Outcome.SUCCESS, None))  # no first byte seen: not judged
     rerouted = replace(joined("p0", 0.0, Outcome.SUCCESS, 1.0), rerouted=True)
     metrics.joined(rerouted)  # a fallback's reroute: judged (a miss) when it was decided
-    assert value(metrics, "llmvalve_ttft_seconds_count", **{"class": "p0"}) == 2
+    assert value(metrics, "llmvalve_ttft_seconds_count", **{"class": "p0"}) == 3  # + reroute
     slo = metrics.slo
     slo.judge("p2", False, 3.0)
     view = slo.attainment(3.0)

@@ -51,7 +51,7 @@ from llmvalve.core.breaker import Breaker
 from llmvalve.core.budgets import Budgets
 from llmvalve.core.limiter import PoolLimit, SeedLimit, StaticLimit
 from llmvalve.core.picker import Picker
-from llmvalve.core.policy import DropPolicy, Policy, PoolSpec
+from llmvalve.core.policy import DropPolicy, FallbackSpec, Policy, PoolSpec
 from llmvalve.core.pool import Pool, Rng, finite, make_limit
 from llmvalve.core.scheduler import Scheduler, Waiting
 from llmvalve.core.types import (
@@ -204,21 +204,24 @@ class Admission:
     def _reject(self, pool: Pool, req: RequestInfo, reason: Reason, now: float,
                 wait_s: float = 0.0, status: int = 429) -> Reject:
         self.budgets.refund(req.request_id, now)  # it never runs: its budget charge comes back
-        feature = self.policy.feature(req.feature)
         floor = pool.breaker.retry_after_s(now) if reason is Reason.BREAKER_OPEN else 0.0
         return Reject(req.request_id, status, reason,
                       self.retry_after_s(pool, req.priority, now, floor), wait_s,
-                      feature.fallback if feature else None)
+                      self._fallback(req))
+
+    def _fallback(self, req: RequestInfo) -> FallbackSpec | None:
+        """What a shed request of this feature gets instead of the 429/503."""
+        feature = self.policy.feature(req.feature)
+        return feature.fallback if feature else None
 
     def shed(self, req: RequestInfo, reason: Reason, now: float, floor_s: float = 0.0) -> Reject:
         """A rejection decided outside the queues (the gateway's own overload), with the
         Retry-After of the request's class: at least `floor_s`; a feature's fallback applies
         as to any overload."""
         pool = self._pool(req.pool)
-        feature = self.policy.feature(req.feature)
         return Reject(req.request_id, 429, reason,
                       self.retry_after_s(pool, req.priority, now, floor_s), 0.0,
-                      feature.fallback if feature else None)
+                      self._fallback(req))
 
     def _admit(self, pool: Pool, req: RequestInfo, cost: float, now: float,
                wait_s: float) -> Admit:

@@ -136,6 +136,7 @@ class ControlPlane:
                                          config.watch_interval_s)
         self.metrics.watch_status(self.driver.status)
         self.metrics.held.set_function(lambda: self.driver.waiting)
+        self.metrics.watch_releases(lambda: self.front.releases)
 
     async def start(self) -> None:
         self.data_grpc = grpc.aio.server(options=GRPC_OPTIONS)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llmvalve.core.policy import Policy
-from llmvalve.core.types import BackendSnapshot, Outcome
+from llmvalve.core.types import BackendSnapshot
 from llmvalve.gateway.front import Answer, Check, Front, Go, Joined, LogEntry, Record, Wait
 from llmvalve.gateway.metrics import GatewayMetrics
 from llmvalve.gateway.tasks import Background
@@ -112,11 +112,8 @@ class Driver:
 
     def _client_left(self, check_id: str, request_id: str = "") -> None:
         record = self.front.client_left(check_id, self.clock())
-        if record is None:
-            return
-        if record.decision == "cancelled_in_flight":  # it held a slot: given back
-            self.metrics.released(Outcome.IGNORE, "client_left")
-        self.metrics.record(record, check_id, request_id)
+        if record is not None:
+            self.metrics.record(record, check_id, request_id)
 
     def _record(self, record: Record | None, check: Check) -> None:
         if record is not None:
@@ -149,8 +146,6 @@ class Driver:
             except Exception:
                 log.exception("reclaiming slots failed")
                 continue
-            self.metrics.released(Outcome.DROPPED, "lease", len(reclaimed))
-            self.metrics.released(Outcome.IGNORE, "reconciled", len(reconciled))
             for ticket in reclaimed:
                 log.warning("lease expired, slot reclaimed: %s", ticket.request_id)
             if reconciled:

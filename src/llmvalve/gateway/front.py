@@ -196,6 +196,8 @@ class Front:
         self._ended: collections.OrderedDict[str, tuple[Ticket, float]] = (
             collections.OrderedDict())
         self._rerouted: set[str] = set()  # admitted into another pool by a fallback
+        # tickets closed, by (outcome, what closed them): llmvalve_releases_total
+        self.releases: collections.Counter[tuple[str, str]] = collections.Counter()
         self.counts = collections.Counter({k: 0 for k in (
             "released", "joined", "late", "unmatched", "ignored", "reclaimed", "reconciled")})
 
@@ -258,7 +260,7 @@ class Front:
             waiting = self._waiting.pop(decision.request_id, None)
             if waiting is None:  # not ours to answer (cannot happen: every Queued is kept)
                 if isinstance(decision, Admit):
-                    self._release(decision.ticket, Outcome.IGNORE, now)
+                    self._release(decision.ticket, Outcome.IGNORE, now, "client_left")
                 continue
             out.append(self._verdict(waiting, decision, now, queued=True))
         return out
@@ -277,7 +279,7 @@ class Front:
         if phase is Phase.OPEN:  # decided Go, but the answer never left
             ticket = self.admission.ticket(check_id)
             assert ticket is not None
-            self._end(ticket, Outcome.IGNORE, now)
+            self._end(ticket, Outcome.IGNORE, now, "client_left")
             return Record("cancelled_in_flight", self._class_name(ticket.priority),
                           "cancelled", ticket.tenant)
         return None
@@ -297,7 +299,7 @@ class Front:
         outcome = outcome_of(entry.status, entry.flags)
         released = phase is Phase.OPEN
         if released:
-            self._release(ticket, outcome, now)
+            self._release(ticket, outcome, now, "access_log")
         sample = None
         if outcome is not Outcome.IGNORE:
             sample = Sample(entry.check_id, ticket.pool, outcome,
@@ -315,7 +317,7 @@ class Front:
         """Release (DROPPED) tickets past their pool's lease timeout."""
         tickets = self.admission.expired_leases(now)
         for ticket in tickets:
-            self._end(ticket, Outcome.DROPPED, now)
+            self._end(ticket, Outcome.DROPPED, now, "lease")
         self.counts["reclaimed"] += len(tickets)
         return tickets
 
@@ -327,7 +329,7 @@ class Front:
         """Release (IGNORE) the slots the backends say are not in flight any more."""
         lost = self.reconciler.lost(self.admission, now)
         for ticket in lost:
-            self._end(ticket, Outcome.IGNORE, now)
+            self._end(ticket, Outcome.IGNORE, now, "reconciled")
         self.counts["reconciled"] += len(lost)
         return lost
 
@@ -456,13 +458,15 @@ class Front:
             return None
         return phase
 
-    def _release(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
+    def _release(self, ticket: Ticket, outcome: Outcome, now: float, by: str) -> None:
+        """Every ticket closes here; `by`: access_log, client_left, lease or reconciled."""
         self.admission.release(ticket, outcome, now)
         self.counts["released"] += 1
+        self.releases[(outcome.value, by)] += 1
 
-    def _end(self, ticket: Ticket, outcome: Outcome, now: float) -> None:
+    def _end(self, ticket: Ticket, outcome: Outcome, now: float, by: str) -> None:
         """Released before its access-log entry: keep it for the entry to find."""
-        self._release(ticket, outcome, now)
+        self._release(ticket, outcome, now, by)
         self._ended[ticket.request_id] = (ticket, now)
         while self._ended and (len(self._ended) > RECENT_MAX
                                or next(iter(self._ended.values()))[1] < now - RECENT_TTL_S):

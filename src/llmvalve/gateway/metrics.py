@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from llmvalve.core.types import BackendSnapshot, Outcome
@@ -67,9 +67,6 @@ class GatewayMetrics:
         self.waits = Histogram(
             "llmvalve_queue_wait_seconds", "Time admitted requests waited in the queue",
             ["class"], buckets=WAIT_BUCKETS, registry=r)
-        self.releases = Counter(
-            "llmvalve_releases", "Tickets closed, by outcome and by what closed them",
-            ["outcome", "by"], registry=r)
         self.held = Gauge(
             "llmvalve_checks_held", "Authorization checks held open while their request waits "
             "in a queue", registry=r)
@@ -124,12 +121,10 @@ class GatewayMetrics:
         class's TTFT objective at the gateway (queue wait + backend TTFT)."""
         klass, sample = joined.klass, joined.sample
         self._child(self.access_logs, "yes" if sample is not None else "no").inc()
-        if joined.released:
-            self.released(joined.outcome, "access_log")
-            if joined.client_left:
-                self.record(Record("cancelled_in_flight", klass, "cancelled",
-                                   joined.ticket.tenant), joined.ticket.request_id)
-        if sample is None or joined.rerouted:
+        if joined.released and joined.client_left:
+            self.record(Record("cancelled_in_flight", klass, "cancelled",
+                               joined.ticket.tenant), joined.ticket.request_id)
+        if sample is None:
             return
         met: bool | None = None
         if sample.outcome is Outcome.DROPPED:
@@ -141,15 +136,9 @@ class GatewayMetrics:
             objective = self.ttft_slo(klass)
             if objective is not None:
                 met = ttft <= objective
-        if met is not None:
+        if met is not None and not joined.rerouted:  # a reroute was judged when decided
             self.slo.judge(klass, met, self.clock())
             self._child(self.slo_verdicts, klass, "yes" if met else "no").inc()
-
-    def released(self, outcome: Outcome, by: str, n: int = 1) -> None:
-        """Tickets closed: by their access-log entry, the client leaving before its answer
-        started (`client_left`), an expired lease (`lease`) or reconciliation."""
-        if n:
-            self._child(self.releases, outcome.value, by).inc(n)
 
     def admin_refused(self, api: str) -> None:
         self._child(self.admin_refusals, api).inc()
@@ -161,6 +150,11 @@ class GatewayMetrics:
         if flipped is not None:
             logs.state("backend_scrape", pool=pool, backend=snap.backend,
                        ok=flipped, level=20 if flipped else 30)
+
+    def watch_releases(self, tally: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        """llmvalve_releases_total from the front's own tally of closed tickets (one place
+        closes them all: `Front._release`)."""
+        self.registry.register(_ReleasesCollector(tally))
 
     def watch_status(self, status: Callable[[], dict[str, Any]]) -> None:
         self.registry.register(_StatusCollector(status, self.tenants))
@@ -185,6 +179,18 @@ CLASS_FIELDS = {"queue_depth": ("llmvalve_queue_depth", "Requests waiting in the
 
 def _metric_name(prefix: str, key: str) -> str:
     return prefix + "".join(c if c.isalnum() else "_" for c in key)
+
+
+class _ReleasesCollector(Collector):
+    def __init__(self, tally: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        self.tally = tally
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("llmvalve_releases", "Tickets closed, by outcome and by "
+                                     "what closed them", labels=["outcome", "by"])
+        for (outcome, by), n in sorted(self.tally().items()):
+            family.add_metric([outcome, by], n)
+        yield family
 
 
 class _StatusCollector(Collector):
