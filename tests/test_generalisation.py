@@ -234,6 +234,16 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 0.997 x none, P1 0.995 / 0.992 / 0.995 (78 / 433 / 80 refused, now 53 / 101 / 57). Left:
     # arrivals refused in bursts while the limit holds at P0's ITL target and the engine's
     # sequence cap (256 running, the rest waiting in it, where `none` lets them wait).
+    # Stop 36 traced seed 2: the refused arrivals are the bursting tenant's, whose
+    # round-robin turn the forecast puts at 4.0-4.9 s (its admitted requests waited ~5 s and
+    # met the 8 s objective; the steady tenant's waited 0.1 s): the forecast is right, the
+    # threshold (half the objective) refuses them. Letting a class wait its objective less
+    # its measured p90 time from dispatch to first token (0.75x or 1x of that) met
+    # `calm-steady` and `holdout-calm-onoff-h100` and halved these refusals, but P0 misses
+    # over the 264 runs rose 204 -> 242 / 246 (the queue fills every gap the limit leaves in
+    # overload: `holdout-longgen-kv` s1 0 -> 15); applied only while the classes at and above
+    # offered less over the last minute than the pool released, it never fired where it was
+    # needed (the refusals themselves make the offered rate exceed the released). Not kept.
     "holdout-calm-h100-short": ("seed 1: P1 attainment", "seed 2: P1 attainment",
                                 "seed 3: P1 attainment"),
     # held out: a diurnal curve; since stop 27's run, at seed 1 three P0 requests at the
