@@ -109,11 +109,15 @@ def test_a_request_larger_than_the_budget_is_told_not_to_retry():
     assert answer.record.retry_after_s is None
 
 
-def test_a_share_below_one_request_is_said_so_and_not_retried():
-    answer = front(share=0.25).check(check("small", "k-rpm"), 0.0)  # 0.75 of a request
+def test_a_share_below_one_request_still_lets_one_through_at_its_rate():
+    # 3 per minute, a quarter of it on this replica: one request every 80 s, never none
+    f = front(share=0.25)
+    assert isinstance(f.check(check("s1", "k-rpm"), 0.0), Go)
+    answer = f.check(check("s2", "k-rpm"), 1.0)
     h = headers(answer.reply.headers)
-    assert answer.reply.status == 429 and h["x-should-retry"] == "false"
-    assert "--replica-share" in json.loads(answer.reply.body)["error"]["message"]
+    assert answer.reply.status == 429 and "x-should-retry" not in h
+    assert float(h["retry-after-ms"]) == pytest.approx(79_000, abs=1)
+    assert isinstance(f.check(check("s3", "k-rpm"), 80.0), Go)
 
 
 def test_tenants_without_budgets_get_no_ratelimit_headers_and_no_refusals():

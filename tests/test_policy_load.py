@@ -96,6 +96,37 @@ def test_configmap_errors_point_at_lines_of_the_outer_file():
     assert str(issue).startswith(f"cm.yaml:{issue.line}: queues[1].dropPolicy: ")
 
 
+def test_a_configmap_with_a_chomped_block_shares_the_bare_files_version():
+    cm = (DATA / "seed-policy-configmap.yaml").read_text()
+    assert "policy.yaml: |\n" in cm
+    chomped = load_policy(cm.replace("policy.yaml: |\n", "policy.yaml: |-\n"))
+    assert chomped.version == load_policy(SEED_BARE).version
+
+
+def test_keys_of_ones_own_hold_anchors_at_the_top_level():
+    text = """x-queue: &q {maxQueueSize: 10, timeout: 8s, dropPolicy: tail}
+queues:
+  - {<<: *q, priority: 0, name: rt}
+  - {<<: *q, priority: 1, name: batch, timeout: 30s}
+"""
+    p = load_policy(text)
+    assert [(q.name, q.timeout_s) for q in p.queues] == [("rt", 8.0), ("batch", 30.0)]
+    [issue] = errors_of(text.replace("x-queue:", "defaults:"))
+    assert issue.field == "defaults" and "starts with 'x-'" in issue.message
+
+
+def test_a_reroute_may_name_a_model_only_the_catch_all_pool_takes():
+    text = """queues: [{priority: 0, name: rt, maxQueueSize: 10, timeout: 8s, dropPolicy: tail}]
+pools:
+  - {name: main}
+  - {name: small, models: [tiny]}
+features:
+  - {name: summarize, fallback: {type: reroute, model: big-model}}
+"""
+    p = load_policy(text)
+    assert p.pool_for_model(p.features[0].fallback.model).name == "main"
+
+
 def test_multi_document_manifest_picks_the_configmap():
     cm = (DATA / "seed-policy-configmap.yaml").read_text()
     other = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: gw}\n"
@@ -341,6 +372,7 @@ def test_hash_without_prefix():
     digest = KEY_A.removeprefix("sha256:")
     [issue] = errors_of(tenants_policy(f"  - {{name: a, apiKeyHashes: [{digest}]}}\n"))
     assert "sha256:" in issue.message and digest not in issue.message
+    assert "hash-key" in issue.message  # 64 hex digits may be the key itself
 
 
 def test_hash_api_key_known_vector():
@@ -379,9 +411,28 @@ def test_secrets_file_errors_name_the_secrets_file(tmp_path):
     secrets = str(policy.parent / "keys" / "secrets.yaml")
     rendered = [str(e) for e in info.value.errors]
     assert len(rendered) == 2
-    assert rendered[0].startswith(f"{secrets}:2: c: no tenant of this name")
+    assert rendered[0] == f"{secrets}:2: secrets: this key names no tenant of the policy " \
+        "(tenants: a, b)"
     assert rendered[1].startswith(f"{secrets}:3: b[0]: this key hash is already listed for "
                                   "tenant 'a'")
+
+
+def test_a_secrets_file_written_key_to_tenant_never_prints_the_key(tmp_path):
+    policy = write_policy_with_secrets(tmp_path, '"sk-live-SuperSecret123": a\n')
+    with pytest.raises(PolicyError) as info:
+        load_policy_file(policy)
+    [issue] = info.value.errors
+    assert issue.line == 1 and "names no tenant" in issue.message
+    assert "SuperSecret123" not in str(issue)
+
+
+def test_a_tenant_listed_twice_in_the_secrets_file_is_an_error(tmp_path):
+    # rotating a key by listing the tenant again would leave the old key live
+    policy = write_policy_with_secrets(tmp_path, f"a: [{KEY_A}]\na: ['{hash_api_key('a2')}']\n")
+    with pytest.raises(PolicyError) as info:
+        load_policy_file(policy)
+    [issue] = info.value.errors
+    assert (issue.line, issue.field) == (2, "a") and "listed twice" in issue.message
 
 
 def test_missing_secrets_file_is_reported_at_the_secrets_file_line(tmp_path):

@@ -46,7 +46,7 @@ Scope = tuple[tuple[Key, "_Bucket"], ...]  # the buckets that apply to a request
 @dataclass
 class _Bucket:
     per_minute: float  # the policy's amount
-    size: float  # per_minute × share
+    size: float  # per_minute × share (at least 1 for requests)
     rate_per_s: float
     level: float
     at: float
@@ -111,8 +111,11 @@ class Budgets:
             scopes = [(None, tenant.budgets.tenant), *tenant.budgets.models]
             for model, budget in scopes:
                 for kind, per_minute in _amounts(budget):
-                    size = per_minute * self.share
-                    bucket = _Bucket(per_minute, size, size / 60.0, size, now)
+                    rate = per_minute * self.share / 60.0
+                    # a bucket holds at least one request: 0.5 per minute (or 2 per minute
+                    # shared by three replicas) is one every two minutes, not never
+                    size = max(1.0, 60.0 * rate) if kind == REQUESTS else 60.0 * rate
+                    bucket = _Bucket(per_minute, size, rate, size, now)
                     old = self.buckets.get((tenant.name, model, kind))
                     if old is not None:
                         old.refill(now)

@@ -217,8 +217,10 @@ class ControlPlane:
             return False
         async with self._reload_lock:
             try:
-                policy = with_backends(load_policy_file(self.config.policy_path),
-                                       self.config.metrics_urls)
+                # read and checked off the event loop: a large policy takes seconds to parse,
+                # and the admission answers meanwhile
+                loaded = await asyncio.to_thread(load_policy_file, self.config.policy_path)
+                policy = with_backends(loaded, self.config.metrics_urls)
                 self.driver.replace_policy(policy)
             except Exception as exc:
                 log.error("policy reload failed, keeping the current policy: %s", exc)

@@ -16,6 +16,8 @@ from importlib import resources
 
 import yaml
 
+from llmvalve.core.policy.requests import SET_BY_LLMVALVE
+
 Endpoint = tuple[str, int]
 
 COMPOSE_NOTE = (
@@ -23,13 +25,6 @@ COMPOSE_NOTE = (
 )
 
 
-# Headers llmvalve sets on a request: a client's copies are dropped before the check.
-SET_BY_LLMVALVE = ("x-llmvalve-id", "x-llmvalve-start", "x-llmvalve-content-length",
-                   "x-llmvalve-cluster",
-                   "x-llmvalve-upstream", "x-llmvalve-pool", "x-llmvalve-tenant",
-                   "x-llmvalve-class", "x-llmvalve-queue-wait-ms", "x-llmvalve-fallback",
-                   "x-llmvalve-static-fallback", "x-llmvalve-reason",
-                   "x-llmvalve-rewrite-model")
 ADMISSION_MODES = ("http", "grpc")
 
 

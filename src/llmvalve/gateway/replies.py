@@ -97,14 +97,9 @@ def over_budget(reject: Reject, class_name: str, tenant: str) -> Reply:
                    f"Please try again in {duration(reject.retry_after_s)}.")
         retry: tuple[tuple[str, str], ...] = (("retry-after", str(math.ceil(ms / 1000))),
                                               ("retry-after-ms", str(ms)))
-    elif kind == "tokens":
+    else:  # only a token bucket can be smaller than a request (a requests bucket holds 1)
         message = (f"Request too large for {scope} on {PER_MINUTE[kind]}{numbers}: it can "
                    "never fit the budget. Lower the prompt or max_tokens.")
-        retry = (("x-should-retry", "false"),)
-    else:  # this replica's share of the budget is less than one request
-        message = (f"The budget of {scope} on {PER_MINUTE[kind]}{numbers} is less than one "
-                   "request on this gateway replica: no request can fit. The operator must "
-                   "raise requestsPerMinute or the replica's --replica-share.")
         retry = (("x-should-retry", "false"),)
     headers = (("content-type", "application/json"), *retry,
                ("x-llmvalve-reason", reject.reason.value), ("x-llmvalve-class", class_name),

@@ -36,6 +36,13 @@ def compose_document(text: str, r: NodeReader, field: str) -> Node | None:
 
 def syntax_issue(exc: yaml.YAMLError, text: str, r: NodeReader) -> PolicyIssue:
     """Deliberately not str(exc): PyYAML quotes the offending line, which may hold a secret."""
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow
+        line = text.count("\n", 0, max(0, exc.position))
+        code = (f"#x{exc.character:04x}" if isinstance(exc.character, int)
+                else repr(exc.character))
+        return PolicyIssue(r.source, line + 1 + r.offset, "yaml",
+                           f"character {code} is not allowed in YAML ({exc.reason}); a pasted "
+                           "terminal colour code or a binary file?")
     problem = getattr(exc, "problem", None) or type(exc).__name__
     context = getattr(exc, "context", None)
     problem_mark = getattr(exc, "problem_mark", None)
@@ -70,6 +77,16 @@ def holds_policy(doc: Node) -> bool:
     return isinstance(data, MappingNode) and "policy.yaml" in _keys(data)
 
 
+def _policy_given_twice(doc: Node) -> Node | None:
+    """The second data."policy.yaml" key of a ConfigMap that has two."""
+    top = _configmap(doc)
+    data = top.get("data") if top is not None else None
+    if not isinstance(data, MappingNode):
+        return None
+    keys = [k for k, _ in data.value if isinstance(k, ScalarNode) and k.value == "policy.yaml"]
+    return keys[1] if len(keys) > 1 else None
+
+
 def _configmap(doc: Node) -> dict[str, Node] | None:
     if not isinstance(doc, MappingNode):
         return None
@@ -90,6 +107,11 @@ def policy_root(text: str, source: str,
     if doc is None:
         return None
     value = configmap_policy(doc)
+    twice = _policy_given_twice(doc)
+    if twice is not None:
+        outer.error(twice, 'data."policy.yaml"', "given twice in the ConfigMap (the first "
+                    "would be replaced)")
+        return None
     if value is None:
         outer.prepare(doc)
         return doc, text, outer
@@ -97,9 +119,11 @@ def policy_root(text: str, source: str,
         outer.error(value, "data.policy.yaml",
                     "a ConfigMap must hold the policy as a string under data.\"policy.yaml\"")
         return None
-    # A block scalar (| or >) starts on the line after its indicator; others where they stand.
-    offset = value.start_mark.line + (1 if value.style in ("|", ">") else 0)
-    inner = NodeReader(source, offset, issues)
+    # A block scalar (| or >) starts on the line after its indicator, line for line; a quoted
+    # string's lines ("queues:\n  - ...", as `kubectl get -o yaml` writes it) are not the
+    # file's: its issues name the line it stands on.
+    block = value.style in ("|", ">")
+    inner = NodeReader(source, value.start_mark.line + block, issues, inline=not block)
     root = compose_document(value.value, inner, "policy")
     if root is None:
         return None

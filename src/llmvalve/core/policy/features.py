@@ -7,13 +7,14 @@ or to a `model` one of the pools serves); a key only the other kind uses is an e
 from __future__ import annotations
 
 from llmvalve.core.policy.nodes import NodeFields, join
-from llmvalve.core.policy.spec import FallbackSpec, FeatureSpec, PoolSpec
+from llmvalve.core.policy.spec import FallbackSpec, FeatureSpec, Policy, PoolSpec
 
 FALLBACK_KINDS = ("static", "reroute")
 
 
-def read_features(top: NodeFields) -> tuple[FeatureSpec, ...]:
+def read_features(top: NodeFields, pools: tuple[PoolSpec, ...]) -> tuple[FeatureSpec, ...]:
     r = top.r
+    probe = Policy(queues=(), pools=pools)  # where a model goes (a catch-all pool takes any)
     node = top.get("features")
     items = (r.seq(node, "features") or []) if node is not None else []
     features = []
@@ -46,23 +47,19 @@ def read_features(top: NodeFields) -> tuple[FeatureSpec, ...]:
                             "or `model` (a model one of the pools serves)")
                 if fb.get("content") is not None:
                     r.error(fb.get("content"), fb.field("content"), "only used by `type: static`")
+                if not cluster.strip() and model.strip():
+                    _check_reroute_model(fb, model, probe)
             fallback = FallbackSpec(kind or "static", content, cluster, model)
         features.append(FeatureSpec(name or "", fallback))
     return tuple(features)
 
 
-
-def check_reroutes(top: NodeFields, features: tuple[FeatureSpec, ...],
-                    pools: tuple[PoolSpec, ...]) -> None:
-    """A reroute without a cluster must name a model some pool serves."""
-    served = {m for p in pools for m in p.models}
-    node = top.get("features")
-    items = (top.r.seq(node, "features") or []) if node is not None else []
-    for i, (feature, item) in enumerate(zip(features, items, strict=False)):
-        fb = feature.fallback
-        if (fb is not None and fb.kind == "reroute" and not fb.cluster and fb.model
-                and fb.model not in served):
-            top.r.error(item, join(join("features", i), "fallback.model"),
-                        f"no pool serves the model {fb.model!r} (list it in a pool's "
-                        "`models`, or give the fallback a `cluster`)")
-
+def _check_reroute_model(fb: NodeFields, model: str, probe: Policy) -> None:
+    """A reroute by model (no cluster) must lead to another pool: one that lists the model,
+    or the catch-all pool (which lists none)."""
+    if probe.pool_for_model(model) is None:
+        fb.r.error(fb.get("model"), fb.field("model"), f"no pool serves the model {model!r} "
+                   "(list it in a pool's `models`, or give the fallback a `cluster`)")
+    elif len(probe.pools) == 1:
+        fb.r.error(fb.get("model"), fb.field("model"), f"only one pool: a request rerouted to "
+                   f"{model!r} stays where it was refused (give the fallback a `cluster`)")

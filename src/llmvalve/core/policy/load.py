@@ -10,8 +10,9 @@ This package does no IO: `load_policy_source` is given the caller's `read` for t
 and its optional `secretsFile` (tenant name → list of key hashes, merged into the tenants);
 `llmvalve.gateway.policy_file.load_policy_file` passes the file system's.
 
-`Policy.version` is the first 12 hex digits of sha256 of the policy text (the inner
-`policy.yaml` text for a ConfigMap; the secrets text is appended when secrets are merged).
+`Policy.version` is the first 12 hex digits of sha256 of the policy text, ending in one
+newline (the inner `policy.yaml` text for a ConfigMap, `|` or `|-`; the secrets text is appended
+when secrets are merged).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import PurePath
 from yaml.nodes import MappingNode
 
 from llmvalve.core.policy.document import policy_root, secrets_file_ref
-from llmvalve.core.policy.features import check_reroutes, read_features
+from llmvalve.core.policy.features import read_features
 from llmvalve.core.policy.limiter import read_limiter
 from llmvalve.core.policy.nodes import PolicyError, PolicyIssue, sort_issues
 from llmvalve.core.policy.pools import read_pools
@@ -57,7 +58,7 @@ def load_policy(text: str, source: str = "policy.yaml", *,
     if not isinstance(root, MappingNode):
         r.type_error(root, "policy", "a mapping with at least `queues:`")
         raise PolicyError(sort_issues(issues, source))
-    top = r.fields(root, "", TOP_KEYS)
+    top = r.fields(root, "", TOP_KEYS, free_prefix="x-")
     drafts, queues_ok = read_queues(top)
     queues = finish_queues(r, drafts, top.key_node("queues"))
     queues_ok = queues_ok and bool(queues)
@@ -73,13 +74,14 @@ def load_policy(text: str, source: str = "policy.yaml", *,
         merge_secrets(secrets, tenant_drafts, issues)
     keys_elsewhere = secrets_node is not None or secrets is not None
     tenants = finish_tenants(tenant_drafts, anonymous, keys_elsewhere, r)
-    features = read_features(top)
-    check_reroutes(top, features, pools)
+    features = read_features(top, pools)
     retry_after = read_retry_after(top)
     requests = read_requests(top)
     failure_mode_allow = top.boolean("failureModeAllow", False)
     if issues:
         raise PolicyError(sort_issues(issues, source))
+    # the text as a file holds it: `|-` in a ConfigMap drops the final newline a file has
+    policy_text = policy_text.rstrip("\n") + "\n"
     hashed = policy_text if secrets is None else policy_text + "\0" + secrets[0]
     return Policy(
         queues=queues, scheduler=scheduler, limiter=limiter, pools=pools, tenants=tenants,

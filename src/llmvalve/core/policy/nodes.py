@@ -27,6 +27,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 TAG = "tag:yaml.org,2002:"
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|us|µs|s|m|h)")
+MAX_INTEGER = 2**53  # a count past this is a typo, and a float could not hold it
+_UNREADABLE = object()  # a scalar YAML could not construct (its issue is recorded)
 _DURATION_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -94,17 +96,26 @@ def _bounds(value: float, gt: float | None, ge: float | None, le: float | None,
 class NodeReader:
     """Converts nodes of one YAML text; lines are shifted by `offset` (ConfigMap embedding)."""
 
-    def __init__(self, source: str, offset: int, issues: list[PolicyIssue]) -> None:
+    def __init__(self, source: str, offset: int, issues: list[PolicyIssue], *,
+                 inline: bool = False) -> None:
         self.source = source
         self.offset = offset
+        # `inline`: the text is a quoted string on line offset + 1 ("a\nb"), whose lines are
+        # not lines of the file: issues name that line and say which line of the string
+        self.inline = inline
         self.issues = issues
         self._ctor = SafeConstructor()
         self._own_keys: dict[int, set[int]] = {}
 
     def line(self, node: Node | None) -> int:
+        if self.inline:
+            return self.offset + 1
         return (node.start_mark.line if node is not None else 0) + 1 + self.offset
 
     def error(self, node: Node | None, field: str, message: str) -> None:
+        if self.inline:
+            inner = (node.start_mark.line if node is not None else 0) + 1
+            message += f" (line {inner} of the quoted policy.yaml string)"
         self.issues.append(PolicyIssue(self.source, self.line(node), field, message))
 
     def type_error(self, node: Node, field: str, expected: str, *, secret: bool = False) -> None:
@@ -114,15 +125,31 @@ class NodeReader:
         self.error(node, field, f"expected {expected}, got {kind_of(node)}{hint}")
 
     def scalar(self, node: Node) -> Any:
+        """The node's value, or the node itself when YAML cannot construct it (a date that
+        is no date, `!!int ten`): the caller's type check then names what it is."""
         try:
             return self._ctor.construct_object(node, deep=True)
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError, OverflowError):
             return node
 
+    def _value(self, node: Node, field: str) -> Any:
+        """A typed getter's value: `_UNREADABLE` (issue recorded) when YAML cannot construct
+        it, so the getter does not also call it the wrong type."""
+        if not isinstance(node, ScalarNode):
+            return node
+        try:
+            return self._ctor.construct_object(node, deep=True)
+        except (yaml.YAMLError, ValueError, OverflowError) as exc:
+            reason = str(exc).split(":")[0]  # not the value: it may be a long line
+            self.error(node, field, f"cannot be read as {kind_of(node)} ({reason}); quote it "
+                       "if you meant text")
+            return _UNREADABLE
+
     def fields(self, node: Node | None, path: str, allowed: Sequence[str], *,
-               required: bool = False) -> NodeFields:
+               required: bool = False, free_prefix: str | None = None) -> NodeFields:
         """The known keys of a mapping; an absent or null node reads as empty (or, when
-        `required`, as an error)."""
+        `required`, as an error). Keys starting with `free_prefix` are the user's own
+        (a place for YAML anchors): skipped."""
         entries: dict[str, tuple[Node, Node]] = {}
         if node is None or is_null(node):
             if required and node is not None:
@@ -147,13 +174,17 @@ class NodeReader:
             is_own = id(key_node) in own  # a merged-in value may be overridden by its own key
             if is_own and key in seen:
                 self.error(key_node, field, "duplicate key (the first value would be replaced)")
+            elif free_prefix and key.startswith(free_prefix):
+                pass
             elif key not in allowed:
                 guess = suggest(key, allowed)
                 if guess:
                     self.error(key_node, field, f"unknown key {key!r}; did you mean {guess!r}?")
                 else:
+                    hint = (f" (a key of your own, e.g. to hold a YAML anchor, starts with "
+                            f"{free_prefix!r})") if free_prefix else ""
                     self.error(key_node, field,
-                               f"unknown key {key!r}; allowed here: {', '.join(allowed)}")
+                               f"unknown key {key!r}; allowed here: {', '.join(allowed)}{hint}")
             else:
                 entries[key] = (key_node, value_node)
             if is_own:
@@ -183,28 +214,38 @@ class NodeReader:
 
     def integer(self, node: Node, field: str, *, gt: float | None = None,
                 ge: float | None = None, le: float | None = None) -> int | None:
-        value = self.scalar(node) if isinstance(node, ScalarNode) else node
+        value = self._value(node, field)
+        if value is _UNREADABLE:
+            return None
         if isinstance(value, bool) or not isinstance(value, int):
             self.type_error(node, field, "an integer")
+            return None
+        if abs(value) > MAX_INTEGER:
+            self.error(node, field, f"too large (at most {MAX_INTEGER:,})")
             return None
         return self._check(node, field, value, gt, ge, le, None)
 
     def number(self, node: Node, field: str, *, gt: float | None = None, ge: float | None = None,
                le: float | None = None, lt: float | None = None) -> float | None:
-        value = self.scalar(node) if isinstance(node, ScalarNode) else node
+        value = self._value(node, field)
+        if value is _UNREADABLE:
+            return None
         if isinstance(value, bool) or not isinstance(value, int | float):
             self.type_error(node, field, "a number")
             return None
-        if not math.isfinite(value):
+        number = _finite(value)
+        if number is None:
             self.error(node, field, "must be a finite number")
             return None
-        return self._check(node, field, float(value), gt, ge, le, lt)
+        return self._check(node, field, number, gt, ge, le, lt)
 
     def duration(self, node: Node, field: str, *, allow_zero: bool = False) -> float | None:
-        value = self.scalar(node) if isinstance(node, ScalarNode) else node
+        value = self._value(node, field)
+        if value is _UNREADABLE:
+            return None
         seconds: float | None = None
         if isinstance(value, int | float) and not isinstance(value, bool):
-            seconds = float(value)
+            seconds = _finite(value)
         elif isinstance(value, str):
             seconds = parse_duration(value)
             if seconds is None:
@@ -214,7 +255,7 @@ class NodeReader:
         else:
             self.type_error(node, field, "a duration (8s, 150ms, 2m or seconds)")
             return None
-        if not math.isfinite(seconds):
+        if seconds is None or not math.isfinite(seconds):
             self.error(node, field, "must be a finite duration")
             return None
         if allow_zero:
@@ -222,7 +263,9 @@ class NodeReader:
         return self._check(node, field, seconds, 0.0, None, None, None, unit="s")
 
     def string(self, node: Node, field: str, *, nonempty: bool = True) -> str | None:
-        value = self.scalar(node) if isinstance(node, ScalarNode) else node
+        value = self._value(node, field)
+        if value is _UNREADABLE:
+            return None
         if not isinstance(value, str):
             self.type_error(node, field, "a string")
             return None
@@ -232,7 +275,9 @@ class NodeReader:
         return value
 
     def boolean(self, node: Node, field: str) -> bool | None:
-        value = self.scalar(node) if isinstance(node, ScalarNode) else node
+        value = self._value(node, field)
+        if value is _UNREADABLE:
+            return None
         if not isinstance(value, bool):
             self.type_error(node, field, "true or false")
             return None
@@ -254,6 +299,15 @@ class NodeReader:
             self.error(node, field, problem + unit)
             return None
         return value
+
+
+def _finite(value: float) -> float | None:
+    """float(value), None when it is not finite (an integer of 400 digits overflows)."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def is_null(node: Node) -> bool:

@@ -7,6 +7,8 @@ backends (name, metricsUrl) and carries its breaker, scrape timing and lease tim
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from yaml.nodes import Node
 
 from llmvalve.core.policy.nodes import NodeFields, NodeReader, join, read_names
@@ -31,17 +33,29 @@ def read_pools(top: NodeFields) -> tuple[PoolSpec, ...]:
     pools = []
     seen: set[str] = set()
     served: dict[str, str] = {}
+    backends = _BackendNames()
     for i, item in enumerate(items):
         pools.append(_pool(r.fields(item, join("pools", i), POOL_KEYS, required=True),
-                           item, seen, served))
+                           item, seen, served, backends))
     if len(pools) > 1 and sum(1 for p in pools if not p.models) > 1:
         r.error(node, "pools", "with several pools, every pool but one must list its `models` "
                 "(a request is sent to the pool that serves its model)")
     return tuple(pools)
 
 
-def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str]) -> PoolSpec:
-    """One pool; `seen` (pool names) and `served` (model → pool) span the list."""
+class _BackendNames:
+    """Backend names and metrics URLs seen so far, across every pool: a request's pick and a
+    scrape name a backend by these alone."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+        self.urls: dict[str, str] = {}
+
+
+def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str],
+          known: _BackendNames) -> PoolSpec:
+    """One pool; `seen` (pool names), `served` (model → pool) and `known` (backends) span
+    the list."""
     r, d = f.r, PoolSpec()
     name = f.string("name", d.name)
     if name in seen:
@@ -56,7 +70,7 @@ def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str]) -> 
     engine_node = f.get("engine")
     engine = (None if engine_node is None
               else r.choice(engine_node, f.field("engine"), ENGINES, "engine"))
-    backends, breaker = _backends(r, f), _breaker(f)  # read in this order: issues keep it
+    backends, breaker = _backends(r, f, known), _breaker(f)  # read in this order: issues keep it
     return PoolSpec(
         name=name, cluster=f.string("cluster", d.cluster), engine=engine or d.engine,
         backends=backends, models=models,
@@ -66,22 +80,41 @@ def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str]) -> 
     )
 
 
-def _backends(r: NodeReader, f: NodeFields) -> tuple[BackendSpec, ...]:
+def _backends(r: NodeReader, f: NodeFields, known: _BackendNames) -> tuple[BackendSpec, ...]:
     backends = []
     backends_node = f.get("backends")
-    names: dict[str, str] = {}
     for j, b in enumerate((r.seq(backends_node, f.field("backends")) or [])
                           if backends_node is not None else []):
         bf = r.fields(b, join(f.field("backends"), j), ("name", "metricsUrl"), required=True)
         if bf.node is None:
             continue
-        b_name = bf.unique_name(names, "backend", say_where=False)
+        b_name = bf.unique_name(known.names, "backend")
         url = bf.string("metricsUrl", "")
-        if url and not url.startswith(("http://", "https://")):
+        problem = _url_problem(url) if url else None
+        if problem:
+            r.error(bf.get("metricsUrl"), bf.field("metricsUrl"), problem)
+        elif url in known.urls:
             r.error(bf.get("metricsUrl"), bf.field("metricsUrl"),
-                    "must be an http:// or https:// URL")
+                    f"already the metrics URL of {known.urls[url]}: each backend is scraped "
+                    "on its own")
+        elif url:
+            known.urls[url] = bf.path
         backends.append(BackendSpec(b_name or "", url))
     return tuple(backends)
+
+
+def _url_problem(url: str) -> str | None:
+    """What is wrong with a metrics URL, or None."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        return "must be an http:// or https:// URL"
+    try:
+        parts.port  # noqa: B018 - raises on a port that is no number or out of range
+    except ValueError:
+        return "bad port (a number from 1 to 65535)"
+    if not parts.hostname:
+        return "no host (http://HOST:PORT/metrics)"
+    return None
 
 
 def _breaker(f: NodeFields) -> BreakerSpec:

@@ -50,6 +50,7 @@ def read_queues(top: NodeFields) -> tuple[list[QueueDraft], bool]:
     ok = True
     seen_priority: dict[int, str] = {}
     seen_name: dict[str, str] = {}
+    seen_folded: dict[str, str] = {}  # name as a request header names it → entry path
     for i, item in enumerate(items):
         path = join("queues", i)
         f = r.fields(item, path, QUEUE_KEYS, required=True)
@@ -67,6 +68,8 @@ def read_queues(top: NodeFields) -> tuple[list[QueueDraft], bool]:
         else:
             seen_priority[prio] = path
         name = f.unique_name(seen_name, "queue")
+        if name is not None and seen_name.get(name) == path:
+            _check_queue_name(f, name, prio, seen_folded)
         size_node = f.require("maxQueueSize")
         size = None if size_node is None else r.integer(size_node, f.field("maxQueueSize"), gt=0)
         timeout_node = f.require("timeout")
@@ -86,6 +89,27 @@ def read_queues(top: NodeFields) -> tuple[list[QueueDraft], bool]:
             tpot_s=None if tpot is None else r.duration(tpot, slo.field("tpot")),
         ))
     return drafts, ok
+
+
+def _check_queue_name(f: NodeFields, name: str, priority: int | None,
+                      seen: dict[str, str]) -> None:
+    """A request's priority header names a queue by its number, "P<n>" or its name, in any
+    case and without surrounding spaces: a name must mean one queue only. A queue named "P1"
+    at priority 0 would let a tenant capped at "P1" (read as that queue, 0) ask for class 0,
+    and a header "p1" mean another queue than the policy's "P1"."""
+    field = f.field("name")
+    node = f.get("name")
+    folded = name.strip().lower()
+    if name != name.strip():
+        f.r.error(node, field, f"{name!r}: no spaces around a queue name")
+    elif re.fullmatch(r"p?\d+", folded) and priority is not None \
+            and folded not in (str(priority), f"p{priority}"):
+        f.r.error(node, field, f"{name!r} reads as a priority: a queue may be named after its "
+                  f"own priority only (P{priority}), or a word")
+    elif folded in seen:
+        f.r.error(node, field, f"{name!r} differs from the queue name of {seen[folded]} only "
+                  "in case; request headers name queues in any case")
+    seen[folded] = f.path
 
 
 def finish_queues(r: NodeReader, drafts: list[QueueDraft],

@@ -9,6 +9,16 @@ from llmvalve.core.policy.nodes import NodeFields
 from llmvalve.core.policy.spec import RequestSpec, RetryAfterSpec
 
 _HEADER_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
+# Headers llmvalve sets on a request (Envoy drops a client's copies before the check), and
+# those HTTP itself gives a meaning: a policy may not read a client's choice from either.
+SET_BY_LLMVALVE = ("x-llmvalve-id", "x-llmvalve-start", "x-llmvalve-content-length",
+                   "x-llmvalve-cluster",
+                   "x-llmvalve-upstream", "x-llmvalve-pool", "x-llmvalve-tenant",
+                   "x-llmvalve-class", "x-llmvalve-queue-wait-ms", "x-llmvalve-fallback",
+                   "x-llmvalve-static-fallback", "x-llmvalve-reason",
+                   "x-llmvalve-rewrite-model")
+_HTTP_HEADERS = ("authorization", "host", "content-length", "content-type", "connection",
+                 "transfer-encoding", "te", "upgrade", "cookie")
 
 
 def read_retry_after(top: NodeFields) -> RetryAfterSpec:
@@ -39,6 +49,13 @@ def read_requests(top: NodeFields) -> RequestSpec:
         if not _HEADER_RE.fullmatch(value):
             f.r.error(f.get(key), f.field(key), f"{value!r} is not a valid HTTP header name")
             value = default
+        elif value in SET_BY_LLMVALVE or value in _HTTP_HEADERS:
+            f.r.error(f.get(key), f.field(key), f"{value!r} already means something else (set "
+                      "by llmvalve or by HTTP); choose a header of your own")
+        elif value in headers.values():
+            other = next(k for k, v in headers.items() if v == value)
+            f.r.error(f.get(key), f.field(key), f"{value!r} is already requests.{other}: one "
+                      "header cannot say two things")
         headers[key] = value
     return RequestSpec(
         priority_header=headers["priorityHeader"],

@@ -27,7 +27,7 @@ from llmvalve.core.policy.nodes import (
     suggest,
 )
 from llmvalve.core.policy.queues import default_priorities, priority_ref
-from llmvalve.core.policy.spec import BudgetSpec, PoolSpec, QueueSpec, TenantSpec
+from llmvalve.core.policy.spec import BudgetSpec, Policy, PoolSpec, QueueSpec, TenantSpec
 
 ANONYMOUS = "anonymous"
 TENANT_KEYS = ("name", "apiKeyHashes", "maxPriority", "defaultPriority", "models", "budgets")
@@ -78,7 +78,8 @@ def _key_hash(r: NodeReader, node: Node, field: str) -> str | None:
                     f"hex digits (this one has {len(digest)} characters after the prefix)")
         return None
     if re.fullmatch(r"[0-9a-f]{64}", text):
-        r.error(node, field, "missing the \"sha256:\" prefix")
+        r.error(node, field, "missing the \"sha256:\" prefix (if this is the API key itself, "
+                f"not its hash: {HASH_HINT})")
         return None
     r.error(node, field, "this looks like a plaintext API key; never put keys in the policy, "
             f"store their hash instead: {HASH_HINT}")
@@ -120,6 +121,7 @@ def read_tenants(top: NodeFields, queues: tuple[QueueSpec, ...], queues_ok: bool
     items = (r.seq(node, "tenants") or []) if node is not None else []
     drafts: list[TenantDraft] = []
     seen: dict[str, str] = {}
+    probe = Policy(queues=(), pools=pools)
     for i, item in enumerate(items):
         path = join("tenants", i)
         f = r.fields(item, path, TENANT_KEYS, required=True)
@@ -131,6 +133,10 @@ def read_tenants(top: NodeFields, queues: tuple[QueueSpec, ...], queues_ok: bool
                   else _key_hashes(r, hashes_node, f.field("apiKeyHashes")))
         max_p, default_p = tenant_priorities(f, queues, queues_ok)
         models = read_names(f, "models", "model")
+        for model in models:
+            if probe.pool_for_model(model) is None:
+                r.error(f.get("models"), f.field("models"), f"no pool serves the model "
+                        f"{model!r}: the tenant could never use it")
         drafts.append(TenantDraft(item, path, name or "", hashes_node is not None, hashes,
                                    max_p, default_p, models, read_budgets(f, pools, models)))
     return drafts
@@ -171,13 +177,21 @@ def merge_secrets(secrets: tuple[str, str], tenants: list[TenantDraft],
         r.type_error(doc, "secrets", "a mapping of tenant name → list of \"sha256:<hex>\"")
         return
     by_name = {t.name: t for t in tenants if t.name}
+    seen: set[str] = set()
     for key_node, value_node in doc.value:
         name = key_node.value if isinstance(key_node, ScalarNode) else None
         if not isinstance(name, str) or name not in by_name:
+            # the key is not quoted: a file written the other way round (key → tenant) would
+            # print a live API key
             guess = suggest(str(name), list(by_name))
-            r.error(key_node, str(name), "no tenant of this name in the policy"
-                    + (f"; did you mean {guess!r}?" if guess else ""))
+            r.error(key_node, "secrets", "this key names no tenant of the policy"
+                    + (f"; did you mean {guess!r}?" if guess
+                       else f" (tenants: {', '.join(by_name) or 'none'})"))
             continue
+        if name in seen:
+            r.error(key_node, name, "tenant listed twice; put all its key hashes in one list")
+            continue
+        seen.add(name)
         if not is_null(value_node):
             by_name[name].hashes.extend(_key_hashes(r, value_node, name))
 
