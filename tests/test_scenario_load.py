@@ -61,6 +61,94 @@ def test_bad_events(event, expect):
     assert error_of(BASE + f"events:\n  - {event}\n").startswith(expect)
 
 
+@pytest.mark.parametrize("event, expect", [
+    ("{at: 1h, backend: 0, leave: true}", "t.yaml:9: events[0].at: after the run ends (60 s)"),
+    ("{at: 5s, backend: [], leave: true}", "t.yaml:9: events[0].backend: an empty list"),
+    ("{at: 5s, backend: [0, 0], leave: true}", "t.yaml:9: events[0].backend: a backend named "
+     "twice"),
+    ("{at: 5s, backend: 0, leave: true, rejoin: true}", "t.yaml:9: events[0]: leave and "
+     "rejoin at once"),
+])
+def test_events_that_would_do_nothing_or_contradict_themselves(event, expect):
+    assert error_of(BASE + f"events:\n  - {event}\n").startswith(expect)
+
+
+@pytest.mark.parametrize("change, expect", [
+    (("rate: 1.0", "rate: 1e9"), "t.yaml:7: classes[0].rate: expected a number, got a string "
+     "(YAML reads 1e9 as text: write the exponent with a dot and a sign, 1.0e+9"),
+    (("rate: 1.0", "rate: 1.0e+6"), "t.yaml:5: classes: about 60,000,000 requests"),
+    (("    rate: 1.0\n", ""), "t.yaml:5: classes[0].rate: missing: a class has a rate"),
+    (("rate: 1.0", "rate: 1.0\n    prompt: {mean: 500, max: 100}"),
+     "t.yaml:8: classes[0].prompt: mean 500 is outside [min 1, max 100]"),
+    (("rate: 1.0", "rate: 1.0\n    retry: {mode: jitter, base: 10s, cap: 1s}"),
+     "t.yaml:8: classes[0].retry.cap: cap 1 s is below base 10 s"),
+    (("rate: 1.0", "rate: {onOff: {onRate: 5, onFor: 1ms, offFor: 5s}}"),
+     "t.yaml:7: classes[0].rate.onOff.onFor: periods of at least 100ms"),
+    (("count: 2", "count: 100000"), "t.yaml:3: backends.count: must be >= 1 and <= 4096"),
+    (("duration: 60s", "duration: 30d"), "t.yaml:2: duration: bad duration"),
+    (("duration: 60s", "duration: 48h"), "t.yaml:2: duration: at most 86400 s"),
+])
+def test_values_that_would_hang_or_be_ignored(change, expect):
+    assert error_of(BASE.replace(*change)).startswith(expect)
+
+
+def test_duplicate_class_names_and_own_keys():
+    assert error_of(BASE + "  - {name: chat, priority: 1, rate: 1}\n").startswith(
+        "t.yaml:8: classes[1].name: duplicate class name 'chat' (already classes[0])")
+    sc = parse_scenario("x-chat: &c {priority: 0, rate: 1.0}\n" + BASE.replace(
+        "    priority: 0\n    rate: 1.0\n", "    <<: *c\n"), "t.yaml")
+    assert sc.classes[0].rate == ((0.0, 1.0),)
+
+
+@pytest.mark.parametrize("rows, expect", [
+    ("", "no requests"),
+    ("t,p,o\n", "no requests"),
+    ("t,p,o\n0,100,50\n1,abc,50\n", "x.csv:3: expected timestamp"),
+    ("0,100\n", "no requests"),  # a first row that does not parse is taken for a header
+    ("0,100,50\n1,100\n", "x.csv:2: expected timestamp"),
+    ("0,100,50\n1,-100,50\n", "x.csv:2: expected timestamp"),
+    ("0;100;50\n1;100;50\n", "x.csv:2: expected timestamp"),
+    ("0,100,50\nsoon,100,50\n", "x.csv:2: expected timestamp"),
+])
+def test_a_trace_that_cannot_be_replayed_is_one_line_naming_its_row(tmp_path, rows, expect):
+    (tmp_path / "x.csv").write_text(rows)
+    f = tmp_path / "s.yaml"
+    f.write_text("duration: 30s\nclasses:\n  - name: r\n    trace: {file: x.csv, split: "
+                 "{1: 1.0}}\n")
+    with pytest.raises(ScenarioError) as exc:
+        load_scenario(str(f))
+    [line] = str(exc.value).splitlines()
+    assert line.startswith(f"{f}:4: classes[0].trace.file: ") and expect in line
+
+
+def test_trace_files_gzip_or_not_whatever_their_name(tmp_path):
+    rows = "0,100,50\n1.5,120.0,60\n"
+    (tmp_path / "plain.gz").write_text(rows)
+    (tmp_path / "zipped.csv").write_bytes(gzip.compress(rows.encode()))
+    (tmp_path / "broken.csv.gz").write_bytes(gzip.compress(rows.encode())[:12])
+    for name in ("plain.gz", "zipped.csv"):
+        f = tmp_path / f"{name}.scenario"  # any suffix: a file is a file
+        f.write_text(f"duration: 30s\nclasses:\n  - name: r\n    trace: {{file: {name}, "
+                     "split: {1: 1.0}}\n")
+        assert len(generate(load_scenario(str(f)), 1.0, 1)) == 2
+    f.write_text(f.read_text().replace("zipped.csv", "broken.csv.gz"))
+    with pytest.raises(ScenarioError, match="cannot read it as a CSV"):
+        load_scenario(str(f))
+
+
+def test_trace_split_and_tenants_must_agree_with_the_policy():
+    trace = "  - name: r\n    trace: {file: azure-conv, %s}\n"
+    assert "classes[1].trace.split: no priorities" in error_of(BASE + trace % "split: {}")
+    assert "classes[1].trace.tenants: priority 2 gets no requests from split (0)" in error_of(
+        BASE + trace % "split: {0: 1.0}, tenants: {2: batch}")
+    assert "classes[1].trace.start: the trace ends" in error_of(BASE + trace % "start: 100h")
+    two = BASE.replace("classes:\n", "policy:\n  queues:\n" + "".join(
+        f"    - {{priority: {p}, name: q{p}, maxQueueSize: 9, timeout: 8s, dropPolicy: tail}}\n"
+        for p in (0, 3)) + "classes:\n")
+    assert "classes[1].trace.split: missing: the default split" in error_of(
+        two + trace % "speed: 1")
+
+
 def test_an_event_for_several_backends():
     sc = parse_scenario(BASE + "events:\n  - {at: 5s, backend: [0, 1], slowdown: 3}\n", "t.yaml")
     assert [(e.backend, e.slowdown) for e in sc.events] == [(0, 3.0), (1, 3.0)]

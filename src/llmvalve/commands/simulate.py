@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from llmvalve.sim.report import table
     from llmvalve.sim.runner import parse_seeds, simulate_seeds
     from llmvalve.sim.scenario import ScenarioError, builtin_names, load_scenario
+    from llmvalve.sim.scenario_load import MAX_BACKENDS, MAX_REQUESTS
 
     if args.list:
         print("\n".join(builtin_names()))
@@ -76,14 +78,22 @@ def run(args: argparse.Namespace) -> int:
     if args.gateways is not None and args.gateways < 1:
         return _fail("--gateways must be >= 1")
     if args.backends is not None:
-        if args.backends < 1:
-            return _fail("--backends must be >= 1")
+        if not 1 <= args.backends <= MAX_BACKENDS:
+            return _fail(f"--backends must be from 1 to {MAX_BACKENDS}")
         if sc.pools:
             return _fail(f"--backends: scenario {sc.name!r} has pools, each with its own "
                          "backends (pools[].backends in the file)")
+        beyond = [e.backend for e in sc.events if e.backend >= args.backends]
+        if beyond:
+            return _fail(f"--backends {args.backends}: the scenario's events name backend "
+                         f"{max(beyond)} (indices start at 0)")
         sc = replace(sc, backends=args.backends)
-    if not args.load_scale > 0:
-        return _fail("--load-scale must be > 0")
+    if not (args.load_scale > 0 and math.isfinite(args.load_scale)):
+        return _fail("--load-scale must be a finite number > 0")
+    if sc.requests_bound(args.load_scale) > MAX_REQUESTS:
+        return _fail(f"--load-scale {args.load_scale:g}: about "
+                     f"{sc.requests_bound(args.load_scale):,.0f} requests, at most "
+                     f"{MAX_REQUESTS:,}")
     if not args.oracle_window > 0:
         return _fail("--oracle-window must be > 0")
     if args.timing_draw < 0:

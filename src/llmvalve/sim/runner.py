@@ -263,12 +263,15 @@ def sweep(sc: Scenario, controllers: list[str], loads: list[float],
 def parse_seeds(text: str) -> list[int]:
     """`1,2,3` or a range `1-5` (or both: `1-3,7`)."""
     seeds: list[int] = []
-    for part in text.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        if sep and lo:
-            seeds.extend(range(int(lo), int(hi) + 1))
-        else:
-            seeds.append(int(part))
+    try:
+        for part in text.split(","):
+            lo, sep, hi = part.strip().partition("-")
+            if sep and lo:
+                seeds.extend(range(int(lo), int(hi) + 1))
+            else:
+                seeds.append(int(part))
+    except ValueError:
+        seeds = []
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"bad seed list {text!r}: give distinct seeds, e.g. 1,2,3")
     return seeds

@@ -127,6 +127,13 @@ class Scenario:
     # their total and `profile` the first pool's). Empty: one pool, the policy's first.
     pools: tuple[PoolDef, ...] = ()
 
+    def requests_bound(self, load_scale: float = 1.0) -> float:
+        """At most about this many requests arrive: each rate class at its peak for the whole
+        run (traces are bounded by their files)."""
+        peak = sum(max([r for _, r in c.rate] + [c.on_off.on if c.on_off else 0.0])
+                   for c in self.classes if c.trace is None)
+        return peak * load_scale * self.duration_s
+
     def engine_profile(self) -> EngineProfile:
         """The backends' profile with the scenario's overrides (e.g. a smaller max_num_seqs)."""
         return replace(get_profile(self.profile), **dict(self.profile_overrides))
@@ -158,7 +165,7 @@ def load_scenario(name_or_path: str) -> Scenario:
     from llmvalve.sim.scenario_load import parse_scenario
 
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") and path.exists():
+    if path.is_file():
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -167,7 +174,7 @@ def load_scenario(name_or_path: str) -> Scenario:
     res = builtin_dir() / f"{name_or_path}.yaml"
     if path.suffix in (".yaml", ".yml") or not res.is_file():
         raise ScenarioError(
-            f"no scenario {name_or_path!r}: not a file, and built-ins are "
+            f"no scenario {name_or_path!r}: no such file, and built-ins are "
             f"{', '.join(builtin_names())}")
     return parse_scenario(res.read_text(encoding="utf-8"), f"{name_or_path}.yaml",
                           base=builtin_dir())

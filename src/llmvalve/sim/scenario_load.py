@@ -29,6 +29,7 @@ from llmvalve.sim.scenario import (
     TrafficClass,
 )
 from llmvalve.sim.scenario_pools import check_models, read_pools
+from llmvalve.sim.workload import TraceError, read_trace
 
 TOP_KEYS = ("name", "description", "duration", "seed", "backends", "events", "gateways",
             "metrics", "policy", "controllers", "oracleSweep", "sweepLoads", "classes", "expect",
@@ -47,6 +48,11 @@ RETRY_MODES = ("none", "jitter", "immediate")
 SHIPPED_TRACES = ("azure-conv",)
 _CONTROLLER_RE = re.compile(r"none|seed|adaptive|static(:[1-9][0-9]*)?")
 _DEFAULT_SPLIT = {0: 0.2, 1: 0.4, 2: 0.4}
+# Sizes past which a file is a typo, not a simulation (each would run for hours)
+MAX_DURATION_S = 86_400.0
+MAX_BACKENDS = 4096
+MAX_REQUESTS = 2_000_000  # rate × duration: 40x `fleet`, the largest built-in (~1 h to run)
+MIN_PERIOD_S = 0.1  # an on/off period (workload.py draws none shorter)
 
 
 class _Ctx:
@@ -124,7 +130,8 @@ def _backend_indices(c: _Ctx, node: Node | None, field: str, count: int,
     return out
 
 
-def _events(c: _Ctx, top: NodeFields, count: int) -> tuple[CapacityEvent, ...]:
+def _events(c: _Ctx, top: NodeFields, count: int,
+            duration_s: float) -> tuple[CapacityEvent, ...]:
     node = top.get("events")
     items = c.r.seq(node, "events") if node is not None else []
     out = []
@@ -135,14 +142,24 @@ def _events(c: _Ctx, top: NodeFields, count: int) -> tuple[CapacityEvent, ...]:
         at = e.require("at")
         at_s = c.r.duration(at, e.field("at"), allow_zero=True) if at is not None else None
         backends = _backend_indices(c, e.get("backend"), e.field("backend"), count, e.node)
+        if isinstance(e.get("backend"), SequenceNode) and not e.get("backend").value:
+            c.r.error(e.get("backend"), e.field("backend"), "an empty list: name a backend")
+        elif len(set(backends)) != len(backends):
+            c.r.error(e.get("backend"), e.field("backend"), "a backend named twice")
         slowdown = e.number("slowdown", 0.0, gt=0) if e.has("slowdown") else None
         kv = e.integer("kvBlocks", 0, ge=1) if e.has("kvBlocks") else None
         leave, rejoin = e.boolean("leave", False), e.boolean("rejoin", False)
         if not (e.has("slowdown") or e.has("kvBlocks") or leave or rejoin):
             c.r.error(e.node, f"events[{i}]", "an event does something: slowdown, kvBlocks, "
                       "leave: true or rejoin: true")
+        if leave and rejoin:
+            c.r.error(e.node, f"events[{i}]", "leave and rejoin at once: give each its own "
+                      "event")
         if at_s is None:
             continue
+        if at_s > duration_s:
+            c.r.error(at, e.field("at"), f"after the run ends ({duration_s:g} s): it would "
+                      "never happen")
         out.extend(CapacityEvent(at_s, b, slowdown or None, leave, rejoin, kv or None)
                    for b in backends)
     return tuple(out)
@@ -163,6 +180,11 @@ def _dist(c: _Ctx, node: Node | None, field: str, default: Dist) -> Dist:
                d.integer("max", 1_000_000, ge=1))
     if out.min > out.max:
         c.r.error(d.get("min"), d.field("min"), f"min {out.min} is above max {out.max}")
+    elif not out.min <= out.mean <= out.max:
+        c.r.error((d.get("max") if out.mean > out.max else d.get("min")) or mean or d.node,
+                  field,
+                  f"mean {out.mean:g} is outside [min {out.min}, max {out.max}]: every draw "
+                  "would be clamped")
     return out
 
 
@@ -210,6 +232,8 @@ def _on_off(c: _Ctx, node: Node, field: str) -> OnOff | None:
             return (1.0, 1.0)
         if lo > hi:
             c.r.error(n, f.field(key), f"range [{lo:g} s, {hi:g} s] runs backwards")
+        elif lo < MIN_PERIOD_S:
+            c.r.error(n, f.field(key), f"periods of at least {MIN_PERIOD_S * 1000:g}ms")
         return (lo, hi)
 
     on_for, off_for = span("onFor"), span("offFor")
@@ -263,6 +287,10 @@ def _trace(c: _Ctx, node: Node, field: str) -> TraceSpec | None:
         file = _resolve(c, file_node, t.field("file"), file, "trace")  # type: ignore[arg-type]
     split = dict(_DEFAULT_SPLIT)
     split_node = t.get("split")
+    if split_node is None and not set(split) <= set(c.priorities):
+        c.r.error(t.node, t.field("split"), "missing: the default split (P0 0.2, P1 0.4, P2 "
+                  "0.4) names priorities the policy does not have "
+                  f"({', '.join(str(p) for p in c.priorities)}); give split")
     if split_node is not None:
         split = {}
         for k, v in c.by_priority(split_node, t.field("split")):
@@ -270,14 +298,29 @@ def _trace(c: _Ctx, node: Node, field: str) -> TraceSpec | None:
             share = c.r.number(v, f"{t.field('split')}.{k.value}", ge=0, le=1)
             if p is not None and share is not None:
                 split[p] = share
-        if split and abs(sum(split.values()) - 1.0) > 1e-6:
+        if not split and not c.by_priority(split_node, t.field("split")):
+            c.r.error(split_node, t.field("split"), "no priorities: give each its share "
+                      "(the shares add up to 1)")
+        elif split and abs(sum(split.values()) - 1.0) > 1e-6:
             c.r.error(split_node, t.field("split"),
                       f"shares must add up to 1, got {sum(split.values()):g}")
     tenants = _trace_tenants(c, t.get("tenants"), t.field("tenants"))
+    for p, _names in tenants:
+        if p not in split:
+            c.r.error(t.get("tenants"), t.field("tenants"), f"priority {p} gets no requests "
+                      f"from split ({', '.join(str(q) for q in split)})")
     if file is None:
         return None
-    return TraceSpec(file=file, speed=t.number("speed", 1.0, gt=0),
-                     start_s=t.duration("start", 0.0, allow_zero=True),
+    try:
+        rows = read_trace(file)
+    except (TraceError, OSError) as exc:
+        c.r.error(file_node, t.field("file"), str(exc))
+        return None
+    start = t.duration("start", 0.0, allow_zero=True)
+    if start > rows[-1][0]:
+        c.r.error(t.get("start") or t.node, t.field("start"), f"the trace ends "
+                  f"{rows[-1][0]:g} s after its first request: nothing is left to replay")
+    return TraceSpec(file=file, speed=t.number("speed", 1.0, gt=0), start_s=start,
                      split=tuple(sorted(split.items())), tenants=tenants)
 
 
@@ -318,8 +361,12 @@ def _retry(c: _Ctx, node: Node | None, field: str) -> RetrySpec:
     mode_node = r.get("mode")
     mode = (c.r.choice(mode_node, r.field("mode"), RETRY_MODES, "retry mode")
             if mode_node is not None else None)
-    return RetrySpec(mode or "none", r.integer("maxAttempts", 3, ge=1),
+    spec = RetrySpec(mode or "none", r.integer("maxAttempts", 3, ge=1),
                      r.duration("base", 1.0), r.duration("cap", 30.0))
+    if spec.cap_s < spec.base_s:
+        c.r.error(r.get("cap") or r.get("base"), r.field("cap"),
+                  f"cap {spec.cap_s:g} s is below base {spec.base_s:g} s")
+    return spec
 
 
 def _cancel(c: _Ctx, node: Node | None, field: str) -> tuple[float, tuple[float, float]]:
@@ -352,6 +399,9 @@ def _class(c: _Ctx, node: Node, i: int) -> TrafficClass | None:
     if trace_node is not None and f.has("rate"):
         c.r.error(f.key_node("rate"), f.field("rate"), "a trace sets its own arrival times; "
                   "use trace.speed to scale them")
+    if trace_node is None and not f.has("rate"):
+        c.r.error(f.node, f.field("rate"), "missing: a class has a rate (req/s) or a trace "
+                  "(rate: 0 for a class that sends nothing)")
     rate, ramp, on_off = _rate(c, f.get("rate"), f.field("rate"))
     prob, after = _cancel(c, f.get("cancel"), f.field("cancel"))
     return TrafficClass(
@@ -437,7 +487,7 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
             r.type_error(root, "scenario", "a mapping")
         raise ScenarioError("\n".join(str(i) for i in issues))
     r.prepare(root)
-    top = r.fields(root, "", TOP_KEYS)
+    top = r.fields(root, "", TOP_KEYS, free_prefix="x-")
     c = _Ctx(r, (0, 1, 2), base)
     policy = _policy(c, top.get("policy"), text, source)
     if policy is not None:
@@ -447,13 +497,17 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
 
         c.priorities = default_policy().priorities
     b = top.sub("backends", BACKEND_KEYS)
-    count = b.integer("count", 2, ge=1)
+    count = b.integer("count", 2, ge=1, le=MAX_BACKENDS)
     profile, overrides = _profile(c, b)
     pools, policy = read_pools(c, top, policy, BACKEND_KEYS, _profile)
     if pools:  # several fleets: the policy's pools are these
         count, profile, overrides = (sum(p.backends for p in pools), pools[0].profile,
                                      pools[0].profile_overrides)
     defaults = Scenario(name="", duration_s=0.0, classes=())
+    duration_s = top.duration("duration", 120.0)
+    if duration_s > MAX_DURATION_S:
+        r.error(top.get("duration"), "duration", f"at most {MAX_DURATION_S:g} s (a day) of "
+                "virtual time")
     classes = []
     class_node = top.get("classes")
     class_nodes = r.seq(class_node, "classes") if class_node is not None else []
@@ -463,6 +517,12 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
             classes.append(cls)
     if class_nodes == []:
         r.error(top.key_node("classes"), "classes", "no traffic classes")
+    names: dict[str, int] = {}
+    for i, cls in enumerate(classes):
+        if cls.name in names:
+            r.error(class_nodes[i] if class_nodes else None, f"classes[{i}].name",
+                    f"duplicate class name {cls.name!r} (already classes[{names[cls.name]}])")
+        names.setdefault(cls.name, i)
     if class_nodes:
         from llmvalve.sim.runner import default_policy
 
@@ -471,10 +531,10 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
     sc = Scenario(
         name=top.string("name", Path(source).stem),
         description=top.string("description", "", nonempty=False).strip(),
-        duration_s=top.duration("duration", 120.0),
+        duration_s=duration_s,
         seed=top.integer("seed", 1),
         backends=count, profile=profile, profile_overrides=overrides,
-        events=_events(c, top, count),
+        events=_events(c, top, count, duration_s),
         gateways=top.integer("gateways", 1, ge=1),
         scrape_interval_s=m.duration("scrapeInterval", 0.5),
         als_delay_s=m.duration("alsDelay", 0.05, allow_zero=True),
@@ -483,6 +543,9 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
         oracle_sweep=_numbers(c, top, "oracleSweep", True) or defaults.oracle_sweep,
         sweep_loads=_numbers(c, top, "sweepLoads", False) or (),
         classes=tuple(classes), extra=_expect(c, top), pools=pools)
+    if sc.requests_bound() > MAX_REQUESTS:
+        r.error(class_node, "classes", f"about {sc.requests_bound():,.0f} requests at the "
+                f"classes' peak rates over {sc.duration_s:g} s: at most {MAX_REQUESTS:,}")
     if issues:
         raise ScenarioError("\n".join(str(i) for i in sorted(issues, key=lambda i: i.line)))
     return sc

@@ -124,28 +124,60 @@ def on_off_schedule(cls: TrafficClass, duration_s: float,
     return _on_off_steps(spec, duration_s, rng)
 
 
+class TraceError(ValueError):
+    """A trace file that cannot be replayed: `file:line: problem`."""
+
+
 @lru_cache(maxsize=4)
 def read_trace(file: str) -> tuple[tuple[float, int, int], ...]:
-    """(seconds from the trace's first arrival, prompt tokens, output tokens)."""
+    """(seconds from the trace's first arrival, prompt tokens, output tokens). The first row
+    may be a header; any other row that is not `timestamp, prompt tokens, output tokens` is a
+    `TraceError` naming its line (a row skipped in silence would change the replay)."""
     if file == "azure-conv":
-        data = resources.files("llmvalve.sim").joinpath("traces", "azure_conv.csv.gz").read_bytes()
-        text = gzip.decompress(data).decode()
+        raw = resources.files("llmvalve.sim").joinpath("traces", "azure_conv.csv.gz").read_bytes()
     else:
         raw = Path(file).read_bytes()
-        text = (gzip.decompress(raw) if file.endswith(".gz") else raw).decode()
+    try:
+        data = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+        text = data.decode("utf-8-sig")
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{file}: cannot read it as a CSV (or gzip of one): {exc}") from None
     rows = []
-    for rec in csv.reader(io.StringIO(text)):
-        if not rec or not rec[1].strip().isdigit():
-            continue  # header
+    for line, rec in enumerate(csv.reader(io.StringIO(text)), start=1):
+        if not rec or not "".join(rec).strip():
+            continue
+        row = _trace_row(rec)
+        if row is None:
+            if not rows and line == 1:
+                continue  # the header
+            raise TraceError(f"{file}:{line}: expected timestamp (seconds or ISO 8601), "
+                             f"prompt tokens, output tokens (whole numbers >= 0); got "
+                             f"{','.join(rec)[:80]!r}")
+        rows.append(row)
+    if not rows:
+        raise TraceError(f"{file}: no requests (rows of timestamp, prompt tokens, output "
+                         "tokens)")
+    rows.sort()
+    t0 = rows[0][0]
+    return tuple((t - t0, p, o) for t, p, o in rows)
+
+
+def _trace_row(rec: list[str]) -> tuple[float, int, int] | None:
+    if len(rec) < 3:
+        return None
+    try:
         ts = rec[0].strip()
         try:
             t = float(ts)
         except ValueError:
             t = datetime.fromisoformat(ts[:26]).timestamp()
-        rows.append((t, int(rec[1]), int(rec[2])))
-    rows.sort()
-    t0 = rows[0][0]
-    return tuple((t - t0, p, o) for t, p, o in rows)
+        prompt, output = (float(x) for x in rec[1:3])
+    except ValueError:
+        return None
+    if not (math.isfinite(t) and prompt >= 0 and output >= 0 and prompt.is_integer()
+            and output.is_integer()):
+        return None
+    return t, int(prompt), int(output)
 
 
 def _trace_jobs(cls: TrafficClass, tr: TraceSpec, duration_s: float, scale: float,

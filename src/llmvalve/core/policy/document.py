@@ -25,6 +25,9 @@ def compose_document(text: str, r: NodeReader, field: str) -> Node | None:
         r.error(None, field, "empty document")
         return None
     if len(docs) > 1:
+        if field != "policy":
+            r.error(docs[1], field, f"{len(docs)} YAML documents; expected one")
+            return None
         picked = [d for d in docs if holds_policy(d)]
         if len(picked) == 1:
             return picked[0]

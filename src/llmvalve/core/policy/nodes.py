@@ -28,6 +28,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 TAG = "tag:yaml.org,2002:"
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|us|µs|s|m|h)")
 MAX_INTEGER = 2**53  # a count past this is a typo, and a float could not hold it
+_EXPONENT = re.compile(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+")  # 1e9: YAML 1.1 text, not a number
 _UNREADABLE = object()  # a scalar YAML could not construct (its issue is recorded)
 _DURATION_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -122,6 +123,11 @@ class NodeReader:
         hint = ""
         if not secret and expected == "a string" and isinstance(node, ScalarNode):
             hint = f" ({node.value!r} was read as {kind_of(node)}; quote it if you meant text)"
+        elif (not secret and expected in ("a number", "an integer")
+              and isinstance(node, ScalarNode) and node.tag == TAG + "str"
+              and _EXPONENT.fullmatch(node.value)):
+            hint = (f" (YAML reads {node.value} as text: write the exponent with a dot and a "
+                    "sign, 1.0e+9, or the digits)")
         self.error(node, field, f"expected {expected}, got {kind_of(node)}{hint}")
 
     def scalar(self, node: Node) -> Any:
