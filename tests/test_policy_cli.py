@@ -67,6 +67,14 @@ def test_check_missing_file():
     assert "/nonexistent/policy.yaml: cannot read" in proc.stderr
 
 
+def test_check_a_file_saved_in_another_encoding(tmp_path):
+    latin = tmp_path / "latin1.yaml"
+    latin.write_bytes("# équipe\nqueues: []\n".encode("latin-1"))
+    proc = llmvalve("policy", "check", str(latin))
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"{latin}: cannot read: not UTF-8 text (byte 2); save it as UTF-8"
+
+
 def test_hash_key_argument_and_stdin():
     expected = "sha256:" + hashlib.sha256(b"sk-llmvalve-demo-p0").hexdigest()
     proc = llmvalve("policy", "hash-key", "sk-llmvalve-demo-p0")

@@ -56,6 +56,8 @@ def _check(path: str) -> int:
         return 1
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
+        if isinstance(exc, UnicodeDecodeError):
+            reason = f"not UTF-8 text (byte {exc.start}); save it as UTF-8"
         print(f"{path}: cannot read: {reason}", file=sys.stderr)
         return 1
     print(summary(path, policy))

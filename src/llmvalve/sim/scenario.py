@@ -169,7 +169,9 @@ def load_scenario(name_or_path: str) -> Scenario:
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise ScenarioError(f"{path}: cannot read: {exc}") from None
+            reason = (f"not UTF-8 text (byte {exc.start}); save it as UTF-8"
+                      if isinstance(exc, UnicodeDecodeError) else str(exc))
+            raise ScenarioError(f"{path}: cannot read: {reason}") from None
         return parse_scenario(text, str(path), base=path.resolve().parent)
     res = builtin_dir() / f"{name_or_path}.yaml"
     if path.suffix in (".yaml", ".yml") or not res.is_file():
