@@ -130,26 +130,31 @@ class NodeReader:
                     "sign, 1.0e+9, or the digits)")
         self.error(node, field, f"expected {expected}, got {kind_of(node)}{hint}")
 
-    def scalar(self, node: Node) -> Any:
-        """The node's value, or the node itself when YAML cannot construct it (a date that
-        is no date, `!!int ten`): the caller's type check then names what it is."""
+    def _construct(self, node: Node) -> tuple[Any, Exception | None]:
+        """The node's value, or the node and why YAML cannot construct it (a date that is no
+        date, `!!int ten`, an integer of 5,000 digits)."""
         try:
-            return self._ctor.construct_object(node, deep=True)
-        except (yaml.YAMLError, ValueError, OverflowError):
-            return node
+            return self._ctor.construct_object(node, deep=True), None
+        except (yaml.YAMLError, ValueError, OverflowError) as exc:
+            return node, exc
+
+    def scalar(self, node: Node) -> Any:
+        """The node's value, or the node itself when YAML cannot construct it: the caller's
+        type check then names what it is."""
+        return self._construct(node)[0]
 
     def _value(self, node: Node, field: str) -> Any:
         """A typed getter's value: `_UNREADABLE` (issue recorded) when YAML cannot construct
         it, so the getter does not also call it the wrong type."""
         if not isinstance(node, ScalarNode):
             return node
-        try:
-            return self._ctor.construct_object(node, deep=True)
-        except (yaml.YAMLError, ValueError, OverflowError) as exc:
-            reason = str(exc).split(":")[0]  # not the value: it may be a long line
-            self.error(node, field, f"cannot be read as {kind_of(node)} ({reason}); quote it "
-                       "if you meant text")
-            return _UNREADABLE
+        value, exc = self._construct(node)
+        if exc is None:
+            return value
+        reason = str(exc).split(":")[0]  # not the value: it may be a long line
+        self.error(node, field, f"cannot be read as {kind_of(node)} ({reason}); quote it if "
+                   "you meant text")
+        return _UNREADABLE
 
     def fields(self, node: Node | None, path: str, allowed: Sequence[str], *,
                required: bool = False, free_prefix: str | None = None) -> NodeFields:
