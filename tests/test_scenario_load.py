@@ -85,6 +85,8 @@ def test_events_that_would_do_nothing_or_contradict_themselves(event, expect):
     (("rate: 1.0", "rate: {onOff: {onRate: 5, onFor: 1ms, offFor: 5s}}"),
      "t.yaml:7: classes[0].rate.onOff.onFor: periods of at least 100ms"),
     (("count: 2", "count: 100000"), "t.yaml:3: backends.count: must be >= 1 and <= 4096"),
+    (("count: 2", "count: 2, kvBlocks: 100"), "t.yaml:3: backends.kvBlocks: 100 blocks of 16 "
+     "tokens hold less than one sequence of max_model_len"),
     (("duration: 60s", "duration: 30d"), "t.yaml:2: duration: bad duration"),
     (("duration: 60s", "duration: 48h"), "t.yaml:2: duration: at most 86400 s"),
 ])

@@ -9,6 +9,7 @@ backend count, profiles against the known engine profiles.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -105,6 +106,13 @@ def _profile(c: _Ctx, b: NodeFields) -> tuple[str, tuple[tuple[str, int], ...]]:
             value = b.integer(key, 0, ge=1)
             if value >= 1:
                 overrides.append((attr, value))
+    profile = replace(PROFILES[name], **dict(overrides))
+    if profile.kv_capacity_tokens < profile.max_model_len:
+        # vLLM refuses to start so: no request of the longest length could ever run
+        c.r.error(b.get("kvBlocks") or b.get("profile") or b.node, b.field("kvBlocks"),
+                  f"{profile.num_gpu_blocks} blocks of {profile.block_size} tokens hold less "
+                  f"than one sequence of max_model_len {profile.max_model_len} (vLLM would not "
+                  "start)")
     return name, tuple(overrides)
 
 
