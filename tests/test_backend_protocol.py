@@ -69,6 +69,7 @@ def test_output_length_model_and_overrides():
     (b'{"messages": [{"role": "user", "content": "x"}], "stream_options": '
      b'{"include_usage": true}}', "stream"),
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}', "context length"),
+    (b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested too deeply"),  # was a 500
 ])
 def test_bad_requests_raise_with_a_message(raw, needle):
     with pytest.raises(BadRequest) as err:

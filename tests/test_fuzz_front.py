@@ -299,3 +299,17 @@ def test_a_request_rerouted_into_another_pool_is_judged_once():
     assert rerouted.released and rerouted.sample is not None
     assert not front._rerouted
     assert front.releases == {("success", "access_log"): 2}
+
+
+def test_a_request_past_its_client_deadline_is_rerouted_too():
+    """A fuzz of the running gateway: with the pool full, a request whose client deadline had
+    passed got 429 client_deadline although its feature reroutes to an idle pool (the reroute
+    was submitted with the same expired deadline)."""
+    front = Front(Admission(variant(True, limit=1, queue=1), random.Random(1), now=0.0))
+    body = json.dumps({"model": "big", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    headers = {"authorization": "Bearer k0", "x-llmvalve-feature": "summarize"}
+    front.check(Check("c0", headers, body=body, path="/v1/chat/completions"), 1.0)
+    late = front.check(Check("c1", {**headers, "x-llmvalve-deadline-ms": "0"}, body=body,
+                             path="/v1/chat/completions"), 1.0)
+    assert late.record.decision == "fallback_reroute" and late.ticket.pool == "small"
+

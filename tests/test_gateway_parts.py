@@ -111,10 +111,41 @@ def test_body_facts_and_estimate():
     assert (est.prompt_tokens, est.max_tokens) == (11, 0)
 
 
-@pytest.mark.parametrize("body", [b"{", b"[1]", b'{"max_tokens": -1}', b'{"max_tokens": "9"}',
-                                  b"\xff"])
-def test_bad_bodies(body):
-    assert isinstance(reading.parse_body(body), str)
+CHAT = "/v1/chat/completions"
+MESSAGES = '"messages": [{"role": "user", "content": "hi"}]'
+
+
+@pytest.mark.parametrize("body, path, says", [
+    (b"{", "", "not valid JSON"),
+    (b"[1]", "", "a JSON object"),
+    (b'{"max_tokens": -1}', "", "max_tokens must be a non-negative integer"),
+    (b'{"max_tokens": "9"}', "", "max_tokens must be a non-negative integer"),
+    (b"\xff", "", "not valid JSON"),
+    # found by a fuzz of the running gateway: each of these was a 503 (the check crashed)
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', CHAT, "unpaired UTF-16"),
+    (b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "", "nested too deeply"),
+    # ... and these reached the backend, whose error is not OpenAI's shape
+    (b'{"model": "m"}', CHAT, "messages must be a non-empty list"),
+    (b'{"model": "m", "messages": "hi"}', CHAT, "messages must be a non-empty list"),
+    (b'{"model": "m", "messages": [1, 2]}', CHAT, "messages must be a non-empty list"),
+    (b'{"model": "m"}', "/v1/completions", "prompt must be a string or a list"),
+    (('{"stream": "false", ' + MESSAGES + "}").encode(), CHAT, "stream must be true or false"),
+    (('{"model": 5, ' + MESSAGES + "}").encode(), CHAT, "model must be a non-empty string"),
+    (('{"max_completion_tokens": null, "max_tokens": 1e12, ' + MESSAGES + "}").encode(), CHAT,
+     "max_tokens must be a non-negative integer"),
+    (('{"max_completion_tokens": 5, "max_tokens": -1, ' + MESSAGES + "}").encode(), CHAT,
+     "max_tokens must be a non-negative integer"),
+])
+def test_bad_bodies(body, path, says):
+    message = reading.parse_body(body, path)
+    assert isinstance(message, str) and says in message
+
+
+def test_content_nested_deeply_is_counted_not_recursed():
+    # 900 deep: json.loads takes it; counting it recursively took the whole stack
+    body = '{"messages": [{"role": "user", "content": ' + "[" * 900 + '"abcd"' + "]" * 900
+    facts = reading.parse_body((body + "}]}").encode(), CHAT)
+    assert isinstance(facts, reading.BodyFacts) and facts.prompt_bytes == 4
 
 
 def test_header_hints():

@@ -115,6 +115,15 @@ async def test_bad_bodies_get_a_400(e2e):
         "string max_tokens": (body("12"), None, "non-negative integer"),
         "absurd max_tokens": (body(10**12), None, "at most"),
         "max_tokens beyond any float": (None, json.dumps(body(10**400)).encode(), "at most"),
+        # found by a fuzz of the running gateway: the check crashed (503 for the client) ...
+        "lone surrogate": (None, b'{"model": "sim-small", "messages": [{"role": "user", '
+                           b'"content": "\\ud800"}]}', "unpaired UTF-16 surrogate"),
+        "nested too deeply": (None, b'{"model": "sim-small", "x": ' + b"[" * 1900
+                              + b"]" * 1900 + b"}", "nested too deeply"),  # < maxBodyBytes
+        # ... or the backend answered in its own error shape
+        "no messages": ({"model": "sim-small"}, None, "messages must be a non-empty list"),
+        "stream as a string": (body(stream="false"), None, "stream must be true or false"),
+        "model as a number": ({**body(), "model": 5}, None, "model must be a non-empty string"),
     }
     async with aiohttp.ClientSession() as session:
         for name, (payload, data, message) in cases.items():
@@ -138,8 +147,11 @@ def test_huge_and_non_utf8_headers(e2e):
     # plane never sees the request.
     errors = e2e.envoy_stat("http.llm_ingress.downstream_cx_protocol_error")
     t0 = time.monotonic()
-    status, _ = raw_request(port, start + b"x-junk: " + b"a" * 100_000 + b"\r\n", payload)
+    status, answer = raw_request(port, start + b"x-junk: " + b"a" * 100_000 + b"\r\n", payload)
     assert status == 431 and time.monotonic() - t0 < 2
+    # in OpenAI's error shape, as the control plane's own answers
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["type"] == \
+        "invalid_request_error"
     assert e2e.envoy_stat("http.llm_ingress.downstream_cx_protocol_error") == errors + 1
     assert e2e.status()["gateway"]["checks_held"] == 0
     # 50 KiB fits Envoy's limit and goes through the control plane like any request (the
@@ -147,6 +159,9 @@ def test_huge_and_non_utf8_headers(e2e):
     status, answer = raw_request(port, start + b"x-junk: " + b"a" * 50_000 + b"\r\n", payload)
     assert status == 400 and b"x-llmvalve-class: realtime-interactive" in answer.lower()
     status, answer = raw_request(port, start + b"x-junk: " + b"a" * 4_000 + b"\r\n", payload)
+    assert status == 200, answer
+    # an HTTP/1.0 client is served (Envoy answered 426 Upgrade Required)
+    status, answer = raw_request(port, start.replace(b"HTTP/1.1", b"HTTP/1.0"), payload)
     assert status == 200, answer
     # Bytes that are not UTF-8 in the headers the gateway reads.
     status, answer = raw_request(port, start + b"x-llmvalve-priority: \xff\xfe\r\n"

@@ -191,6 +191,8 @@ def _json_object(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"JSON decode error: {exc}") from None
+    except RecursionError:  # vLLM's parser refuses it too, with a 400
+        raise BadRequest("JSON decode error: nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body

@@ -219,7 +219,7 @@ class Front:
         klass = self._class_name(classified.priority)
         facts = None
         if policy.inspects_bodies and check.body is not None and check.body_complete:
-            facts = request_facts.parse_body(check.body)
+            facts = request_facts.parse_body(check.body, check.path)
             if isinstance(facts, str):
                 return Answer(check.check_id, replies.bad_request(facts),
                               Record("bad_request", klass, "bad_request", classified.tenant))
@@ -429,7 +429,9 @@ class Front:
                       self._client_headers(waiting.klass, reject.wait_s, rerouted=True),
                       Record("fallback_reroute", waiting.klass, reject.reason.value,
                              waiting.info.tenant, reject.wait_s))
-        info = replace(waiting.info, pool=target.name, feature=None, model=fallback.model)
+        # it starts there at once or not at all: the deadline it missed here does not apply
+        info = replace(waiting.info, pool=target.name, feature=None, model=fallback.model,
+                       deadline=None)
         decision = self.admission.submit(info, now)
         if not isinstance(decision, Admit):  # no room there either: not queued twice
             if isinstance(decision, Queued):

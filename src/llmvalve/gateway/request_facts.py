@@ -41,46 +41,92 @@ class Estimate:
 
 
 def _text_bytes(value: Any) -> int:
-    if isinstance(value, str):
-        return len(value.encode())
-    if isinstance(value, list):
-        return sum(_text_bytes(v) for v in value)
-    if isinstance(value, dict):
-        if "text" in value:
-            return _text_bytes(value["text"])
-        if "content" in value:
-            return _text_bytes(value["content"])
-    return 0
+    """UTF-8 bytes of the text in a prompt or a message list (iterative: a client controls
+    how deep the lists nest)."""
+    total, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v.encode("utf-8", "surrogatepass"))
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            if "text" in v:
+                stack.append(v["text"])
+            elif "content" in v:
+                stack.append(v["content"])
+    return total
 
 
-def parse_body(body: bytes) -> BodyFacts | str:
-    """The facts of an OpenAI request body, or an error message for the 400."""
+def _has_lone_surrogate(doc: Any) -> bool:
+    stack = [doc]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+    return False
+
+
+def _token_count(doc: dict, key: str) -> int | str | None:
+    """`doc[key]` as a token count (None: absent or null), or the error message."""
+    value = doc.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return f"{key} must be a non-negative integer"
+    if value > MAX_TOKENS:
+        return f"{key} must be at most {MAX_TOKENS}"
+    return value
+
+
+def parse_body(body: bytes, path: str = "") -> BodyFacts | str:
+    """The facts of an OpenAI request body, or an error message for the 400. What the
+    gateway reads must have the type OpenAI's API gives it (a `stream` of "false" is not
+    false); on the chat and completions paths the prompt must be there."""
     try:
         doc = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return f"request body is not valid JSON: {exc}"
+    except RecursionError:
+        return "request body is not valid JSON: nested too deeply"
     if not isinstance(doc, dict):
         return "request body must be a JSON object"
+    if _has_lone_surrogate(doc):
+        return "request body is not valid Unicode: an unpaired UTF-16 surrogate (\\ud800-\\udfff)"
+    endpoint = path.split("?", 1)[0].rstrip("/")
+    messages = doc.get("messages")
+    if endpoint.endswith("/chat/completions") and not (
+            isinstance(messages, list) and messages
+            and all(isinstance(m, dict) for m in messages)):
+        return "messages must be a non-empty list of message objects"
+    if endpoint.endswith("/v1/completions") and not isinstance(doc.get("prompt"), str | list):
+        return "prompt must be a string or a list"
     if "messages" in doc:
-        prompt_bytes = _text_bytes(doc["messages"])
+        prompt_bytes = _text_bytes(messages)
     elif "prompt" in doc:
         prompt_bytes = _text_bytes(doc["prompt"])
     else:
         prompt_bytes = len(body)
-    max_tokens = doc.get("max_completion_tokens", doc.get("max_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
-                                   or max_tokens < 0):
-        return "max_tokens must be a non-negative integer"
-    if max_tokens is not None and max_tokens > MAX_TOKENS:
-        return f"max_tokens must be at most {MAX_TOKENS}"
-    stream = doc.get("stream")
-    model = doc.get("model")
-    return BodyFacts(
-        prompt_bytes=prompt_bytes,
-        max_tokens=max_tokens,
-        stream=bool(stream) if stream is not None else None,
-        model=model if isinstance(model, str) else None,
-    )
+    counts = [_token_count(doc, k) for k in ("max_completion_tokens", "max_tokens")]
+    bad = next((c for c in counts if isinstance(c, str)), None)
+    if bad is not None:
+        return bad
+    max_tokens = next((c for c in counts if c is not None), None)
+    stream, model = doc.get("stream"), doc.get("model")
+    if stream is not None and not isinstance(stream, bool):
+        return "stream must be true or false"
+    if model is not None and not (isinstance(model, str) and model):
+        return "model must be a non-empty string"
+    return BodyFacts(prompt_bytes=prompt_bytes, max_tokens=max_tokens, stream=stream,
+                     model=model)
 
 
 def estimate(spec: RequestSpec, content_length: int, facts: BodyFacts | None) -> Estimate:
