@@ -333,6 +333,19 @@ def test_anonymous(written, expected):
                                       written)).anonymous == expected
 
 
+def test_the_default_anonymous_tenant_never_outranks_a_keyed_one():
+    """A tenant capped at P2 that drops its key (or sends a wrong one) must not become an
+    anonymous client allowed P0: the default anonymous maximum is the tenants' lowest."""
+    tenants = (f"  - {{name: a, apiKeyHashes: [{KEY_A}], maxPriority: 0}}\n"
+               f"  - {{name: b, apiKeyHashes: [{KEY_B}], maxPriority: P2}}\n")
+    for written in (None, "true"):
+        assert load_policy(tenants_policy(tenants, written)).anonymous == TenantSpec(
+            "anonymous", (), 2, 2)
+    # an operator who means it says so
+    assert load_policy(tenants_policy(tenants, "{maxPriority: 0}")).anonymous.max_priority == 0
+    assert load_policy(SEED_BARE).anonymous == TenantSpec("anonymous", (), 0, 1)  # no tenants
+
+
 def test_tenant_named_anonymous_conflicts_only_when_anonymous_is_enabled():
     t = f"  - {{name: anonymous, apiKeyHashes: [{KEY_A}]}}\n"
     [issue] = errors_of(tenants_policy(t))

@@ -66,7 +66,7 @@ def load_policy(text: str, source: str = "policy.yaml", *,
     limiter = read_limiter(top)
     pools = read_pools(top)
     tenant_drafts = read_tenants(top, queues, queues_ok, pools)
-    anonymous = read_anonymous(top, queues, queues_ok)
+    anonymous = read_anonymous(top, queues, queues_ok, tenant_drafts)
     secrets_node = top.get("secretsFile")
     if secrets_node is not None:
         r.string(secrets_node, "secretsFile")

@@ -142,11 +142,14 @@ def read_tenants(top: NodeFields, queues: tuple[QueueSpec, ...], queues_ok: bool
     return drafts
 
 
-def read_anonymous(top: NodeFields, queues: tuple[QueueSpec, ...],
-                   queues_ok: bool) -> TenantSpec | None:
-    """Absent or true → the default anonymous tenant; null/false → None (401 for unknown keys)."""
+def read_anonymous(top: NodeFields, queues: tuple[QueueSpec, ...], queues_ok: bool,
+                   tenants: list[TenantDraft]) -> TenantSpec | None:
+    """Absent or true → the default anonymous tenant; null/false → None (401 for unknown keys).
+    The default never outranks a tenant: its maximum is the lowest of the tenants' maxima
+    (else a tenant capped at P2 would drop its key, or send a wrong one, and ask for P0)."""
     r = top.r
     top_p, second = default_priorities(queues)
+    top_p = max([top_p, *(t.max_priority for t in tenants)])
     derived = TenantSpec(ANONYMOUS, (), top_p, max(top_p, second))
     if not top.has("anonymous"):
         return derived
