@@ -313,3 +313,21 @@ def test_a_request_past_its_client_deadline_is_rerouted_too():
                              path="/v1/chat/completions"), 1.0)
     assert late.record.decision == "fallback_reroute" and late.ticket.pool == "small"
 
+
+def test_a_reroute_with_a_cluster_goes_there_not_to_the_catch_all_pool():
+    """A review of the catch-all reroute: a fallback that names a cluster keeps going there
+    for a model no pool lists (the catch-all pool takes such a model only without one)."""
+    policy = load_policy(BASE.replace("BODY", "true").replace("limit: 2", "limit: 1")
+                         .replace("maxQueueSize: 3", "maxQueueSize: 1")
+                         .replace("models: [big],", "")  # `default` takes any other model
+                         .replace("fallback: {{type: reroute, model: tiny}}".replace("{{", "{")
+                                  .replace("}}", "}"),
+                                  "fallback: {type: reroute, cluster: external, model: gpt-x}"))
+    assert policy.pool_for_model("gpt-x").name == "default"
+    front = Front(Admission(policy, random.Random(1), now=0.0))
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    headers = {"authorization": "Bearer k0", "x-llmvalve-feature": "summarize"}
+    verdicts = [front.check(Check(f"c{i}", headers, body=body, path="/v1/chat/completions"),
+                            1.0) for i in range(3)]  # admitted, queued, queue full: rerouted
+    assert verdicts[2].record.decision == "fallback_reroute"
+    assert verdicts[2].cluster == "external" and verdicts[2].ticket is None

@@ -141,6 +141,20 @@ def test_bad_bodies(body, path, says):
     assert isinstance(message, str) and says in message
 
 
+def test_valid_openai_bodies_pass():
+    for body, path in [
+        ('{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},'
+         ' {"role": "assistant", "content": null, "tool_calls": []},'
+         ' {"role": "tool", "content": "x"}], "stream": null, "model": null}', CHAT),
+        ('{"prompt": [1, 2, 3], "max_tokens": null, "max_completion_tokens": 5}',
+         "/v1/completions?x=1"),
+        ('{"prompt_embeds": "AAAA"}', "/v1/completions"),  # vLLM takes embeddings instead
+        ('{"input": "hi"}', "/v1/embeddings"),
+        ('{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}', CHAT + "/"),
+    ]:
+        assert isinstance(reading.parse_body(body.encode(), path), reading.BodyFacts), body
+
+
 def test_content_nested_deeply_is_counted_not_recursed():
     # 900 deep: json.loads takes it; counting it recursively took the whole stack
     body = '{"messages": [{"role": "user", "content": ' + "[" * 900 + '"abcd"' + "]" * 900

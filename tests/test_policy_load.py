@@ -103,6 +103,13 @@ def test_a_configmap_with_a_chomped_block_shares_the_bare_files_version():
     assert chomped.version == load_policy(SEED_BARE).version
 
 
+def test_an_exponent_yaml_reads_as_text_gets_a_hint_that_fits_the_field():
+    text = SEED_BARE + "requests: {maxBodyBytes: 1e9, bytesPerToken: 4e0}\n"
+    by_field = {i.field: i.message for i in errors_of(text)}
+    assert by_field["requests.maxBodyBytes"].endswith("(YAML reads 1e9 as text: write the digits)")
+    assert "1.0e+9, or the digits" in by_field["requests.bytesPerToken"]
+
+
 def test_keys_of_ones_own_hold_anchors_at_the_top_level():
     text = """x-queue: &q {maxQueueSize: 10, timeout: 8s, dropPolicy: tail}
 queues:

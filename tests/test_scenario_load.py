@@ -143,6 +143,8 @@ def test_trace_split_and_tenants_must_agree_with_the_policy():
     assert "classes[1].trace.split: no priorities" in error_of(BASE + trace % "split: {}")
     assert "classes[1].trace.tenants: priority 2 gets no requests from split (0)" in error_of(
         BASE + trace % "split: {0: 1.0}, tenants: {2: batch}")
+    assert "classes[1].trace.tenants: priority 2 gets no requests" in error_of(
+        BASE + trace % "split: {0: 1.0, 2: 0}, tenants: {2: batch}")
     assert "classes[1].trace.start: the trace ends" in error_of(BASE + trace % "start: 100h")
     two = BASE.replace("classes:\n", "policy:\n  queues:\n" + "".join(
         f"    - {{priority: {p}, name: q{p}, maxQueueSize: 9, timeout: 8s, dropPolicy: tail}}\n"

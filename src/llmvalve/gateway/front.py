@@ -420,7 +420,10 @@ class Front:
                           ("x-llmvalve-reason", reject.reason.value))
         if fallback.model:
             extra = (*extra, ("x-llmvalve-rewrite-model", fallback.model))
-        target = self.policy.pool_for_model(fallback.model) if fallback.model else None
+        # the pool that lists the model; without a cluster to go to, the catch-all pool too
+        target = self.policy.pool_serving(fallback.model) if fallback.model else None
+        if target is None and fallback.model and not fallback.cluster:
+            target = self.policy.pool_for_model(fallback.model)
         if target is None or target.name == waiting.info.pool:
             if not fallback.cluster:
                 return None

@@ -107,7 +107,8 @@ def parse_body(body: bytes, path: str = "") -> BodyFacts | str:
             isinstance(messages, list) and messages
             and all(isinstance(m, dict) for m in messages)):
         return "messages must be a non-empty list of message objects"
-    if endpoint.endswith("/v1/completions") and not isinstance(doc.get("prompt"), str | list):
+    if (endpoint.endswith("/v1/completions") and "prompt_embeds" not in doc
+            and not isinstance(doc.get("prompt"), str | list)):
         return "prompt must be a string or a list"
     if "messages" in doc:
         prompt_bytes = _text_bytes(messages)

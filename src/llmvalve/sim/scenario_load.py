@@ -314,7 +314,7 @@ def _trace(c: _Ctx, node: Node, field: str) -> TraceSpec | None:
                       f"shares must add up to 1, got {sum(split.values()):g}")
     tenants = _trace_tenants(c, t.get("tenants"), t.field("tenants"))
     for p, _names in tenants:
-        if p not in split:
+        if not split.get(p):
             c.r.error(t.get("tenants"), t.field("tenants"), f"priority {p} gets no requests "
                       f"from split ({', '.join(str(q) for q in split)})")
     if file is None:

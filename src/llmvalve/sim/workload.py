@@ -142,14 +142,16 @@ def read_trace(file: str) -> tuple[tuple[float, int, int], ...]:
         text = data.decode("utf-8-sig")
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise TraceError(f"{file}: cannot read it as a CSV (or gzip of one): {exc}") from None
-    rows = []
+    rows, first = [], True
     for line, rec in enumerate(csv.reader(io.StringIO(text)), start=1):
         if not rec or not "".join(rec).strip():
             continue
         row = _trace_row(rec)
+        if row is None and first:
+            first = False
+            continue  # the header
+        first = False
         if row is None:
-            if not rows and line == 1:
-                continue  # the header
             raise TraceError(f"{file}:{line}: expected timestamp (seconds or ISO 8601), "
                              f"prompt tokens, output tokens (whole numbers >= 0); got "
                              f"{','.join(rec)[:80]!r}")

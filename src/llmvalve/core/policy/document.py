@@ -43,21 +43,30 @@ def syntax_issue(exc: yaml.YAMLError, text: str, r: NodeReader) -> PolicyIssue:
         line = text.count("\n", 0, max(0, exc.position))
         code = (f"#x{exc.character:04x}" if isinstance(exc.character, int)
                 else repr(exc.character))
-        return PolicyIssue(r.source, line + 1 + r.offset, "yaml",
-                           f"character {code} is not allowed in YAML ({exc.reason}); a pasted "
-                           "terminal colour code or a binary file?")
+        return _text_issue(r, line, f"character {code} is not allowed in YAML ({exc.reason}); "
+                           "a pasted terminal colour code or a binary file?")
     problem = getattr(exc, "problem", None) or type(exc).__name__
     context = getattr(exc, "context", None)
     problem_mark = getattr(exc, "problem_mark", None)
     context_mark = getattr(exc, "context_mark", None)
     line = problem_mark.line if problem_mark is not None else 0
     if context and context_mark is not None:
-        problem = f"{context} started on line {context_mark.line + 1 + r.offset}: {problem}"
+        started = (f"{context_mark.line + 1} of the string" if r.inline
+                   else str(context_mark.line + 1 + r.offset))
+        problem = f"{context} started on line {started}: {problem}"
         if line >= len(text.splitlines()):  # detected only at the end of the text
             line = context_mark.line
     elif context:
         problem = f"{context}: {problem}"
-    return PolicyIssue(r.source, line + 1 + r.offset, "yaml", f"YAML syntax error: {problem}")
+    return _text_issue(r, line, f"YAML syntax error: {problem}")
+
+
+def _text_issue(r: NodeReader, line: int, message: str) -> PolicyIssue:
+    """An issue at 0-based `line` of the text `r` reads (a quoted string's: its own line)."""
+    if r.inline:
+        return PolicyIssue(r.source, r.offset + 1, "yaml",
+                           f"{message} (line {line + 1} of the quoted policy.yaml string)")
+    return PolicyIssue(r.source, line + 1 + r.offset, "yaml", message)
 
 
 def configmap_policy(doc: Node) -> Node | None:

@@ -126,7 +126,9 @@ class NodeReader:
         elif (not secret and expected in ("a number", "an integer")
               and isinstance(node, ScalarNode) and node.tag == TAG + "str"
               and _EXPONENT.fullmatch(node.value)):
-            hint = (f" (YAML reads {node.value} as text: write the exponent with a dot and a "
+            hint = (f" (YAML reads {node.value} as text: write the digits)"
+                    if expected == "an integer" else
+                    f" (YAML reads {node.value} as text: write the exponent with a dot and a "
                     "sign, 1.0e+9, or the digits)")
         self.error(node, field, f"expected {expected}, got {kind_of(node)}{hint}")
 

@@ -117,14 +117,19 @@ def _backends(r: NodeReader, f: NodeFields, known: _BackendNames) -> tuple[Backe
 
 def _url_problem(url: str) -> str | None:
     """What is wrong with a metrics URL, or None."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # a bracket left open: "http://[::1/metrics"
+        return f"not a URL ({exc})"
     if parts.scheme not in ("http", "https"):
         return "must be an http:// or https:// URL"
     try:
-        parts.port  # noqa: B018 - raises on a port that is no number or out of range
+        port = parts.port
     except ValueError:
+        port = 0
+    if port == 0:
         return "bad port (a number from 1 to 65535)"
-    if not parts.hostname:
+    if not parts.hostname or any(c.isspace() for c in parts.hostname):
         return "no host (http://HOST:PORT/metrics)"
     return None
 

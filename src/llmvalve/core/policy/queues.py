@@ -102,8 +102,8 @@ def _check_queue_name(f: NodeFields, name: str, priority: int | None,
     folded = name.strip().lower()
     if name != name.strip():
         f.r.error(node, field, f"{name!r}: no spaces around a queue name")
-    elif re.fullmatch(r"p?\d+", folded) and priority is not None \
-            and folded not in (str(priority), f"p{priority}"):
+    elif (number := re.fullmatch(r"p?(\d+)", folded)) and priority is not None \
+            and int(number.group(1)) != priority:
         f.r.error(node, field, f"{name!r} reads as a priority: a queue may be named after its "
                   f"own priority only (P{priority}), or a word")
     elif folded in seen:
