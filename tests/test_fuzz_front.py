@@ -320,8 +320,7 @@ def test_a_reroute_with_a_cluster_goes_there_not_to_the_catch_all_pool():
     policy = load_policy(BASE.replace("BODY", "true").replace("limit: 2", "limit: 1")
                          .replace("maxQueueSize: 3", "maxQueueSize: 1")
                          .replace("models: [big],", "")  # `default` takes any other model
-                         .replace("fallback: {{type: reroute, model: tiny}}".replace("{{", "{")
-                                  .replace("}}", "}"),
+                         .replace("fallback: {type: reroute, model: tiny}",
                                   "fallback: {type: reroute, cluster: external, model: gpt-x}"))
     assert policy.pool_for_model("gpt-x").name == "default"
     front = Front(Admission(policy, random.Random(1), now=0.0))

@@ -47,7 +47,7 @@ def _text_bytes(value: Any) -> int:
     while stack:
         v = stack.pop()
         if isinstance(v, str):
-            total += len(v.encode("utf-8", "surrogatepass"))
+            total += len(v.encode())
         elif isinstance(v, list):
             stack.extend(v)
         elif isinstance(v, dict):
@@ -59,6 +59,7 @@ def _text_bytes(value: Any) -> int:
 
 
 def _has_lone_surrogate(doc: Any) -> bool:
+    """A string no UTF-8 can hold (JSON's `\\ud800` alone: only an escape can make one)."""
     stack = [doc]
     while stack:
         v = stack.pop()
@@ -99,7 +100,7 @@ def parse_body(body: bytes, path: str = "") -> BodyFacts | str:
         return "request body is not valid JSON: nested too deeply"
     if not isinstance(doc, dict):
         return "request body must be a JSON object"
-    if _has_lone_surrogate(doc):
+    if b"\\u" in body and _has_lone_surrogate(doc):  # walked only if an escape is there
         return "request body is not valid Unicode: an unpaired UTF-16 surrogate (\\ud800-\\udfff)"
     endpoint = path.split("?", 1)[0].rstrip("/")
     messages = doc.get("messages")
