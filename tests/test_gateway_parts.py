@@ -85,6 +85,19 @@ def test_a_request_shed_for_the_gateways_own_lag_gets_its_features_fallback():
     assert isinstance(plain, Answer) and plain.reply.status == 429
 
 
+def test_a_path_outside_the_inference_api_is_a_404_before_anything_else():
+    policy = Policy(queues=SEED_QUEUES, anonymous=None)  # keys required
+    front = Front(Admission(policy, random.Random(1), "static:2"))
+    verdict = front.check(Check("c1", {}, path="/metrics?x=1"), now=1.0)
+    assert isinstance(verdict, Answer) and verdict.reply.status == 404
+    assert json.loads(verdict.reply.body)["error"]["message"].startswith("Invalid URL (/metrics)")
+    assert (verdict.record.decision, verdict.record.klass) == ("unknown_path", "")
+    assert front.open_tickets() == 0 and front.waiting == 0
+    # the same request on an inference path is judged as usual (here: no key, 401)
+    verdict = front.check(Check("c2", {}, path="/v1/embeddings"), now=1.0)
+    assert isinstance(verdict, Answer) and verdict.reply.status == 401
+
+
 def test_a_body_envoy_cut_is_costed_from_the_clients_content_length():
     policy = Policy(queues=SEED_QUEUES, requests=RequestSpec(body_inspection=True))
     full = json.dumps({"model": "m", "max_tokens": 2,

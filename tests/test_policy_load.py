@@ -488,6 +488,24 @@ limiter: {controler: seed}
     ]
 
 
+def test_request_paths():
+    """The inference API by default; a list of exact paths and prefixes; `*` for every path."""
+    spec = load_policy(SEED_BARE).requests
+    for path in ("/v1/chat/completions", "/v1/completions?x=1", "/v1/chat/completions/",
+                 "/v1/responses/resp_1/cancel", "/tokenize", "/v2/rerank"):
+        assert spec.passes(path), path
+    for path in ("/metrics", "/sleep", "/reset_prefix_cache", "/v1/load_lora_adapter", "/",
+                 "", "/v1/chat/completionsX", "/v1/chat", "/version", "/v1/responsesX"):
+        assert not spec.passes(path), path
+    spec = load_policy(SEED_BARE + "requests: {paths: [/v1/chat/completions, /gen*]}\n").requests
+    assert spec.paths == ("/v1/chat/completions", "/gen*")
+    assert spec.passes("/generate") and spec.passes("/gen") and not spec.passes("/v1/completions")
+    spec = load_policy(SEED_BARE + "requests: {paths: ['*']}\n").requests
+    assert all(spec.passes(p) for p in ("/metrics", "/", "/v1/foo"))
+    with pytest.raises(PolicyError, match=r"requests.paths: must list at least one path"):
+        load_policy(SEED_BARE + "requests: {paths: []}\n")
+
+
 def test_not_a_mapping_and_empty_documents():
     assert errors_of("")[0].message == "empty document"
     assert errors_of("# only a comment\n")[0].field == "policy"

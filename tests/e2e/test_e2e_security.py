@@ -174,6 +174,33 @@ def test_huge_and_non_utf8_headers(e2e):
     e2e.wait_idle()
 
 
+def test_only_the_inference_api_reaches_a_backend(e2e):
+    """The engines' operations endpoints are not the clients' (`requests.paths`): /metrics went
+    through to the backend's Prometheus page (the fleet's load and request counts), and a
+    development-mode vLLM would have taken /sleep or /reset_prefix_cache from any client."""
+    port = e2e.stack.config.port
+    auth = b"authorization: Bearer " + P0_KEY.encode() + b"\r\n"
+    payload = json.dumps(body()).encode()
+    for method, path in ((b"GET", b"/metrics"), (b"POST", b"/sleep"), (b"GET", b"/v1/foo"),
+                         (b"POST", b"/reset_prefix_cache"),
+                         # judged after Envoy resolves the dot segments
+                         (b"GET", b"/v1/responses/../../metrics"),
+                         (b"POST", b"/v1/chat/completions/../../metrics")):
+        status, answer = raw_request(port, method + b" " + path + b" HTTP/1.1\r\nhost: x\r\n"
+                                     + auth)
+        assert status == 404, (path, answer)
+        assert b"x-llmvalve-reason: unknown_path" in answer.lower(), (path, answer)
+        error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+        assert error["code"] == "unknown_path" and b"vllm:" not in answer, (path, error)
+    # The inference paths pass: a query string, doubled slashes and dot segments aside.
+    chat = b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n" + auth
+    for path in (b"/v1/chat/completions?trace=1", b"//v1//chat/completions",
+                 b"/v1/./x/../chat/completions"):
+        status, answer = raw_request(port, chat % path, payload)
+        assert status == 200 and b"chat.completion" in answer, (path, answer)
+    e2e.wait_idle()
+
+
 LISTENER_STATS = r"^(http\.llm_ingress|listener\.127\.0\.0\.1_\d+)\.downstream_"
 
 

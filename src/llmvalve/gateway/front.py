@@ -105,7 +105,7 @@ class Check:
     headers: Mapping[str, str]  # lower-case names
     body: bytes | None = None  # sent when Envoy forwards it (ext_authz with_request_body)
     body_complete: bool = True  # False: Envoy cut it at max_request_bytes
-    path: str = ""
+    path: str = "/v1/chat/completions"  # the client's (query included)
     age_s: float = 0.0  # how long before the check the gateway's proxy received the request
 
 
@@ -208,6 +208,9 @@ class Front:
             return Answer(check.check_id, replies.bad_request(
                 f"x-llmvalve-id {check.check_id!r} is already in use"),
                 Record("bad_request", "", "duplicate_id"))
+        if not spec.passes(check.path):
+            return Answer(check.check_id, replies.unknown_path(check.path),
+                          Record("unknown_path", "", "unknown_path"))
         headers = check.headers
         classified = self.classifier.classify(headers.get("authorization"),
                                               headers.get(spec.priority_header))

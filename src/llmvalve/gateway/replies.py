@@ -140,6 +140,17 @@ def model_not_found(model: str) -> Reply:
                  "llmvalve_model_not_found")
 
 
+def unknown_path(path: str) -> Reply:
+    """A path the policy does not pass (`requests.paths`): OpenAI's answer to a URL it does
+    not serve."""
+    return Reply(404, (("content-type", "application/json"),
+                       ("x-llmvalve-reason", "unknown_path")),
+                 _error_body(f"Invalid URL ({path.split('?', 1)[0]}): this gateway serves "
+                             "only its inference API.", "invalid_request_error",
+                             "unknown_path"),
+                 "llmvalve_unknown_path")
+
+
 def model_not_allowed(model: str) -> Reply:
     return Reply(403, (("content-type", "application/json"),
                        ("x-llmvalve-reason", "model_not_allowed")),

@@ -71,7 +71,7 @@ def check_of(job: Job, check_id: str, policy: Policy, stream: bool) -> Check:
         if job.max_tokens:
             doc["max_tokens"] = job.max_tokens
         body = json.dumps(doc).encode()
-    return Check(check_id, headers, body)
+    return Check(check_id, headers, body, path="/v1/chat/completions")
 
 
 def envoy_ms(seconds: float) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from llmvalve.core.policy.nodes import NodeFields
+from llmvalve.core.policy.nodes import NodeFields, join
 from llmvalve.core.policy.spec import RequestSpec, RetryAfterSpec
 
 _HEADER_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
@@ -38,7 +38,7 @@ def read_retry_after(top: NodeFields) -> RetryAfterSpec:
 def read_requests(top: NodeFields) -> RequestSpec:
     f = top.sub("requests", ("priorityHeader", "featureHeader", "deadlineHeader", "modelHeader",
                              "bodyInspection", "maxBodyBytes", "defaultMaxTokens",
-                             "bytesPerToken"))
+                             "bytesPerToken", "paths"))
     d = RequestSpec()
     headers = {}
     for key, default in (("priorityHeader", d.priority_header),
@@ -67,5 +67,37 @@ def read_requests(top: NodeFields) -> RequestSpec:
         max_body_bytes=f.integer("maxBodyBytes", d.max_body_bytes, ge=1),
         default_max_tokens=f.integer("defaultMaxTokens", d.default_max_tokens, ge=1),
         bytes_per_token=f.number("bytesPerToken", d.bytes_per_token, gt=0),
+        paths=_read_paths(f),
     )
 
+
+def _read_paths(f: NodeFields) -> tuple[str, ...]:
+    """`paths`: each an absolute path, a prefix ending in `*`, or `*` alone (every path)."""
+    node = f.get("paths")
+    if node is None:
+        return RequestSpec().paths
+    out: list[str] = []
+    items = f.r.seq(node, f.field("paths"))
+    if items == []:
+        f.r.error(node, f.field("paths"), "must list at least one path (`*` passes every path)")
+    for j, item in enumerate(items or []):
+        where = join(f.field("paths"), j)
+        path = f.r.string(item, where)
+        if path is None:
+            continue
+        if path in out:
+            problem = "is listed twice"
+        elif path == "*":
+            problem = ""
+        elif not path.startswith("/"):
+            problem = "must start with / (or be * alone: every path)"
+        elif "*" in path[:-1]:
+            problem = "may hold * only at its end (a prefix)"
+        elif any(c in "?#%" or c.isspace() or not c.isprintable() for c in path):
+            problem = "must be a plain path: no query, fragment, escape or space"
+        else:
+            problem = ""
+        if problem:
+            f.r.error(item, where, f"{path!r} {problem}")
+        out.append(path)
+    return tuple(out) or RequestSpec().paths

@@ -171,6 +171,19 @@ class RetryAfterSpec:
     jitter: float = 0.3  # the drain time × a random factor in [1 − jitter/2, 1 + jitter/2]
 
 
+# The paths of vLLM's OpenAI-compatible server that serve a model (`vllm serve` lists its
+# routes at start). Left out: its operations endpoints (/metrics, /load, /version, /ping, and
+# in development modes /sleep, /wake_up, /reset_prefix_cache, /collective_rpc, the profiler
+# and the LoRA loaders), which are for the platform team, not for the gateway's clients.
+# `/v1/models` and `/health` have routes of their own in Envoy and are never checked.
+INFERENCE_PATHS = (
+    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+    "/v1/responses/*", "/v1/audio/transcriptions", "/v1/audio/translations", "/tokenize",
+    "/detokenize", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank",
+    "/v2/rerank", "/invocations",
+)
+
+
 @dataclass(frozen=True)
 class RequestSpec:
     """How requests are read at the gateway."""
@@ -183,6 +196,17 @@ class RequestSpec:
     max_body_bytes: int = 262_144
     default_max_tokens: int = 256
     bytes_per_token: float = 4.0
+    # The paths a client may reach: exact, or a prefix ending in `*`; ("*",) passes every path.
+    paths: tuple[str, ...] = INFERENCE_PATHS
+
+    def passes(self, path: str) -> bool:
+        """Whether a request for `path` (its query aside, one trailing slash ignored) may go
+        on to a backend."""
+        endpoint = path.split("?", 1)[0]
+        if len(endpoint) > 1:
+            endpoint = endpoint.removesuffix("/")
+        return any(endpoint == p or (p.endswith("*") and endpoint.startswith(p[:-1]))
+                   for p in self.paths)
 
 
 @dataclass(frozen=True)
