@@ -17,7 +17,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (65: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (74: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -244,6 +244,13 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # overload: `holdout-longgen-kv` s1 0 -> 15); applied only while the classes at and above
     # offered less over the last minute than the pool released, it never fired where it was
     # needed (the refusals themselves make the offered rate exceed the released). Not kept.
+    # Stop 34: the margin measured instead of halved — the objective less the class's p90
+    # time from dispatch to first token and less the p90 of the forecast's own error (waited
+    # minus forecast, last 64 queued requests of the class; never below half the objective):
+    # in overload the error is large and the rule is today's. Refusals here 53 / 101 / 57 ->
+    # 20 / 0 / 31, do-no-harm misses over the 264 runs 9 -> 6, but P0 misses 204 -> 228 and
+    # goodput -0.4 % (holdout-gw3-small-code s3 3 -> 10, holdout-code-h100-onoff s2 6 -> 11,
+    # holdout-answer-spread-gw2 s2 -6 %). Not kept.
     "holdout-calm-h100-short": ("seed 1: P1 attainment", "seed 2: P1 attainment",
                                 "seed 3: P1 attainment"),
     # held out: a diurnal curve; since stop 27's run, at seed 1 three P0 requests at the
@@ -339,6 +346,50 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # / 0.923 / 0.987. Left: seed 2, where P1 agents wait for the large engine and miss
     # their TTFT (P1 requests within SLO 620 before, 496 after; preemptions 24 and 68).
     "holdout-p0-near-share-hetero": ("seed 2: adaptive",),
+    # Batch 38 (nine files written at stop 34 by someone who had not read the controller,
+    # judged as they stood, not tuned on; cron-herd, h100-summarise, p0-majority and
+    # rack-heat-stack meet every target). Hard client timeouts the gateway is not told about
+    # (no deadline header): P1 tool-calling steps abandoned at 15 s, a router at 3 s, P0 at
+    # 20 s, queued or mid-stream: 0.848 / 0.957 / 0.720 of the best fixed limit. Traced at
+    # seed 3: adaptive runs as many requests as static:80 (about 85), but its engines decode
+    # at its ITL target (P1 TPOT p99 0.111 s against 0.095), so a 150-350-token step that
+    # waited takes past 15 s: 923 steps were cancelled after their prefill (1.85 M prompt
+    # tokens prefilled for nothing) against 431 (0.86 M) under static:80, where more die in
+    # the queue, at no cost. P0's misses are answers of up to 400 tokens cancelled at 20 s
+    # while decoding (5-8 of ~300), as holdout-giveup-peak. Not mended: nothing the gateway
+    # reads says the client will leave. With the timeouts sent as deadlines (a class's
+    # `deadline:`, added at stop 34 for this): 0.79 at seed 3, 0.91 on average. Starting
+    # only what can finish (deadline less the tenant's mean time in flight): 0.87 at seed 3,
+    # but adaptive's goodput fell 1,009 -> 893 tok/s on average and the best fixed limit's
+    # too (it refused requests that would have finished): not kept.
+    "holdout-b38-deadline-agents": ("seed 1: adaptive", "seed 1: P0 attainment",
+                                    "seed 2: P0 attainment", "seed 3: adaptive",
+                                    "seed 3: P0 attainment"),
+    # batch 38: do no harm with real-time SLOs (P0 500 ms / 40 ms) on two H100s behind two
+    # replicas: adaptive keeps P0 at 0.987 / 0.992 / 0.994 where `none` leaves 0.900 / 0.937
+    # / 0.909 (a 5,000-token recap prefilled in the step a caption decodes in), by holding
+    # batches small; the recaps (P2) wait up to 14 s of their 15 s objective and a few P1
+    # arrivals are refused by the early-drop forecast (4 of 724 at seed 1): P1 0.995 against
+    # 0.997, P2 0.990 against 1.000. The best fixed limit for P0 (static:24) does the same
+    # trade harder (P0 0.989, P1 0.928); goodput 1.006-1.010 x none.
+    "holdout-b38-calm-tight-slo": ("seed 1: P0 attainment", "seed 1: P1 attainment",
+                                   "seed 1: P2 attainment", "seed 2: P1 attainment",
+                                   "seed 3: P1 attainment"),
+    # batch 38: do no harm where the editor cancels 60 % of P0 completions 0.3-1.5 s after
+    # sending; every P0 request that completes meets its SLO under both controllers. Seed 3:
+    # two more P0 answers are overtaken by their cancel than under `none` (155 completed
+    # against 157; P0 TPOT p99 0.072 s against 0.063), P0 0.608 against 0.616; seed 1: a P1
+    # request more cancelled by its user while it waited (P1 0.964 against 0.968).
+    "holdout-b38-calm-typing-cancel": ("seed 1: P1 attainment", "seed 3: P0 attainment"),
+    # batch 38: max_tokens overstated 2-50x with bodies read: 0.917 of the best fixed limit
+    # at seeds 2 and 3; that limit (static:128) preempts (207 at seed 2) and gives P0 up
+    # (0.981), static:96 serves 1,200 tok/s against adaptive's 1,295 with P0 1.000: the
+    # KV target trades the last 8 % of goodput for P0, as on holdout-longgen-kv.
+    "holdout-b38-maxtokens-overstated": ("seed 2: adaptive", "seed 3: adaptive"),
+    # batch 38: one small engine is the whole pool (1.7x load): one P0 request of ~55 waited
+    # 2.1 s for a slot at t = 221 s (no fixed limit keeps P0 above 0.86 here; adaptive 0.982
+    # / 1.000 / 1.000, 1.08-1.14 x the best fixed limit).
+    "holdout-b38-solo-small": ("seed 1: P0 attainment",),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"

@@ -143,7 +143,8 @@ def test_production_and_simulator_feed_the_core_the_same_calls(inspect):
     for t, engine in ((0.0, engines[0]), (1.5, engines[1])):
         events.append((t, "scrape", engine))
     for job in jobs():
-        check = sim_gateway.check_of(job, f"c{job.job_id}", policy, job.cls.stream)
+        check = sim_gateway.check_of(job, f"c{job.job_id}", policy, job.cls.stream,
+                                     job.arrival_s)
         events.append((job.arrival_s, "check", check))
     for at, cid, status, ttft, left, failed, streamed in (
             (1.0, "c0", 200, 0.3, False, False, True), (1.2, "c2", 200, 0.1, False, False, True),

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from llmvalve.sim.gateway import check_of
+from llmvalve.sim.runner import default_policy
 from llmvalve.sim.scenario import ScenarioError, load_scenario
 from llmvalve.sim.scenario_load import parse_scenario
 from llmvalve.sim.workload import generate, on_off_schedule
@@ -241,6 +243,27 @@ def test_ramp_rises_linearly():
     second = len(jobs) - first
     # expected 150 and 450 arrivals: the second half carries three times the first
     assert 120 <= first <= 180 and 400 <= second <= 500, (first, second)
+
+
+def test_a_class_deadline_is_sent_on_each_attempt_and_kept():
+    """`deadline:` is the client's: it sends the time left in the policy's deadline header
+    and leaves when it passes (or at an earlier random cancel)."""
+    sc = parse_scenario(BASE + "    deadline: 2.5s\n"
+                        "    cancel: {prob: 0.5, after: [0.5s, 5s]}\n", "t.yaml")
+    policy = default_policy()
+    jobs = generate(sc, 1.0, 1)
+    assert all(j.deadline_at_s == j.arrival_s + 2.5 for j in jobs)
+    assert all(j.cancel_at_s is not None and j.cancel_at_s <= j.arrival_s + 2.5 for j in jobs)
+    assert any(j.cancel_at_s < j.arrival_s + 2.5 for j in jobs)  # some leave earlier
+    job = jobs[0]
+    first = check_of(job, "c1", policy, True, job.arrival_s)
+    retry = check_of(job, "c2", policy, True, job.arrival_s + 1.2)
+    assert first.headers["x-llmvalve-deadline-ms"] == "2500"
+    assert retry.headers["x-llmvalve-deadline-ms"] == "1300"
+    without = generate(parse_scenario(BASE, "t.yaml"), 1.0, 1)[0]
+    assert without.deadline_at_s is None and without.cancel_at_s is None
+    assert "x-llmvalve-deadline-ms" not in check_of(without, "c3", policy, True, 0.0).headers
+    assert "deadline" in error_of(BASE + "    deadline: soon\n")
 
 
 def test_ramp_times_must_not_go_back():

@@ -87,6 +87,18 @@ as they stood — each file's description says when).
 `LLMVALVE_ISSUE10_FULL=1 pytest tests/test_generalisation.py` runs
 them at seeds 1–3; its `KNOWN_MISSES` lists every target still missed, here and there, with the
 traced cause.
+The latest batch (nine `holdout-b38-*` files, written at stop 34) found a family the
+controller does not handle: clients with a hard timeout they do not send
+(`holdout-b38-deadline-agents`: tool-calling steps abandoned at 15 s, queued or mid-stream;
+0.72–0.96 of the best fixed limit). Its engines decode at the ITL target, so steps that waited
+are cancelled after their prefill (twice the prompt tokens prefilled for nothing of
+`static:80`, where more of them die in the queue at no cost). A client that sends its timeout in
+`x-llmvalve-deadline-ms` (a class's `deadline:` below) is refused before it waits past it: the
+same workload with its deadlines sent reads 0.79–1.0 (0.91 on average). Starting only what can
+finish by the deadline (the deadline less the tenant's mean time in flight) was measured and
+not kept: it lowered every controller's goodput (adaptive 1,009 → 893 tok/s on average; the best
+fixed limit 1,080–1,137 → 995–1,044), refusing requests that would have finished. Learning a
+timeout the client does not send, from its cancellations, is open.
 
 ## Format
 
@@ -123,6 +135,10 @@ classes:
                                             # has not finished `after` (uniform) its first
                                             # arrival: queued, between retries, before its
                                             # first token or while it streams
+    deadline: 15s                           # the client sends the time left to this, from
+                                            # its first arrival, in the policy's deadline
+                                            # header (x-llmvalve-deadline-ms) on each attempt,
+                                            # and leaves when it passes (default: none)
     retry: {mode: jitter, maxAttempts: 3, base: 1s, cap: 30s}  # or immediate, none
   - name: ramped
     priority: 1

@@ -55,7 +55,7 @@ def keyed_tenants(policy: Policy, wanted: dict[str, int], key: Callable[[str], s
     return dataclasses.replace(policy, tenants=tuple(tenants), anonymous=None)
 
 
-def check_of(job: Job, check_id: str, policy: Policy, stream: bool) -> Check:
+def check_of(job: Job, check_id: str, policy: Policy, stream: bool, now: float) -> Check:
     spec = policy.requests
     text_bytes = round(job.prompt_tokens * spec.bytes_per_token)
     headers = {"authorization": f"Bearer {KEY_PREFIX}{job.tenant}",
@@ -64,6 +64,8 @@ def check_of(job: Job, check_id: str, policy: Policy, stream: bool) -> Check:
     model = job.model
     if model:
         headers[spec.model_header] = model
+    if job.deadline_at_s is not None:  # the time left, in whole milliseconds
+        headers[spec.deadline_header] = str(max(0, round((job.deadline_at_s - now) * 1000)))
     body = None
     if policy.inspects_bodies:
         doc = {"model": model or "sim", "stream": stream,

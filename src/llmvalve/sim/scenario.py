@@ -70,6 +70,9 @@ class TrafficClass:
     stream: bool = True
     cancel_prob: float = 0.0
     cancel_after_s: tuple[float, float] = (0.5, 5.0)
+    # the client's deadline after its first attempt (0: none): it sends the time left in the
+    # policy's deadline header and gives up when it passes, queued or mid-stream
+    deadline_s: float = 0.0
     retry: RetrySpec = RetrySpec()
     trace: TraceSpec | None = None
     model: str = ""  # the OpenAI `model` its requests ask for ("": none; the first pool)

@@ -40,7 +40,7 @@ PROFILE_OVERRIDES = {"maxNumSeqs": "max_num_seqs", "kvBlocks": "num_gpu_blocks",
                      "maxBatchedTokens": "max_num_batched_tokens"}
 EVENT_KEYS = ("at", "backend", "slowdown", "leave", "rejoin", "kvBlocks")
 CLASS_KEYS = ("name", "priority", "tenant", "rate", "prompt", "output", "maxTokens", "stream",
-              "cancel", "retry", "trace", "model")
+              "cancel", "deadline", "retry", "trace", "model")
 DIST_KEYS = ("mean", "cv", "min", "max")
 TRACE_KEYS = ("file", "speed", "start", "split", "tenants")
 ONOFF_KEYS = ("onRate", "offRate", "onFor", "offFor")
@@ -419,6 +419,7 @@ def _class(c: _Ctx, node: Node, i: int) -> TrafficClass | None:
         output=_dist(c, f.get("output"), f.field("output"), Dist(150, 0.5)),
         max_tokens=f.integer("maxTokens", 0, ge=1) if f.has("maxTokens") else 0,
         stream=f.boolean("stream", True), cancel_prob=prob, cancel_after_s=after,
+        deadline_s=f.duration("deadline", 0.0) if f.has("deadline") else 0.0,
         retry=_retry(c, f.get("retry"), f.field("retry")), trace=trace,
         model=f.string("model", ""))
 

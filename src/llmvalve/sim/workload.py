@@ -37,6 +37,11 @@ class Job:
     cancel_at_s: float | None  # absolute time the client gives up, if it does
 
     @property
+    def deadline_at_s(self) -> float | None:
+        """The deadline the client sends (absolute), if its class has one."""
+        return self.arrival_s + self.cls.deadline_s if self.cls.deadline_s > 0 else None
+
+    @property
     def model(self) -> str | None:
         """The `model` its requests ask for (None: the class names none)."""
         return self.cls.model or None
@@ -244,7 +249,10 @@ def _pick_tenant(shares: tuple[tuple[str, float], ...] | None,
 
 
 def _cancel(cls: TrafficClass, at: float, rng: random.Random) -> float | None:
+    """When the client gives up: at a random cancel, or at its deadline, whichever is first."""
+    deadline = at + cls.deadline_s if cls.deadline_s > 0 else None
     if cls.cancel_prob <= 0 or rng.random() >= cls.cancel_prob:
-        return None
+        return deadline
     lo, hi = cls.cancel_after_s
-    return at + rng.uniform(lo, hi)
+    at = at + rng.uniform(lo, hi)
+    return at if deadline is None else min(at, deadline)
