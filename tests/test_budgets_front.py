@@ -47,7 +47,8 @@ def check(cid: str, key: str, model: str = "big", prompt: str = "x" * 10,
     body = {"model": model, "messages": [{"role": "user", "content": prompt}]}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
-    return Check(cid, {"authorization": f"Bearer {key}"}, json.dumps(body).encode())
+    return Check(cid, {"authorization": f"Bearer {key}"}, json.dumps(body).encode(),
+                 path="/v1/chat/completions")
 
 
 def headers(h) -> dict[str, str]:

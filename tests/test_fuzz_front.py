@@ -179,7 +179,8 @@ async def run_program(program, body_inspection: bool) -> None:
                 check_id = f"s{slot}-{ids[slot]}"
                 headers = {k: v for k, v in values.items() if v is not None}
                 tasks[slot] = (check_id, asyncio.create_task(driver.decide(
-                    Check(check_id, headers, body, body_complete=complete))))
+                    Check(check_id, headers, body, body_complete=complete,
+                          path="/v1/chat/completions"))))
                 every.append(tasks[slot])
         elif kind == "left" and step[1] in tasks:
             tasks[step[1]][1].cancel()

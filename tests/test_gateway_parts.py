@@ -34,7 +34,6 @@ from llmvalve.gateway.scraper import Scraper
 
 POLICY = Policy(queues=SEED_QUEUES)
 
-
 # -- replies -----------------------------------------------------------------------------------
 def test_shed_reply_shape():
     reply = replies.shed(Reject("r", 429, Reason.QUEUE_TIMEOUT, 0.2, 8.04), "agent-workflow")
@@ -93,6 +92,8 @@ def test_a_path_outside_the_inference_api_is_a_404_before_anything_else():
     assert json.loads(verdict.reply.body)["error"]["message"].startswith("Invalid URL (/metrics)")
     assert (verdict.record.decision, verdict.record.klass) == ("unknown_path", "")
     assert front.open_tickets() == 0 and front.waiting == 0
+    # a check that names no path is refused as well (an adapter that lost it)
+    assert front.check(Check("c0", {}), now=1.0).reply.status == 404
     # the same request on an inference path is judged as usual (here: no key, 401)
     verdict = front.check(Check("c2", {}, path="/v1/embeddings"), now=1.0)
     assert isinstance(verdict, Answer) and verdict.reply.status == 401
@@ -231,7 +232,7 @@ def test_the_access_log_sample_carries_the_tickets_backend_admission_time_and_cl
     """What the prefill speed's bound needs to know which prompts shared a backend's steps."""
     policy = Policy(queues=SEED_QUEUES, pools=(PoolSpec(backends=(BackendSpec("b0", ""),)),))
     front = Front(Admission(policy, random.Random(1), "static:4"))
-    go = front.check(Check("a", {"content-length": "400"}), 2.0)
+    go = front.check(Check("a", {"content-length": "400"}, path=CHAT), 2.0)
     assert isinstance(go, Go) and go.ticket is not None and go.ticket.backend == "b0"
     joined = front.access_log(LogEntry("a", status=200, ttft_s=0.25, upstream_s=1.0,
                                        streamed=True), 3.0)
@@ -251,16 +252,16 @@ async def test_driver_holds_a_check_until_its_slot_frees_and_a_cancelled_one_lea
     driver.start()
     headers = {"content-length": "100", "x-llmvalve-priority": "0"}  # tail-drop class
     try:
-        first = await driver.decide(Check("a", headers))
+        first = await driver.decide(Check("a", headers, path=CHAT))
         assert isinstance(first, Go)
-        waiting = asyncio.create_task(driver.decide(Check("b", headers)))
-        leaving = asyncio.create_task(driver.decide(Check("c", headers)))
+        waiting = asyncio.create_task(driver.decide(Check("b", headers, path=CHAT)))
+        leaving = asyncio.create_task(driver.decide(Check("c", headers, path=CHAT)))
         await asyncio.sleep(0.05)
         assert driver.waiting == 2 and front.waiting == 2
         leaving.cancel()  # the client left while queued: dequeued
         await asyncio.gather(leaving, return_exceptions=True)
         assert driver.waiting == 1 and front.waiting == 1
-        duplicate = await driver.decide(Check("b", headers))
+        duplicate = await driver.decide(Check("b", headers, path=CHAT))
         assert isinstance(duplicate, Answer) and duplicate.reply.status == 400
         driver.logged(LogEntry("a", status=200))  # a ended: b gets the slot
         second = await asyncio.wait_for(waiting, 1)

@@ -492,7 +492,8 @@ def test_request_paths():
     """The inference API by default; a list of exact paths and prefixes; `*` for every path."""
     spec = load_policy(SEED_BARE).requests
     for path in ("/v1/chat/completions", "/v1/completions?x=1", "/v1/chat/completions/",
-                 "/v1/responses/resp_1/cancel", "/tokenize", "/v2/rerank"):
+                 "/v1/responses/resp_1/cancel", "/tokenize", "/v2/rerank", "/v1/messages",
+                 "/v2/embed"):
         assert spec.passes(path), path
     for path in ("/metrics", "/sleep", "/reset_prefix_cache", "/v1/load_lora_adapter", "/",
                  "", "/v1/chat/completionsX", "/v1/chat", "/version", "/v1/responsesX"):

@@ -176,7 +176,7 @@ async def reloads_metric(cp: ControlPlane, result: str) -> float:
 
 def check(check_id: str, priority: int) -> Check:
     return Check(check_id, {"authorization": "Bearer key-a", "content-length": "10",
-                            "x-llmvalve-priority": str(priority)})
+                            "x-llmvalve-priority": str(priority)}, path="/v1/chat/completions")
 
 
 def open_ids(cp: ControlPlane) -> set[str]:

@@ -185,7 +185,11 @@ def test_only_the_inference_api_reaches_a_backend(e2e):
                          (b"POST", b"/reset_prefix_cache"),
                          # judged after Envoy resolves the dot segments
                          (b"GET", b"/v1/responses/../../metrics"),
-                         (b"POST", b"/v1/chat/completions/../../metrics")):
+                         (b"POST", b"/v1/chat/completions/../../metrics"),
+                         # escaped slashes are unescaped first (a backend that decodes
+                         # and then resolves dot segments would route these to /metrics)
+                         (b"GET", b"/v1/responses/..%2F..%2Fmetrics"),
+                         (b"GET", b"/v1/responses/..%5C..%5Cmetrics")):
         status, answer = raw_request(port, method + b" " + path + b" HTTP/1.1\r\nhost: x\r\n"
                                      + auth)
         assert status == 404, (path, answer)
@@ -195,9 +199,12 @@ def test_only_the_inference_api_reaches_a_backend(e2e):
     # The inference paths pass: a query string, doubled slashes and dot segments aside.
     chat = b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n" + auth
     for path in (b"/v1/chat/completions?trace=1", b"//v1//chat/completions",
-                 b"/v1/./x/../chat/completions"):
+                 b"/v1/./x/../chat/completions", b"/v1/chat%2Fcompletions"):
         status, answer = raw_request(port, chat % path, payload)
         assert status == 200 and b"chat.completion" in answer, (path, answer)
+    # vLLM's other inference APIs pass the gateway (the simulated backend serves none of them)
+    status, answer = raw_request(port, chat % b"/v1/messages", payload)
+    assert status == 404 and b"unknown_path" not in answer, answer
     e2e.wait_idle()
 
 

@@ -105,7 +105,7 @@ class Check:
     headers: Mapping[str, str]  # lower-case names
     body: bytes | None = None  # sent when Envoy forwards it (ext_authz with_request_body)
     body_complete: bool = True  # False: Envoy cut it at max_request_bytes
-    path: str = "/v1/chat/completions"  # the client's (query included)
+    path: str = ""  # the client's (query included); none is refused (404)
     age_s: float = 0.0  # how long before the check the gateway's proxy received the request
 
 

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from llmvalve.core.policy import FallbackSpec
+from llmvalve.core.policy.spec import endpoint
 from llmvalve.core.types import RateLimit, Reason, Reject
 
 UNAVAILABLE = frozenset({Reason.BREAKER_OPEN, Reason.DRAINING})
@@ -145,7 +146,7 @@ def unknown_path(path: str) -> Reply:
     not serve."""
     return Reply(404, (("content-type", "application/json"),
                        ("x-llmvalve-reason", "unknown_path")),
-                 _error_body(f"Invalid URL ({path.split('?', 1)[0]}): this gateway serves "
+                 _error_body(f"Invalid URL ({endpoint(path)}): this gateway serves "
                              "only its inference API.", "invalid_request_error",
                              "unknown_path"),
                  "llmvalve_unknown_path")
@@ -169,8 +170,7 @@ def bad_request(message: str) -> Reply:
 def static_fallback(fallback: FallbackSpec, *, reason: Reason, path: str, model: str | None,
                     stream: bool, request_id: str, created: int) -> Reply:
     """A pre-written answer in the shape the endpoint would have given (SSE when streaming)."""
-    completions = path.split("?", 1)[0].rstrip("/").endswith("/completions") and (
-        "/chat/" not in path)
+    completions = endpoint(path).endswith("/completions") and "/chat/" not in path
     model_name = model or "llmvalve-fallback"
     ident = ("cmpl-" if completions else "chatcmpl-") + "llmvalve-" + request_id
     common = {"id": ident, "created": created, "model": model_name}

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from llmvalve.core.policy import Policy, RequestSpec
+from llmvalve.core.policy.spec import endpoint
 
 TRUE = frozenset({"1", "true", "yes", "on"})
 # Larger than any model's context window: a bigger max_tokens is a 400, not a cost estimate
@@ -102,13 +103,13 @@ def parse_body(body: bytes, path: str = "") -> BodyFacts | str:
         return "request body must be a JSON object"
     if b"\\u" in body and _has_lone_surrogate(doc):  # walked only if an escape is there
         return "request body is not valid Unicode: an unpaired UTF-16 surrogate (\\ud800-\\udfff)"
-    endpoint = path.split("?", 1)[0].rstrip("/")
+    judged = endpoint(path)
     messages = doc.get("messages")
-    if endpoint.endswith("/chat/completions") and not (
+    if judged.endswith("/chat/completions") and not (
             isinstance(messages, list) and messages
             and all(isinstance(m, dict) for m in messages)):
         return "messages must be a non-empty list of message objects"
-    if (endpoint.endswith("/v1/completions") and "prompt_embeds" not in doc
+    if (judged.endswith("/v1/completions") and "prompt_embeds" not in doc
             and not isinstance(doc.get("prompt"), str | list)):
         return "prompt must be a string or a list"
     if "messages" in doc:

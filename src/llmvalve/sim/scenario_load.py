@@ -419,7 +419,7 @@ def _class(c: _Ctx, node: Node, i: int) -> TrafficClass | None:
         output=_dist(c, f.get("output"), f.field("output"), Dist(150, 0.5)),
         max_tokens=f.integer("maxTokens", 0, ge=1) if f.has("maxTokens") else 0,
         stream=f.boolean("stream", True), cancel_prob=prob, cancel_after_s=after,
-        deadline_s=f.duration("deadline", 0.0) if f.has("deadline") else 0.0,
+        deadline_s=f.duration("deadline", 0.0),
         retry=_retry(c, f.get("retry"), f.field("retry")), trace=trace,
         model=f.string("model", ""))
 

@@ -93,8 +93,14 @@ def _read_paths(f: NodeFields) -> tuple[str, ...]:
             problem = "must start with / (or be * alone: every path)"
         elif "*" in path[:-1]:
             problem = "may hold * only at its end (a prefix)"
-        elif any(c in "?#%" or c.isspace() or not c.isprintable() for c in path):
-            problem = "must be a plain path: no query, fragment, escape or space"
+        elif not path.isascii() or any(c in "?#%" or c.isspace() or not c.isprintable()
+                                       for c in path):
+            problem = "must be a plain ASCII path: no query, fragment, escape or space"
+        elif len(path) > 1 and path.endswith("/"):
+            problem = "ends in / (a request's trailing / is ignored: write the path without it)"
+        elif "//" in path or any(seg in (".", "..") for seg in path.split("/")):
+            problem = ("has an empty, . or .. segment: Envoy normalises a request's path "
+                       "first, so it would match nothing")
         else:
             problem = ""
         if problem:

@@ -175,13 +175,20 @@ class RetryAfterSpec:
 # routes at start). Left out: its operations endpoints (/metrics, /load, /version, /ping, and
 # in development modes /sleep, /wake_up, /reset_prefix_cache, /collective_rpc, the profiler
 # and the LoRA loaders), which are for the platform team, not for the gateway's clients.
-# `/v1/models` and `/health` have routes of their own in Envoy and are never checked.
+# `GET /v1/models` and `/health` have routes of their own in Envoy and are never checked.
 INFERENCE_PATHS = (
-    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
-    "/v1/responses/*", "/v1/audio/transcriptions", "/v1/audio/translations", "/tokenize",
-    "/detokenize", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank",
-    "/v2/rerank", "/invocations",
+    "/v1/chat/completions", "/v1/chat/completions/batch", "/v1/completions", "/v1/embeddings",
+    "/v1/responses", "/v1/responses/*", "/v1/messages", "/v1/messages/count_tokens",
+    "/v1/audio/transcriptions", "/v1/audio/translations", "/tokenize", "/detokenize",
+    "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
+    "/v2/embed", "/invocations",
 )
+
+
+def endpoint(path: str) -> str:
+    """A request's path as the gateway judges it: without its query, one trailing `/` off."""
+    path = path.split("?", 1)[0]
+    return path.removesuffix("/") if len(path) > 1 else path
 
 
 @dataclass(frozen=True)
@@ -202,10 +209,8 @@ class RequestSpec:
     def passes(self, path: str) -> bool:
         """Whether a request for `path` (its query aside, one trailing slash ignored) may go
         on to a backend."""
-        endpoint = path.split("?", 1)[0]
-        if len(endpoint) > 1:
-            endpoint = endpoint.removesuffix("/")
-        return any(endpoint == p or (p.endswith("*") and endpoint.startswith(p[:-1]))
+        judged = endpoint(path)
+        return any(judged == p or (p.endswith("*") and judged.startswith(p[:-1]))
                    for p in self.paths)
 
 
