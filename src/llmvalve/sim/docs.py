@@ -94,11 +94,11 @@ controller does not handle: clients with a hard timeout they do not send
 are cancelled after their prefill (twice the prompt tokens prefilled for nothing of
 `static:80`, where more of them die in the queue at no cost). A client that sends its timeout in
 `x-llmvalve-deadline-ms` (a class's `deadline:` below) is refused before it waits past it: the
-same workload with its deadlines sent reads 0.79–1.0 (0.91 on average). Starting only what can
-finish by the deadline (the deadline less the tenant's mean time in flight) was measured and
-not kept: it lowered every controller's goodput (adaptive 1,009 → 893 tok/s on average; the best
-fixed limit 1,080–1,137 → 995–1,044), refusing requests that would have finished. Learning a
-timeout the client does not send, from its cancellations, is open.
+same workload with its deadlines sent reads 0.79 at its worst seed (0.91 on average). Starting
+only what can finish by the deadline (the deadline less the tenant's mean time in flight) was
+measured and not kept: it lowered every controller's goodput (adaptive 1,009 → 893 tok/s on
+average; the best fixed limit 1,080–1,137 → 995–1,044), refusing requests that would have
+finished. Learning a timeout the client does not send, from its cancellations, is open.
 
 ## Format
 

@@ -171,11 +171,11 @@ class RetryAfterSpec:
     jitter: float = 0.3  # the drain time × a random factor in [1 − jitter/2, 1 + jitter/2]
 
 
-# The paths of vLLM's OpenAI-compatible server that serve a model (`vllm serve` lists its
-# routes at start). Left out: its operations endpoints (/metrics, /load, /version, /ping, and
-# in development modes /sleep, /wake_up, /reset_prefix_cache, /collective_rpc, the profiler
-# and the LoRA loaders), which are for the platform team, not for the gateway's clients.
-# `GET /v1/models` and `/health` have routes of their own in Envoy and are never checked.
+# The paths on which `vllm serve` serves a model (it lists its routes at start). Left out:
+# its operations endpoints (/metrics, /load, /version, /ping, and in development modes /sleep,
+# /wake_up, /reset_prefix_cache, /collective_rpc, the profiler and the LoRA loaders), which
+# are for the platform team, not for the gateway's clients. `GET /v1/models` and `/health`
+# have routes of their own in Envoy and are never checked.
 INFERENCE_PATHS = (
     "/v1/chat/completions", "/v1/chat/completions/batch", "/v1/completions", "/v1/embeddings",
     "/v1/responses", "/v1/responses/*", "/v1/messages", "/v1/messages/count_tokens",
