@@ -129,10 +129,13 @@ async def hold_slots(session: aiohttp.ClientSession, url: str, n: int, key: str 
 
 
 async def batch_backlog(session: aiohttp.ClientSession, url: str,
-                        waited_s: float = 0.6) -> asyncio.Task:
+                        waited_s: float = 1.5) -> asyncio.Task:
     """A batch (P2) request queued behind a full pool for longer than its class's TTFT
     objective (500 ms in the e2e policies): from then on the class is not served in time and
-    `fast-reject` sheds its arrivals at once. Returns its task (cancel it with the holders)."""
+    `fast-reject` sheds its arrivals at once. Returns its task (cancel it with the holders).
+    `waited_s` leaves a second for the check to reach the control plane: at 0.6 s, beside a
+    second suite, the first arrival after it once came before the backlog had waited 500 ms
+    and was queued (5 of 6 shed)."""
     async def one() -> None:
         async with session.post(url, json=chat_body(4), headers=headers(P2_KEY)) as response:
             await response.read()
