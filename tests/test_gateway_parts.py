@@ -170,10 +170,21 @@ def test_valid_openai_bodies_pass():
 
 
 def test_content_nested_deeply_is_counted_not_recursed():
-    # 900 deep: json.loads takes it; counting it recursively took the whole stack
-    body = '{"messages": [{"role": "user", "content": ' + "[" * 900 + '"abcd"' + "]" * 900
-    facts = reading.parse_body((body + "}]}").encode(), CHAT)
-    assert isinstance(facts, reading.BodyFacts) and facts.prompt_bytes == 4
+    """Up to as deep as the parser takes, with a `\\u` escape (the surrogate check runs):
+    every body is read or refused with a 400, nothing raises. Counting or checking it
+    recursively took the whole stack; so did writing it back with json.dumps, at the level
+    just short of the parser's limit."""
+    def body(depth: int) -> bytes:
+        return ('{"messages": [{"role": "user", "content": ' + "[" * depth + '"\\u00e9abc"'
+                + "]" * depth + "}]}").encode()
+    for depth in range(900, 5000):
+        facts = reading.parse_body(body(depth), CHAT)
+        if isinstance(facts, str):
+            assert facts.endswith("nested too deeply") and depth > 900
+            break
+        assert facts.prompt_bytes == 5
+    else:
+        raise AssertionError("the parser took 5,000 levels")
 
 
 def test_header_hints():

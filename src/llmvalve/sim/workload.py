@@ -39,7 +39,7 @@ class Job:
     @property
     def deadline_at_s(self) -> float | None:
         """The deadline the client sends (absolute), if its class has one."""
-        return self.arrival_s + self.cls.deadline_s if self.cls.deadline_s > 0 else None
+        return _deadline_at(self.cls, self.arrival_s)
 
     @property
     def model(self) -> str | None:
@@ -248,9 +248,13 @@ def _pick_tenant(shares: tuple[tuple[str, float], ...] | None,
     return shares[-1][0]
 
 
+def _deadline_at(cls: TrafficClass, arrival_s: float) -> float | None:
+    return arrival_s + cls.deadline_s if cls.deadline_s > 0 else None
+
+
 def _cancel(cls: TrafficClass, at: float, rng: random.Random) -> float | None:
     """When the client gives up: at a random cancel, or at its deadline, whichever is first."""
-    deadline = at + cls.deadline_s if cls.deadline_s > 0 else None
+    deadline = _deadline_at(cls, at)
     if cls.cancel_prob <= 0 or rng.random() >= cls.cancel_prob:
         return deadline
     lo, hi = cls.cancel_after_s
