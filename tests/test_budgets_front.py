@@ -48,7 +48,7 @@ def check(cid: str, key: str, model: str = "big", prompt: str = "x" * 10,
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     return Check(cid, {"authorization": f"Bearer {key}"}, json.dumps(body).encode(),
-                 path="/v1/chat/completions")
+                 path="/v1/chat/completions", method="POST")
 
 
 def headers(h) -> dict[str, str]:

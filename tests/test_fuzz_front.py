@@ -180,7 +180,7 @@ async def run_program(program, body_inspection: bool) -> None:
                 headers = {k: v for k, v in values.items() if v is not None}
                 tasks[slot] = (check_id, asyncio.create_task(driver.decide(
                     Check(check_id, headers, body, body_complete=complete,
-                          path="/v1/chat/completions"))))
+                          path="/v1/chat/completions", method="POST"))))
                 every.append(tasks[slot])
         elif kind == "left" and step[1] in tasks:
             tasks[step[1]][1].cancel()
@@ -290,7 +290,7 @@ def test_a_request_rerouted_into_another_pool_is_judged_once():
                        "messages": [{"role": "user", "content": "hi"}]}).encode()
     verdicts = [front.check(Check(f"c{i}", {"authorization": "Bearer k0",
                                             "x-llmvalve-feature": "summarize"},
-                                  body=body, path="/v1/chat/completions"), 1.0)
+                                  body=body, path="/v1/chat/completions", method="POST"), 1.0)
                 for i in range(3)]  # admitted, queued, queue full: rerouted to `tiny`
     assert verdicts[2].record.decision == "fallback_reroute" and verdicts[2].ticket.pool == "small"
     first = front.access_log(LogEntry("c0", 200, ttft_s=0.1, upstream_s=0.5), 2.0)
@@ -309,9 +309,9 @@ def test_a_request_past_its_client_deadline_is_rerouted_too():
     front = Front(Admission(variant(True, limit=1, queue=1), random.Random(1), now=0.0))
     body = json.dumps({"model": "big", "messages": [{"role": "user", "content": "hi"}]}).encode()
     headers = {"authorization": "Bearer k0", "x-llmvalve-feature": "summarize"}
-    front.check(Check("c0", headers, body=body, path="/v1/chat/completions"), 1.0)
+    front.check(Check("c0", headers, body=body, path="/v1/chat/completions", method="POST"), 1.0)
     late = front.check(Check("c1", {**headers, "x-llmvalve-deadline-ms": "0"}, body=body,
-                             path="/v1/chat/completions"), 1.0)
+                             path="/v1/chat/completions", method="POST"), 1.0)
     assert late.record.decision == "fallback_reroute" and late.ticket.pool == "small"
 
 
@@ -327,7 +327,8 @@ def test_a_reroute_with_a_cluster_goes_there_not_to_the_catch_all_pool():
     front = Front(Admission(policy, random.Random(1), now=0.0))
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}).encode()
     headers = {"authorization": "Bearer k0", "x-llmvalve-feature": "summarize"}
-    verdicts = [front.check(Check(f"c{i}", headers, body=body, path="/v1/chat/completions"),
-                            1.0) for i in range(3)]  # admitted, queued, queue full: rerouted
+    # admitted, queued, queue full: rerouted
+    verdicts = [front.check(Check(f"c{i}", headers, body=body, path="/v1/chat/completions",
+                                  method="POST"), 1.0) for i in range(3)]
     assert verdicts[2].record.decision == "fallback_reroute"
     assert verdicts[2].cluster == "external" and verdicts[2].ticket is None

@@ -29,6 +29,7 @@ from llmvalve.gateway.access_log import entry_of, flags_of
 from llmvalve.gateway.admin_http import AdminState, build_app
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.front import Answer, Check, Front, Go, LogEntry, Record
+from llmvalve.gateway.http_listener import HttpListener, Response
 from llmvalve.gateway.metrics import GatewayMetrics
 from llmvalve.gateway.scraper import Scraper
 
@@ -74,29 +75,61 @@ def test_a_request_shed_for_the_gateways_own_lag_gets_its_features_fallback():
                     features=(FeatureSpec("suggest", FallbackSpec("static", "later")),))
     front = Front(Admission(policy, random.Random(1), "static:2"))
     late = Check("c1", {"x-llmvalve-feature": "suggest"}, path="/v1/chat/completions",
-                 age_s=5.0)
+                 method="POST", age_s=5.0)
     verdict = front.check(late, now=1.0)
     assert isinstance(verdict, Go) and verdict.cluster == "llmvalve_fallback"
     assert (verdict.record.decision, verdict.record.reason) == ("fallback_static",
                                                                 "gateway_overloaded")
     assert verdict.record.retry_after_s is None  # the answer carries no Retry-After
-    plain = front.check(Check("c2", {}, path="/v1/chat/completions", age_s=5.0), now=1.0)
+    plain = front.check(Check("c2", {}, path="/v1/chat/completions", method="POST", age_s=5.0),
+                        now=1.0)
     assert isinstance(plain, Answer) and plain.reply.status == 429
 
 
-def test_a_path_outside_the_inference_api_is_a_404_before_anything_else():
+def test_a_route_outside_the_inference_api_is_refused_before_anything_else():
     policy = Policy(queues=SEED_QUEUES, anonymous=None)  # keys required
     front = Front(Admission(policy, random.Random(1), "static:2"))
-    verdict = front.check(Check("c1", {}, path="/metrics?x=1"), now=1.0)
+    verdict = front.check(Check("c1", {}, path="/metrics?x=1", method="GET"), now=1.0)
     assert isinstance(verdict, Answer) and verdict.reply.status == 404
     assert json.loads(verdict.reply.body)["error"]["message"].startswith("Invalid URL (/metrics)")
     assert (verdict.record.decision, verdict.record.klass) == ("unknown_path", "")
     assert front.open_tickets() == 0 and front.waiting == 0
     # a check that names no path is refused as well (an adapter that lost it)
-    assert front.check(Check("c0", {}), now=1.0).reply.status == 404
-    # the same request on an inference path is judged as usual (here: no key, 401)
-    verdict = front.check(Check("c2", {}, path="/v1/embeddings"), now=1.0)
+    assert front.check(Check("c0", {}, method="POST"), now=1.0).reply.status == 404
+    # an inference path with a method it does not take: 405, the ones it takes in `allow`
+    for cid, method in (("c3", "GET"), ("c4", "")):  # no method: an adapter that lost it
+        verdict = front.check(Check(cid, {}, path="/v1/embeddings/", method=method), now=1.0)
+        assert isinstance(verdict, Answer) and verdict.reply.status == 405
+        assert ("allow", "POST") in verdict.reply.headers
+        assert json.loads(verdict.reply.body)["error"]["code"] == "method_not_allowed"
+        assert (verdict.record.decision, verdict.record.klass) == ("method_not_allowed", "")
+    assert front.open_tickets() == 0 and front.waiting == 0
+    # the same request with its method is judged as usual (here: no key, 401)
+    verdict = front.check(Check("c2", {}, path="/v1/embeddings", method="POST"), now=1.0)
     assert isinstance(verdict, Answer) and verdict.reply.status == 401
+
+
+async def test_the_listener_answers_a_head_request_with_headers_alone():
+    """Envoy forwards the client's method to its ext_authz service: the answer to a HEAD
+    check has no body (RFC 9110), or its bytes would be read as the next answer on the
+    connection Envoy keeps."""
+    async def handler(request):
+        return Response(405, (("allow", "POST"),), b'{"error": "x"}')
+
+    listener = HttpListener(handler)
+    port = await listener.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"HEAD /check/v1/completions HTTP/1.1\r\nhost: x\r\n\r\n"
+                     b"GET /check/v1/completions HTTP/1.1\r\nhost: x\r\nconnection: close"
+                     b"\r\n\r\n")
+        data = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+    finally:
+        await listener.stop()
+    head, get = data.split(b"HTTP/1.1 405", 2)[1:]
+    assert head.endswith(b"\r\n\r\n") and b"content-length: 14\r\n" in head
+    assert get.endswith(b'\r\n\r\n{"error": "x"}')
 
 
 def test_a_body_envoy_cut_is_costed_from_the_clients_content_length():
@@ -104,7 +137,7 @@ def test_a_body_envoy_cut_is_costed_from_the_clients_content_length():
     full = json.dumps({"model": "m", "max_tokens": 2,
                        "messages": [{"role": "user", "content": "word " * 1200}]}).encode()
     cut = Check("c1", {"x-llmvalve-content-length": str(len(full))}, body=full[:4096],
-                body_complete=False, path="/v1/chat/completions")
+                body_complete=False, path="/v1/chat/completions", method="POST")
     verdict = Front(Admission(policy, random.Random(1), "static:2")).check(cut, now=1.0)
     assert isinstance(verdict, Go) and verdict.ticket is not None
     bytes_per_token = policy.requests.bytes_per_token
@@ -243,7 +276,7 @@ def test_the_access_log_sample_carries_the_tickets_backend_admission_time_and_cl
     """What the prefill speed's bound needs to know which prompts shared a backend's steps."""
     policy = Policy(queues=SEED_QUEUES, pools=(PoolSpec(backends=(BackendSpec("b0", ""),)),))
     front = Front(Admission(policy, random.Random(1), "static:4"))
-    go = front.check(Check("a", {"content-length": "400"}, path=CHAT), 2.0)
+    go = front.check(Check("a", {"content-length": "400"}, path=CHAT, method="POST"), 2.0)
     assert isinstance(go, Go) and go.ticket is not None and go.ticket.backend == "b0"
     joined = front.access_log(LogEntry("a", status=200, ttft_s=0.25, upstream_s=1.0,
                                        streamed=True), 3.0)
@@ -263,16 +296,16 @@ async def test_driver_holds_a_check_until_its_slot_frees_and_a_cancelled_one_lea
     driver.start()
     headers = {"content-length": "100", "x-llmvalve-priority": "0"}  # tail-drop class
     try:
-        first = await driver.decide(Check("a", headers, path=CHAT))
+        first = await driver.decide(Check("a", headers, path=CHAT, method="POST"))
         assert isinstance(first, Go)
-        waiting = asyncio.create_task(driver.decide(Check("b", headers, path=CHAT)))
-        leaving = asyncio.create_task(driver.decide(Check("c", headers, path=CHAT)))
+        waiting = asyncio.create_task(driver.decide(Check("b", headers, path=CHAT, method="POST")))
+        leaving = asyncio.create_task(driver.decide(Check("c", headers, path=CHAT, method="POST")))
         await asyncio.sleep(0.05)
         assert driver.waiting == 2 and front.waiting == 2
         leaving.cancel()  # the client left while queued: dequeued
         await asyncio.gather(leaving, return_exceptions=True)
         assert driver.waiting == 1 and front.waiting == 1
-        duplicate = await driver.decide(Check("b", headers, path=CHAT))
+        duplicate = await driver.decide(Check("b", headers, path=CHAT, method="POST"))
         assert isinstance(duplicate, Answer) and duplicate.reply.status == 400
         driver.logged(LogEntry("a", status=200))  # a ended: b gets the slot
         second = await asyncio.wait_for(waiting, 1)

@@ -152,7 +152,7 @@ def test_json_formatter_writes_one_object_per_line_with_the_fields():
 # -- through the driver ------------------------------------------------------------------------
 def check(check_id: str, key: str) -> Check:
     return Check(check_id, {"content-length": "400", "authorization": f"Bearer {key}"},
-                 path="/v1/chat/completions")
+                 path="/v1/chat/completions", method="POST")
 
 
 async def test_decisions_by_class_tenant_and_outcome_and_one_log_line_each():

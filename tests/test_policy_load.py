@@ -489,20 +489,29 @@ limiter: {controler: seed}
 
 
 def test_request_paths():
-    """The inference API by default; a list of exact paths and prefixes; `*` for every path."""
+    """The inference API by default (its methods too); a list of exact paths and prefixes,
+    each with a method or for every method; `*` for every path."""
     spec = load_policy(SEED_BARE).requests
     for path in ("/v1/chat/completions", "/v1/completions?x=1", "/v1/chat/completions/",
-                 "/v1/responses/resp_1/cancel", "/tokenize", "/v2/rerank", "/v1/messages",
-                 "/v2/embed"):
-        assert spec.passes(path), path
+                 "/v1/responses", "/tokenize", "/v2/rerank", "/v1/messages", "/v2/embed"):
+        assert spec.passes("POST", path), path
+        assert not spec.passes("GET", path) and spec.methods(path) == {"POST"}, path
+    # a stored response: retrieved or cancelled
+    assert spec.methods("/v1/responses/resp_1") == {"GET", "POST"}
+    assert spec.passes("POST", "/v1/responses/resp_1/cancel")
     for path in ("/metrics", "/sleep", "/reset_prefix_cache", "/v1/load_lora_adapter", "/",
                  "", "/v1/chat/completionsX", "/v1/chat", "/version", "/v1/responsesX"):
-        assert not spec.passes(path), path
+        assert not spec.methods(path) and not spec.passes("POST", path), path
     spec = load_policy(SEED_BARE + "requests: {paths: [/v1/chat/completions, /gen*]}\n").requests
     assert spec.paths == ("/v1/chat/completions", "/gen*")
-    assert spec.passes("/generate") and spec.passes("/gen") and not spec.passes("/v1/completions")
+    assert spec.passes("GET", "/generate") and spec.passes("POST", "/gen")
+    assert not spec.passes("POST", "/v1/completions")
     spec = load_policy(SEED_BARE + "requests: {paths: ['*']}\n").requests
-    assert all(spec.passes(p) for p in ("/metrics", "/", "/v1/foo"))
+    assert all(spec.passes("PUT", p) for p in ("/metrics", "/", "/v1/foo"))
+    spec = load_policy(SEED_BARE + "requests: {paths: ['POST *', 'GET /v1/models/*', "
+                       "/generate]}\n").requests
+    assert spec.passes("POST", "/metrics") and not spec.passes("GET", "/metrics")
+    assert spec.methods("/v1/models/m") == {"GET", "POST"} and spec.passes("PUT", "/generate")
     with pytest.raises(PolicyError, match=r"requests.paths: must list at least one path"):
         load_policy(SEED_BARE + "requests: {paths: []}\n")
 

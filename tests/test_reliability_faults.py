@@ -216,7 +216,8 @@ async def test_access_log_stream_that_drops_loses_entries_and_reconciling_frees_
 def check(check_id: str, **headers: str):
     from llmvalve.gateway.front import Check
 
-    return Check(check_id, {"content-length": "10", **headers}, path="/v1/chat/completions")
+    return Check(check_id, {"content-length": "10", **headers}, path="/v1/chat/completions",
+                 method="POST")
 
 
 # -- drain ------------------------------------------------------------------------------------

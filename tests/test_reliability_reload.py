@@ -176,7 +176,8 @@ async def reloads_metric(cp: ControlPlane, result: str) -> float:
 
 def check(check_id: str, priority: int) -> Check:
     return Check(check_id, {"authorization": "Bearer key-a", "content-length": "10",
-                            "x-llmvalve-priority": str(priority)}, path="/v1/chat/completions")
+                            "x-llmvalve-priority": str(priority)},
+                 path="/v1/chat/completions", method="POST")
 
 
 def open_ids(cp: ControlPlane) -> set[str]:

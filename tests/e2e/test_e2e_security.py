@@ -205,10 +205,33 @@ def test_only_the_inference_api_reaches_a_backend(e2e):
     # vLLM's other inference APIs pass the gateway (the simulated backend serves none of them)
     status, answer = raw_request(port, chat % b"/v1/messages", payload)
     assert status == 404 and b"unknown_path" not in answer, answer
+    status, answer = raw_request(port, b"GET /v1/responses/resp_1 HTTP/1.1\r\nhost: x\r\n" + auth)
+    assert status in (404, 405) and b"x-llmvalve-class" in answer.lower(), answer  # admitted
+    # An inference path with a method it does not take: 405 with `allow`, before the key is
+    # read (`GET /v1/chat/completions` was admitted, charged, and got the backend's 405).
+    for method, path, allow in ((b"GET", b"/v1/chat/completions", b"POST"),
+                                (b"PUT", b"/v1/embeddings", b"POST"),
+                                (b"DELETE", b"/v1/responses/resp_1", b"GET, POST")):
+        status, answer = raw_request(port, method + b" " + path + b" HTTP/1.1\r\nhost: x\r\n")
+        assert status == 405, (method, path, answer)
+        assert b"\r\nallow: " + allow + b"\r\n" in answer, answer
+        assert b"x-llmvalve-reason: method_not_allowed" in answer.lower(), answer
+        error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+        assert error["code"] == "method_not_allowed", error
+    # HEAD: the same answer, its headers alone (and the control plane's connection stays good)
+    for _ in range(3):
+        status, answer = raw_request(port, b"HEAD /v1/completions HTTP/1.1\r\nhost: x\r\n"
+                                     + auth)
+        assert status == 405 and answer.endswith(b"\r\n\r\n"), answer
+    status, answer = raw_request(port, chat % b"/v1/chat/completions", payload)
+    assert status == 200, answer
     e2e.wait_idle()
 
 
-LISTENER_STATS = r"^(http\.llm_ingress|listener\.127\.0\.0\.1_\d+)\.downstream_"
+# how Envoy's listener saw a burst (connections counted, how they ended) and how it reached
+# the control plane (health checks failed, connections refused or timed out)
+LISTENER_STATS = (r"^((http\.llm_ingress|listener\.127\.0\.0\.1_\d+)\.downstream_"
+                  r"|cluster\.llmvalve_http\.(health_check\.|upstream_cx_connect_|upstream_rq_))")
 
 
 @pytest.mark.parametrize("connections", [2000, 5000])
@@ -222,6 +245,7 @@ async def test_a_burst_of_connections(e2e, connections):
     raise_fd_limit()
     url = e2e.base_url + "/chat/completions"
     statuses: dict[str, int] = {}
+    reasons: dict[str, int] = {}  # of the answers not 200: who answered, and why
     retry_after_missing = 0
 
     async def one(i: int, session: aiohttp.ClientSession) -> None:
@@ -232,6 +256,9 @@ async def test_a_burst_of_connections(e2e, connections):
                                     headers=headers(key)) as r:
                 await r.read()
                 outcome = str(r.status)
+                if r.status != 200:
+                    reason = f"{r.status} {r.headers.get('x-llmvalve-reason', '-')}"
+                    reasons[reason] = reasons.get(reason, 0) + 1
                 if r.status in (429, 503) and "retry-after" not in r.headers:
                     retry_after_missing += 1
         except (TimeoutError, aiohttp.ClientError) as exc:
@@ -249,9 +276,9 @@ async def test_a_burst_of_connections(e2e, connections):
     # cause of a close with no answer, should one come
     ends = {k: v - before.get(k, 0) for k, v in e2e.envoy_stats(LISTENER_STATS).items()
             if v != before.get(k, 0)}
-    print(f"{connections} connections in {took:.1f} s: {statuses}; Envoy: {ends}")
+    print(f"{connections} connections in {took:.1f} s: {statuses}; {reasons}; Envoy: {ends}")
     assert sum(statuses.values()) == connections
-    assert set(statuses) <= {"200", "429", "503"}, (statuses, ends)
+    assert set(statuses) <= {"200", "429", "503"}, (statuses, reasons, ends)
     assert statuses.get("200", 0) >= 8 and statuses.get("429", 0) > 0
     assert retry_after_missing == 0
     assert took < 60

@@ -51,7 +51,7 @@ class AuthzGrpc(pb_grpc.AuthorizationServicer):
         check = Check(
             check_id=headers.get(ID_HEADER) or "", headers=headers, body=body,
             body_complete=headers.get("x-envoy-auth-partial-body") != "true",
-            path=http.path, age_s=age_s(headers, self.wall_clock))
+            path=http.path, method=http.method, age_s=age_s(headers, self.wall_clock))
         if not check.check_id:
             return denied(replies.bad_request(
                 f"no {ID_HEADER} header: the Envoy in front of llmvalve must set it"))

@@ -1,7 +1,8 @@
 """The data plane's HTTP listener: Envoy's ext_authz HTTP service, and what the control plane
 answers itself (static fallbacks, the model list).
 
-    POST /check/<original path>   an authorization check (ext_authz `path_prefix: /check`):
+    ANY /check/<original path>    an authorization check (ext_authz `path_prefix: /check`,
+                                  the client's method):
                                   200 + headers = let it through (Envoy copies the upstream
                                   headers onto the request and the client headers onto the
                                   response); any other status = the answer the client gets.
@@ -101,7 +102,8 @@ class AuthzHttp:
             check_id=headers.get(ID_HEADER) or "",
             headers=headers, body=request.body or None,
             body_complete=headers.get("x-envoy-auth-partial-body") != "true",
-            path=request.path[len(CHECK_PREFIX):], age_s=age_s(headers, self.wall_clock))
+            path=request.path[len(CHECK_PREFIX):], method=request.method,
+            age_s=age_s(headers, self.wall_clock))
         if not check.check_id:
             return reply_response(replies.bad_request(
                 f"no {ID_HEADER} header: the Envoy in front of llmvalve must set it"))

@@ -118,6 +118,7 @@ def _admission_service(params: EnvoyParams) -> str:
                   allowed_client_headers:
                     patterns:
                     - {{exact: content-type}}
+                    - {{exact: allow}}
                     - {{exact: retry-after}}
                     - {{exact: retry-after-ms}}
                     - {{exact: x-should-retry}}

@@ -45,6 +45,7 @@ from llmvalve.core.admission import Admission
 from llmvalve.core.classify import AuthFailure, Classified, Classifier, Unauthorized
 from llmvalve.core.outcomes import outcome_of
 from llmvalve.core.policy import FallbackSpec, Policy
+from llmvalve.core.policy.spec import ANY_METHOD
 from llmvalve.core.types import (
     Admit,
     BackendSnapshot,
@@ -106,6 +107,7 @@ class Check:
     body: bytes | None = None  # sent when Envoy forwards it (ext_authz with_request_body)
     body_complete: bool = True  # False: Envoy cut it at max_request_bytes
     path: str = ""  # the client's (query included); none is refused (404)
+    method: str = ""  # the client's; none is refused where `requests.paths` names methods
     age_s: float = 0.0  # how long before the check the gateway's proxy received the request
 
 
@@ -208,9 +210,14 @@ class Front:
             return Answer(check.check_id, replies.bad_request(
                 f"x-llmvalve-id {check.check_id!r} is already in use"),
                 Record("bad_request", "", "duplicate_id"))
-        if not spec.passes(check.path):
+        allowed = spec.methods(check.path)
+        if not allowed:
             return Answer(check.check_id, replies.unknown_path(check.path),
                           Record("unknown_path", "", "unknown_path"))
+        if ANY_METHOD not in allowed and check.method not in allowed:
+            return Answer(check.check_id,
+                          replies.method_not_allowed(check.method, check.path, allowed),
+                          Record("method_not_allowed", "", "method_not_allowed"))
         headers = check.headers
         classified = self.classifier.classify(headers.get("authorization"),
                                               headers.get(spec.priority_header))

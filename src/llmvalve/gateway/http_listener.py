@@ -22,8 +22,8 @@ import httptools
 log = logging.getLogger("llmvalve.http")
 
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
-           404: "Not Found", 418: "I'm a teapot", 429: "Too Many Requests",
-           500: "Internal Server Error", 503: "Service Unavailable"}
+           404: "Not Found", 405: "Method Not Allowed", 418: "I'm a teapot",
+           429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 @dataclass
@@ -44,13 +44,15 @@ class Response:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def encode(response: Response, keep_alive: bool) -> bytes:
+def encode(response: Response, keep_alive: bool, head: bool = False) -> bytes:
+    """The response on the wire (to a HEAD request: its headers alone, the length kept)."""
     lines = [f"HTTP/1.1 {response.status} {REASONS.get(response.status, 'Status')}",
              f"content-length: {len(response.body)}"]
     lines += [f"{k}: {v}" for k, v in response.headers if k != "content-length"]
     if not keep_alive:
         lines.append("connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + response.body
+    return (("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+            + (b"" if head else response.body))
 
 
 class _Connection(asyncio.Protocol):
@@ -75,7 +77,7 @@ class _Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError:
             self._write(Response(400, (("content-type", "text/plain"),), b"bad request\n"),
-                        keep_alive=False)
+                        keep_alive=False, head=False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
@@ -116,12 +118,12 @@ class _Connection(asyncio.Protocol):
             except Exception:
                 log.exception("handler failed for %s %s", request.method, request.path)
                 response = Response(500, (("content-type", "text/plain"),), b"error\n")
-            self._write(response, keep_alive)
+            self._write(response, keep_alive, request.method == "HEAD")
 
-    def _write(self, response: Response, keep_alive: bool) -> None:
+    def _write(self, response: Response, keep_alive: bool, head: bool) -> None:
         if self.transport is None:
             return
-        self.transport.write(encode(response, keep_alive))
+        self.transport.write(encode(response, keep_alive, head))
         if not keep_alive:
             self.transport.close()
 

@@ -152,6 +152,17 @@ def unknown_path(path: str) -> Reply:
                  "llmvalve_unknown_path")
 
 
+def method_not_allowed(method: str, path: str, allowed: frozenset[str]) -> Reply:
+    """A path the policy passes, with a method it does not (`requests.paths`): OpenAI's
+    answer to a method a URL does not take, with the ones it does in `allow`."""
+    methods = ", ".join(sorted(allowed))
+    return Reply(405, (("content-type", "application/json"), ("allow", methods),
+                       ("x-llmvalve-reason", "method_not_allowed")),
+                 _error_body(f"Invalid method for URL ({method[:16]} {endpoint(path)}): "
+                             f"use {methods}.", "invalid_request_error", "method_not_allowed"),
+                 "llmvalve_method_not_allowed")
+
+
 def model_not_allowed(model: str) -> Reply:
     return Reply(403, (("content-type", "application/json"),
                        ("x-llmvalve-reason", "model_not_allowed")),

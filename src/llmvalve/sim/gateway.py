@@ -73,7 +73,8 @@ def check_of(job: Job, check_id: str, policy: Policy, stream: bool, now: float) 
         if job.max_tokens:
             doc["max_tokens"] = job.max_tokens
         body = json.dumps(doc).encode()
-    return Check(check_id, headers, body, path="/v1/chat/completions")
+    return Check(check_id, headers, body, path="/v1/chat/completions",
+                 method="POST")
 
 
 def envoy_ms(seconds: float) -> float:

@@ -6,7 +6,13 @@ from __future__ import annotations
 import re
 
 from llmvalve.core.policy.nodes import NodeFields, join
-from llmvalve.core.policy.spec import RequestSpec, RetryAfterSpec
+from llmvalve.core.policy.spec import (
+    ANY_METHOD,
+    HTTP_METHODS,
+    RequestSpec,
+    RetryAfterSpec,
+    route,
+)
 
 _HEADER_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
 # Headers llmvalve sets on a request (Envoy drops a client's copies before the check), and
@@ -72,7 +78,8 @@ def read_requests(top: NodeFields) -> RequestSpec:
 
 
 def _read_paths(f: NodeFields) -> tuple[str, ...]:
-    """`paths`: each an absolute path, a prefix ending in `*`, or `*` alone (every path)."""
+    """`paths`: each `[METHOD ]PATH`, PATH an absolute path, a prefix ending in `*`, or `*`
+    alone (every path)."""
     node = f.get("paths")
     if node is None:
         return RequestSpec().paths
@@ -82,28 +89,36 @@ def _read_paths(f: NodeFields) -> tuple[str, ...]:
         f.r.error(node, f.field("paths"), "must list at least one path (`*` passes every path)")
     for j, item in enumerate(items or []):
         where = join(f.field("paths"), j)
-        path = f.r.string(item, where)
-        if path is None:
+        entry = f.r.string(item, where)
+        if entry is None:
             continue
-        if path in out:
+        problem = _route_problem(entry)
+        if not problem and entry in out:
             problem = "is listed twice"
-        elif path == "*":
-            problem = ""
-        elif not path.startswith("/"):
-            problem = "must start with / (or be * alone: every path)"
-        elif "*" in path[:-1]:
-            problem = "may hold * only at its end (a prefix)"
-        elif not path.isascii() or any(c in "?#%" or c.isspace() or not c.isprintable()
-                                       for c in path):
-            problem = "must be a plain ASCII path: no query, fragment, escape or space"
-        elif len(path) > 1 and path.endswith("/"):
-            problem = "ends in / (a request's trailing / is ignored: write the path without it)"
-        elif "//" in path or any(seg in (".", "..") for seg in path.split("/")):
-            problem = ("has an empty, . or .. segment: Envoy normalises a request's path "
-                       "first, so it would match nothing")
-        else:
-            problem = ""
         if problem:
-            f.r.error(item, where, f"{path!r} {problem}")
-        out.append(path)
+            f.r.error(item, where, f"{entry!r} {problem}")
+        out.append(entry)
     return tuple(out) or RequestSpec().paths
+
+
+def _route_problem(entry: str) -> str:
+    """What is wrong with one `paths` entry ("" when nothing)."""
+    method, path = route(entry)
+    if method != ANY_METHOD and method not in HTTP_METHODS:
+        return ("must be a path, or a method, one space and a path (the methods: "
+                f"{', '.join(HTTP_METHODS)})")
+    if path == "*":
+        return ""
+    if not path.startswith("/"):
+        return "must start with / (or be * alone: every path)"
+    if "*" in path[:-1]:
+        return "may hold * only at its end (a prefix)"
+    if not path.isascii() or any(c in "?#%" or c.isspace() or not c.isprintable()
+                                 for c in path):
+        return "must be a plain ASCII path: no query, fragment, escape or space"
+    if len(path) > 1 and path.endswith("/"):
+        return "ends in / (a request's trailing / is ignored: write the path without it)"
+    if "//" in path or any(seg in (".", "..") for seg in path.split("/")):
+        return ("has an empty, . or .. segment: Envoy normalises a request's path first, so "
+                "it would match nothing")
+    return ""

@@ -11,6 +11,7 @@ Priorities: 0 is the highest class. Durations are seconds (floats).
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 
 
@@ -171,24 +172,38 @@ class RetryAfterSpec:
     jitter: float = 0.3  # the drain time × a random factor in [1 − jitter/2, 1 + jitter/2]
 
 
-# The paths on which `vllm serve` serves a model (it lists its routes at start). Left out:
-# its operations endpoints (/metrics, /load, /version, /ping, and in development modes /sleep,
-# /wake_up, /reset_prefix_cache, /collective_rpc, the profiler and the LoRA loaders), which
-# are for the platform team, not for the gateway's clients. `GET /v1/models` and `/health`
-# have routes of their own in Envoy and are never checked.
+# The routes on which `vllm serve` serves a model (it lists its routes at start), each a method
+# and a path. Left out: its operations endpoints (/metrics, /load, /version, /ping, and in
+# development modes /sleep, /wake_up, /reset_prefix_cache, /collective_rpc, the profiler and
+# the LoRA loaders), which are for the platform team, not for the gateway's clients.
+# `GET /v1/models` and `/health` have routes of their own in Envoy and are never checked.
 INFERENCE_PATHS = (
-    "/v1/chat/completions", "/v1/chat/completions/batch", "/v1/completions", "/v1/embeddings",
-    "/v1/responses", "/v1/responses/*", "/v1/messages", "/v1/messages/count_tokens",
-    "/v1/audio/transcriptions", "/v1/audio/translations", "/tokenize", "/detokenize",
-    "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
-    "/v2/embed", "/invocations",
+    *(f"POST {path}" for path in (
+        "/v1/chat/completions", "/v1/chat/completions/batch", "/v1/completions",
+        "/v1/embeddings", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+        "/v1/audio/transcriptions", "/v1/audio/translations", "/tokenize", "/detokenize",
+        "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
+        "/v2/embed", "/invocations")),
+    # a stored response: retrieved (GET /v1/responses/{id}) or cancelled (POST …/cancel)
+    "GET /v1/responses/*", "POST /v1/responses/*",
 )
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+ANY_METHOD = "*"
 
 
 def endpoint(path: str) -> str:
     """A request's path as the gateway judges it: without its query, one trailing `/` off."""
     path = path.split("?", 1)[0]
     return path.removesuffix("/") if len(path) > 1 else path
+
+
+def route(entry: str) -> tuple[str, str]:
+    """A `requests.paths` entry as (method, path): `POST /v1/completions`, or a path alone
+    for every method (`ANY_METHOD`)."""
+    if " " not in entry:
+        return ANY_METHOD, entry
+    method, _, path = entry.partition(" ")
+    return method, path
 
 
 @dataclass(frozen=True)
@@ -203,15 +218,25 @@ class RequestSpec:
     max_body_bytes: int = 262_144
     default_max_tokens: int = 256
     bytes_per_token: float = 4.0
-    # The paths a client may reach: exact, or a prefix ending in `*`; ("*",) passes every path.
+    # The routes a client may reach: [METHOD ]PATH, the path exact or a prefix ending in `*`;
+    # ("*",) passes every request.
     paths: tuple[str, ...] = INFERENCE_PATHS
 
-    def passes(self, path: str) -> bool:
-        """Whether a request for `path` (its query aside, one trailing slash ignored) may go
-        on to a backend."""
+    def methods(self, path: str) -> frozenset[str]:
+        """The methods on which a request for `path` (its query aside, one trailing slash
+        ignored) may go on to a backend: empty for a path no entry passes, `ANY_METHOD` among
+        them when an entry names none."""
         judged = endpoint(path)
-        return any(judged == p or (p.endswith("*") and judged.startswith(p[:-1]))
-                   for p in self.paths)
+        return frozenset(method for method, p in self._routes
+                         if judged == p or (p.endswith("*") and judged.startswith(p[:-1])))
+
+    @functools.cached_property
+    def _routes(self) -> tuple[tuple[str, str], ...]:
+        return tuple(map(route, self.paths))
+
+    def passes(self, method: str, path: str) -> bool:
+        allowed = self.methods(path)
+        return ANY_METHOD in allowed or method in allowed
 
 
 @dataclass(frozen=True)
