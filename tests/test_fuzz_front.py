@@ -27,8 +27,9 @@ from hypothesis import strategies as st
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy import hash_api_key, load_policy
 from llmvalve.core.types import Admit, BackendSnapshot, Outcome, RequestInfo, Ticket
+from llmvalve.gateway import request_facts as reading
 from llmvalve.gateway.driver import Driver
-from llmvalve.gateway.front import Check, Front, LogEntry
+from llmvalve.gateway.front import Answer, Check, Front, Go, LogEntry
 
 BASE = f"""
 queues:
@@ -280,6 +281,33 @@ def test_the_harness_sees_a_double_release():
         pass
     else:  # pragma: no cover
         raise AssertionError("a second release went unnoticed")
+
+
+def test_a_reroute_happens_only_where_envoy_can_rewrite_the_model_exactly():
+    """Envoy's Lua filter rewrites the first `"model": "…"` of the body's text: a body whose
+    nested `"model"` comes first (or that holds none, or an escaped quote in its name) would
+    reach the small model's pool asking for the big one, or with a nested field changed. It
+    is shed as without the fallback instead."""
+    assert not reading.model_rewrite_is_exact(b'{"model": "big\\"v2"}', "tiny")
+    assert not reading.model_rewrite_is_exact(b'{"model": "big", "model": "big"}', "tiny")
+    assert not reading.model_rewrite_is_exact(b'{"messages": []}', "tiny")
+    assert reading.model_rewrite_is_exact(b'{"model"\n :\t"\\u0062ig", "n": 1}', "tiny")
+    front = Front(Admission(variant(True, limit=1, queue=1), random.Random(1), now=0.0))
+    messages = [{"role": "user", "content": 'say "model": "x"'}]
+    bodies = {
+        "nested first": {"metadata": {"model": "x"}, "model": "big", "messages": messages},
+        "top level": {"messages": messages, "model": "big", "metadata": {"model": "x"}},
+    }
+    headers = {"authorization": "Bearer k0", "x-llmvalve-feature": "summarize"}
+    for i in range(2):  # the slot taken, the queue full
+        front.check(Check(f"f{i}", headers, body=json.dumps(bodies["top level"]).encode(),
+                          path="/v1/chat/completions", method="POST"), 1.0)
+    for i, (name, doc) in enumerate(bodies.items()):
+        verdict = front.check(Check(f"c{i}", headers, body=json.dumps(doc).encode(),
+                                    path="/v1/chat/completions", method="POST"), 1.0)
+        rerouted = name == "top level"
+        assert isinstance(verdict, Go if rerouted else Answer), name
+        assert verdict.record.decision == ("fallback_reroute" if rerouted else "rejected"), name
 
 
 def test_a_request_rerouted_into_another_pool_is_judged_once():

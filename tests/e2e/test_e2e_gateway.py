@@ -188,6 +188,13 @@ async def test_shed_request_with_a_feature_gets_its_fallback(e2e):
             assert raw.headers["x-llmvalve-fallback"] == "reroute"
             assert raw.parse().model == "sim-tiny" and raw.parse().choices[0].message.content
             assert e2e.fallback_stats()["requests_received"] == fallback_before + 1
+            # ... but not a body whose text holds a nested "model" first: Envoy's rewrite
+            # would change that one and the backend would get the model it does not serve
+            nested = {"metadata": {"model": "x"}, **chat_body(4)}
+            async with session.post(url, json=nested, headers=headers(
+                    P2_KEY, **{"x-llmvalve-feature": "summarize"})) as r:
+                assert r.status == 429 and "x-llmvalve-fallback" not in r.headers
+            assert e2e.fallback_stats()["requests_received"] == fallback_before + 1
         finally:
             await cancel_all(holders)
     e2e.wait_idle()
@@ -416,8 +423,13 @@ async def test_control_plane_killed_under_load_then_restarted(e2e):
         killed_at = time.monotonic()
         # Fail closed: a new request is answered 503 at once (status_on_error), not held.
         async with session.post(url, json=chat_body(4), headers=headers(P0_KEY)) as r:
-            await r.read()
+            error = (await r.json())["error"]
             assert r.status == 503, r.status
+            # in OpenAI's shape, with a Retry-After (the template's local reply mapper)
+            assert r.headers["retry-after"] == "1", r.headers
+            assert r.headers["x-llmvalve-reason"] == "control_plane_unavailable"
+            assert (error["type"], error["code"]) == ("service_unavailable",
+                                                      "control_plane_unavailable"), error
         assert time.monotonic() - killed_at < 1.0
         await asyncio.sleep(1.0)
         # The requests that were queued when it died were answered within 1 s, none with 200.

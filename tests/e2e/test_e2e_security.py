@@ -153,6 +153,13 @@ def test_huge_and_non_utf8_headers(e2e):
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["type"] == \
         "invalid_request_error"
     assert e2e.envoy_stat("http.llm_ingress.downstream_cx_protocol_error") == errors + 1
+    # Other requests its codec refuses get 400 in the same shape: a header line without a
+    # colon, and a length given twice over (content-length with chunked encoding).
+    for bad in (b"no colon here\r\n", b"transfer-encoding: chunked\r\n"):
+        status, answer = raw_request(port, start + bad, payload)
+        assert status == 400, answer
+        error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+        assert error["type"] == "invalid_request_error" and error["code"], error
     assert e2e.status()["gateway"]["checks_held"] == 0
     # 50 KiB fits Envoy's limit and goes through the control plane like any request (the
     # simulated backend, an aiohttp server, then refuses a field over 8 KiB with its own 400).

@@ -185,6 +185,8 @@ class _Waiting:
     klass: str
     model: str | None
     stream: bool | None
+    # False: a reroute to its feature's fallback model cannot rewrite its body exactly
+    rewritable: bool = True
 
 
 class Front:
@@ -253,7 +255,8 @@ class Front:
             deadline=None if deadline_ms is None else now + deadline_ms / 1000.0,
             feature=headers.get(spec.feature_header), pool=pool.name, model=model)
         stream = facts.stream if facts is not None else request_facts.stream_hint(headers)
-        waiting = _Waiting(info, classified, klass, model, stream)
+        waiting = _Waiting(info, classified, klass, model, stream,
+                           self._rewritable(check, info.feature))
         if check.age_s > TOP_LAG_S / 2 ** policy.priorities.index(classified.priority):
             return self._verdict(waiting, self.admission.shed(
                 info, Reason.GATEWAY_OVERLOADED, now, floor_s=check.age_s), now, queued=False)
@@ -422,10 +425,24 @@ class Front:
                 return rerouted
         return Answer(waiting.info.request_id, replies.shed(reject, waiting.klass), record)
 
+    def _rewritable(self, check: Check, feature: str | None) -> bool:
+        """Whether Envoy can rewrite this body to the model its feature falls back to (read at
+        the check: a waiting request does not keep its body)."""
+        spec = self.policy.feature(feature)
+        fallback = spec.fallback if spec is not None else None
+        if fallback is None or fallback.kind != "reroute" or not fallback.model:
+            return True
+        body = check.body if check.body_complete else None
+        return request_facts.model_rewrite_is_exact(body, fallback.model)
+
     def _reroute(self, waiting: _Waiting, reject: Reject, fallback: FallbackSpec,
                  now: float) -> Go | None:
         """Into the fallback model's pool (admitted there, or not at all); to a bare cluster
-        when no pool serves that model."""
+        when no pool serves that model. Not when the body cannot be rewritten to that model
+        exactly: a backend must not serve a request under a model it did not ask for, or
+        with a nested field changed instead."""
+        if fallback.model and not waiting.rewritable:
+            return None
         extra: Headers = (("x-llmvalve-fallback", "reroute"),
                           ("x-llmvalve-reason", reject.reason.value))
         if fallback.model:

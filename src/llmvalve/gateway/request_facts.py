@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -130,6 +131,28 @@ def parse_body(body: bytes, path: str = "") -> BodyFacts | str:
         return "model must be a non-empty string"
     return BodyFacts(prompt_bytes=prompt_bytes, max_tokens=max_tokens, stream=stream,
                      model=model)
+
+
+# What the Lua filter of Envoy's template rewrites for a reroute to another model: the first
+# `"model": "…"` in the body's text (Lua's %s is these six bytes), the new name without `"`, `\`
+# or `%` (the template's `[%%"\\]`).
+MODEL_FIELD = re.compile(rb'"model"[ \t\n\v\f\r]*:[ \t\n\v\f\r]*"[^"]*"')
+UNQUOTABLE = re.compile(r'[%"\\]')
+
+
+def model_rewrite_is_exact(body: bytes | None, model: str) -> bool:
+    """Whether Envoy's rewrite of this body to `model` changes its top-level `model` and nothing
+    else: not when a nested `"model"` comes first in the text (`"metadata": {"model": …}`), the
+    name holds an escaped quote, or the body is not all here."""
+    if not body:
+        return False
+    name = UNQUOTABLE.sub("", model)
+    out, n = MODEL_FIELD.subn(b'"model":"' + name.encode() + b'"', body, count=1)
+    try:
+        before, after = json.loads(body), json.loads(out)
+    except (ValueError, RecursionError):
+        return False
+    return n == 1 and isinstance(before, dict) and after == {**before, "model": name}
 
 
 def estimate(spec: RequestSpec, content_length: int, facts: BodyFacts | None) -> Estimate:
