@@ -353,19 +353,20 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 20 s, queued or mid-stream: 0.848 / 0.957 / 0.720 of the best fixed limit. Traced at
     # seed 3: adaptive runs about 82 requests at once at its KV target, static:80 about 66
     # (P0's reserve of 24 slots binds), so adaptive's engines decode slower (P1 TPOT p99
-    # 0.111 s against 0.095); and the tool steps wait 4.0-7.0 s (10th-90th percentile) in
-    # a P1 queue served oldest first, which turns newest-first only once its oldest has
-    # waited the 8 s TTFT objective, where under static:80 the queue stands and half are
-    # admitted within 0.5 s. A 150-350-token step admitted at 5.7 s takes past 15 s: 923
-    # steps were cancelled after their prefill (1.85 M prompt tokens prefilled for nothing)
-    # against 431 (0.86 M) under static:80, where more die in the queue, at no cost. The
-    # clients' 15 s is tighter than the policy's P1 objective allows (8 s + 150 x 0.3 s). P0's misses are answers of up to 400 tokens cancelled at 20 s
-    # while decoding (5-8 of ~300), as holdout-giveup-peak. Not mended: nothing the gateway
-    # reads says the client will leave. With the timeouts sent as deadlines (a class's
-    # `deadline:`, added at stop 34 for this): 0.79 at seed 3, 0.91 on average. Starting
-    # only what can finish (deadline less the tenant's mean time in flight): 0.87 at seed 3,
-    # but adaptive's goodput fell 1,009 -> 893 tok/s on average and the best fixed limit's
-    # too (it refused requests that would have finished): not kept.
+    # 0.111 s against 0.095); and the tool steps wait 4.0-7.0 s (10th-90th percentile) in a
+    # P1 queue served oldest first, which turns newest-first only once its oldest has waited
+    # the 8 s TTFT objective, where under static:80 the queue stands and half are admitted
+    # within 0.5 s. A 150-350-token step admitted at 5.7 s takes past 15 s: 923 steps were
+    # cancelled after their prefill (1.85 M prompt tokens prefilled for nothing) against 431
+    # (0.86 M) under static:80, where more die in the queue, at no cost. The clients' 15 s
+    # is tighter than the policy's P1 objective allows (8 s + 150 x 0.3 s). P0's misses are
+    # answers of up to 400 tokens cancelled at 20 s while decoding (5-8 of ~300), as
+    # holdout-giveup-peak. Not mended: nothing the gateway reads says the client will leave.
+    # With the timeouts sent as deadlines (a class's `deadline:`, added at stop 34 for
+    # this): 0.79 at seed 3, 0.91 on average. Starting only what can finish (deadline less
+    # the tenant's mean time in flight): 0.87 at seed 3, but adaptive's goodput fell 1,009
+    # -> 893 tok/s on average and the best fixed limit's too (it refused requests that would
+    # have finished): not kept.
     "holdout-b38-deadline-agents": ("seed 1: adaptive", "seed 1: P0 attainment",
                                     "seed 2: P0 attainment", "seed 3: adaptive",
                                     "seed 3: P0 attainment"),
