@@ -45,7 +45,6 @@ from llmvalve.core.admission import Admission
 from llmvalve.core.classify import AuthFailure, Classified, Classifier, Unauthorized
 from llmvalve.core.outcomes import outcome_of
 from llmvalve.core.policy import FallbackSpec, Policy
-from llmvalve.core.policy.spec import ANY_METHOD
 from llmvalve.core.types import (
     Admit,
     BackendSnapshot,
@@ -212,11 +211,11 @@ class Front:
             return Answer(check.check_id, replies.bad_request(
                 f"x-llmvalve-id {check.check_id!r} is already in use"),
                 Record("bad_request", "", "duplicate_id"))
-        allowed = spec.methods(check.path)
-        if not allowed:
-            return Answer(check.check_id, replies.unknown_path(check.path),
-                          Record("unknown_path", "", "unknown_path"))
-        if ANY_METHOD not in allowed and check.method not in allowed:
+        if not spec.passes(check.method, check.path):
+            allowed = spec.methods(check.path)
+            if not allowed:
+                return Answer(check.check_id, replies.unknown_path(check.path),
+                              Record("unknown_path", "", "unknown_path"))
             return Answer(check.check_id,
                           replies.method_not_allowed(check.method, check.path, allowed),
                           Record("method_not_allowed", "", "method_not_allowed"))

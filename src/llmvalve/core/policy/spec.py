@@ -235,6 +235,7 @@ class RequestSpec:
         return tuple(map(route, self.paths))
 
     def passes(self, method: str, path: str) -> bool:
+        """Whether a request may go on to a backend."""
         allowed = self.methods(path)
         return ANY_METHOD in allowed or method in allowed
 
