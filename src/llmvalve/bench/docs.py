@@ -86,6 +86,9 @@ def run_all(names: list[str], results: Path, img: Path, overhead: bool) -> None:
         from llmvalve.bench.overhead import measure_to
 
         measure_to(results / "overhead.json", OVERHEAD_RATES, 6.0)
+        from llmvalve.bench import performance_doc
+
+        performance_doc.main([str(results / "overhead.json")])
 
 
 # ---- rendering --------------------------------------------------------------------------------
@@ -178,7 +181,7 @@ def _repeats(all_res: dict[str, dict]) -> str:
         "- **Repeats.** One real run is one draw of the wall clock's timing noise, and the "
         "`seed` limiter, which steers on each request's round trip, turns small timing "
         "differences into large goodput differences (so does `simulate`: with its access-log "
-        "delay at 200 ms instead of 50 ms, `seed`'s goodput on `capacity-drop` moves by 5-11 % "
+        "delay at 200 ms instead of 50 ms, `seed`'s goodput on `capacity-drop` moves by 10-11 % "
         "at seeds 1 and 3, `adaptive`'s by a third as much on average; "
         "tests/test_bench_report.py). "
         f"On {names} each mode runs {n} times, in rounds (every mode, then every mode again), "
@@ -311,7 +314,7 @@ def readme_section(results: Path) -> str:
 The same burst through real processes — Envoy 1.40, the llmvalve control plane, two simulated
 vLLM backends and an open-loop streaming load generator, all on this 2-core machine
 (`llmvalve bench --scenario burst{repeat_flag(b)}`, time scale {b['time_scale']:g}: \
-{b['wall_s']:.0f} s for the four modes{_repeat_words(b)}):
+{b.get('command_wall_s', b['wall_s']):.0f} s for the four modes{_repeat_words(b)}):
 
 | mode | goodput tok/s | P0 SLO attainment | P0 TTFT p99 | `simulate` goodput{_draws_words(res)} |
 |---|---:|---:|---:|---:|

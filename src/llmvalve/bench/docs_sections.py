@@ -142,7 +142,7 @@ def _seed_lines(all_res: dict[str, dict]) -> list[str]:
             return sum(xs) / len(xs) / gateways if xs else float("nan")
         out.append("- **The seed's published limiter** holds its limit at " + ", ".join(
             f"{mean_limit(n, r):.1f}" for n, r in seed.items()) + " requests on average (per "
-                   "gateway; it starts "
+                   "gateway, its pools' limits added up; it starts "
                    "at its minimum of 4 and reads the long, variable latency of LLM requests as "
                    "congestion), so it sheds most work: goodput " + ", ".join(
                        f"{r['goodput_tok_s']:.0f}" for r in seed.values())
@@ -277,7 +277,9 @@ def scenario_section(name: str, res: dict, img_rel: str) -> list[str]:
     parts.append(f"![{name}: time to first token by class and mode]({img_rel}/bench-"
                  f"{name}-ttft.png)\n\n![{name}: in flight, KV usage, limit, queues and "
                  f"rejections per mode]({img_rel}/bench-{name}.png)\n")
-    parts.append(f"_(`llmvalve bench --scenario {name}{repeat_flag(b)}`: "
+    loads = ",".join(f"{r['load']:g}" for r in res.get("sweep") or [])
+    sweep_flag = f" --sweep-loads {loads}" if loads else ""
+    parts.append(f"_(`llmvalve bench --scenario {name}{repeat_flag(b)}{sweep_flag}`: "
                  f"{b.get('command_wall_s', b['wall_s']):.0f} s of wall time, time scale "
                  f"{b['time_scale']:g})_\n")
     return parts
@@ -298,7 +300,8 @@ def overhead_section(results: Path) -> str | None:
 `llmvalve bench --scenario overhead` (src/llmvalve/bench/overhead.py): Envoy alone and Envoy
 with llmvalve (the full policy; ext_authz over HTTP and over gRPC) side by side; a closed loop
 for the most requests per second, an open-loop client at fixed rates for the added latency.
-docs/performance.md explains the method and is written from the same JSON.{load_note}
+docs/performance.md explains the method and is written from the same JSON (`python -m
+llmvalve.bench.docs --overhead-only`, or `--run`, writes both).{load_note}
 
 {overhead_table(oh)}
 """

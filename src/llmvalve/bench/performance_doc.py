@@ -179,8 +179,9 @@ FROM_IDLE_NOTE = """The step from idle. A mode idles while the others run; the f
 each of its runs are the step from nothing to the rate. With llmvalve the adaptive limit, which
 follows what is used while the pool idles (a limit nobody tests is no evidence: docs/design.md),
 grows back to the new load over a few of its half-second windows, and the requests that arrive
-meanwhile queue for a few to a few tens of milliseconds: that is admission at work, not the
-hop's cost, and it is why the steady state is measured apart.
+meanwhile may queue for up to a few milliseconds (the first seconds' p99 against Envoy alone's,
+below): that is admission at work, not the hop's cost, and it is why the steady state is
+measured apart.
 
 """
 

@@ -121,7 +121,8 @@ def sweep_table(rows: list[dict], sim_rows: list[dict] | None = None) -> str:
     modes = list(rows[0]["controllers"]) if rows else []
     sim = {r["load"]: r for r in sim_rows or []}
     head = "load  " + " ".join(f"{m:>16}" for m in modes)
-    lines = ["goodput (tok/s) by offered load" + (", bench (simulate)" if sim_rows else "")
+    lines = ["goodput (tok/s) by offered load" + (", bench (simulate, on its fixed timing "
+                                                  "grid)" if sim_rows else "")
              + ":", head, "-" * len(head)]
     for r in rows:
         cells = []
