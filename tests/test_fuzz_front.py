@@ -310,6 +310,48 @@ def test_a_reroute_happens_only_where_envoy_can_rewrite_the_model_exactly():
         assert verdict.record.decision == ("fallback_reroute" if rerouted else "rejected"), name
 
 
+def test_a_reload_that_removes_a_class_moves_its_waiting_requests_in_the_front_too():
+    """Found by a review: the core moves a waiting request whose class left the policy to the
+    next class, but the front kept its old class; when it then timed out and its feature's
+    reroute resubmitted it there, the core raised (no such class) and the whole poll's
+    decisions were lost, their clients left hanging."""
+    policy = variant(True, limit=1, queue=2)
+    front = Front(Admission(policy, random.Random(1), now=0.0))
+    headers = {"authorization": "Bearer k0", "x-llmvalve-feature": "summarize"}
+    body = json.dumps({"model": "big", "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    for i in range(2):  # admitted, then waiting in class 0
+        front.check(Check(f"c{i}", headers, body=body, path="/v1/chat/completions",
+                          method="POST"), 1.0)
+    assert front.waiting == 1
+    text = BASE.replace("BODY", "true").replace("maxPriority: 0, defaultPriority: 0",
+                                                "maxPriority: 1, defaultPriority: 1")
+    first_queue = text.index("  - {priority: 0,")
+    text = text[:first_queue] + text[text.index("  - {priority: 1,"):]
+    front.replace_policy(load_policy(text), 2.0)
+    assert [q.priority for q in front.policy.queues] == [1, 2]
+    verdicts = front.poll(17.0)  # its new class's 15 s timeout: rerouted to the small pool
+    assert [(v.record.decision, v.record.klass) for v in verdicts] == [
+        ("fallback_reroute", "agent-workflow")]
+    assert isinstance(verdicts[0], Go) and verdicts[0].ticket.pool == "small"
+    assert front.admission.status(17.0)["pools"]["small"]["classes"]["1"]["inflight"] > 0
+
+
+def test_status_after_a_reload_that_removes_a_pool_and_adds_a_class():
+    """Found by a review: a pool that left the policy kept its old queues, and the status
+    (so /status and /metrics) asked them for a class only the new policy has: KeyError."""
+    front = Front(Admission(variant(True), random.Random(1), now=0.0))
+    text = BASE.replace("BODY", "true").replace(
+        "  - {name: small, models: [tiny]}\n", "").replace(
+        "reroute, model: tiny", "reroute, cluster: external").replace(
+        "  - {priority: 2,", "  - {priority: 3, name: bulk, maxQueueSize: 3, timeout: 60s, "
+        "dropPolicy: tail}\n"
+        "  - {priority: 2,")
+    front.replace_policy(load_policy(text), 1.0)
+    pools = front.admission.status(1.0)["pools"]
+    assert pools["small"]["classes"]["3"]["queue_depth"] == 0
+
+
 def test_a_request_rerouted_into_another_pool_is_judged_once():
     """A fallback's reroute is a miss of its class when it is decided (metrics.record); its
     access-log entry still releases the slot and feeds the limiter, but is not judged again."""

@@ -171,6 +171,14 @@ MESSAGES = '"messages": [{"role": "user", "content": "hi"}]'
     # found by a fuzz of the running gateway: each of these was a 503 (the check crashed)
     (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', CHAT, "unpaired UTF-16"),
     (b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "", "nested too deeply"),
+    # found by a review: a 500 from the check (a 503 for the client, or no admission at all
+    # with failureModeAllow): an integer past Python's digit limit, and UTF-16 or UTF-32,
+    # which json.loads reads but which hid an unpaired surrogate from its check
+    (("{" + MESSAGES + ', "seed": ' + "1" * 5000 + "}").encode(), CHAT, "too many digits"),
+    (('{"messages": [{"role": "user", "content": "\\ud800"}]}').encode("utf-16"), CHAT,
+     "not UTF-8"),
+    (('{"messages": [{"role": "user", "content": "\\ud800"}]}').encode("utf-32-le"), CHAT,
+     "not valid JSON"),
     # ... and these reached the backend, whose error is not OpenAI's shape
     (b'{"model": "m"}', CHAT, "messages must be a non-empty list"),
     (b'{"model": "m", "messages": "hi"}', CHAT, "messages must be a non-empty list"),

@@ -462,6 +462,7 @@ class Admission:
                     if req.priority not in self._ranks:
                         req = replace(req, priority=policy.lowest_priority)
                     first.scheduler.push(req, now, enqueued_at=w.enqueued_at)
+                pool.scheduler = Scheduler(policy)  # empty, with the new classes (status())
 
     def _carry_limit(self, limit: PoolLimit, old: Policy, new: Policy,
                     now: float) -> PoolLimit:

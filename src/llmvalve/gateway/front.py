@@ -351,6 +351,14 @@ class Front:
         self.policy = policy
         self.classifier = Classifier(policy)
         self.addresses = request_facts.backend_addresses(policy)
+        # A waiting request whose class or pool left the policy was moved by the core: its
+        # record here moves with it (a reroute resubmits it in the class it is in now).
+        moved = {w.req.request_id: w.req for pool in self.admission.pools.values()
+                 for w in pool.scheduler.waiting()}
+        for check_id, waiting in self._waiting.items():
+            req = moved.get(check_id, waiting.info)
+            if (req.priority, req.pool) != (waiting.info.priority, waiting.info.pool):
+                waiting.info, waiting.klass = req, self._class_name(req.priority)
 
     @property
     def waiting(self) -> int:

@@ -95,14 +95,19 @@ def parse_body(body: bytes, path: str = "") -> BodyFacts | str:
     gateway reads must have the type OpenAI's API gives it (a `stream` of "false" is not
     false); on the chat and completions paths the prompt must be there."""
     try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = body.decode("utf-8")  # JSON's only encoding (json.loads would take UTF-16 too)
+        doc = json.loads(text)
+    except UnicodeDecodeError:
+        return "request body is not valid JSON: not UTF-8"
+    except json.JSONDecodeError as exc:
         return f"request body is not valid JSON: {exc}"
+    except ValueError:  # an integer past Python's 4,300-digit limit
+        return "request body is not valid JSON: a number with too many digits"
     except RecursionError:
         return "request body is not valid JSON: nested too deeply"
     if not isinstance(doc, dict):
         return "request body must be a JSON object"
-    if b"\\u" in body and _has_lone_surrogate(doc):  # walked only if an escape is there
+    if "\\u" in text and _has_lone_surrogate(doc):  # walked only if an escape is there
         return "request body is not valid Unicode: an unpaired UTF-16 surrogate (\\ud800-\\udfff)"
     judged = endpoint(path)
     messages = doc.get("messages")
