@@ -51,7 +51,9 @@ def encode(response: Response, keep_alive: bool, head: bool = False) -> bytes:
     lines += [f"{k}: {v}" for k, v in response.headers if k != "content-length"]
     if not keep_alive:
         lines.append("connection: close")
-    return (("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    # (the loader keeps policy names to printable ASCII; "replace" so that nothing else can
+    # leave a check unanswered)
+    return (("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
             + (b"" if head else response.body))
 
 

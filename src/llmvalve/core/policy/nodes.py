@@ -407,6 +407,8 @@ class NodeFields:
         entry that has it) is an error, naming that entry when `say_where`."""
         node = self.require("name")
         name = None if node is None else self.r.string(node, self.field("name"))
+        if name is not None and not is_header_safe(name):
+            self.r.error(node, self.field("name"), f"{what} name {name!r} {NOT_HEADER_SAFE}")
         if name is not None and name in seen:
             where = f" (already used by {seen[name]})" if say_where else ""
             self.r.error(node, self.field("name"), f"duplicate {what} name {name!r}{where}")
@@ -425,6 +427,15 @@ def sort_issues(issues: list[PolicyIssue], source: str) -> list[PolicyIssue]:
     return sorted(issues, key=lambda i: (i.source != source, i.line))
 
 
+# Names go into HTTP headers (x-llmvalve-tenant, -class, -pool, -rewrite-model) and metric
+# labels: a character Latin-1 cannot write, or a line break, would break the answer to Envoy.
+NOT_HEADER_SAFE = "must be printable ASCII (it is written into HTTP headers)"
+
+
+def is_header_safe(name: str) -> bool:
+    return name.isascii() and name.isprintable()
+
+
 def read_names(f: NodeFields, key: str, what: str) -> tuple[str, ...]:
     """An optional list of distinct non-empty strings (model names)."""
     node = f.get(key)
@@ -437,6 +448,8 @@ def read_names(f: NodeFields, key: str, what: str) -> tuple[str, ...]:
             continue
         if value in out:
             f.r.error(item, join(f.field(key), j), f"duplicate {what} {value!r}")
+        elif not is_header_safe(value):
+            f.r.error(item, join(f.field(key), j), f"{what} {value!r} {NOT_HEADER_SAFE}")
         out.append(value)
     return tuple(out)
 

@@ -11,7 +11,14 @@ from urllib.parse import urlsplit
 
 from yaml.nodes import Node
 
-from llmvalve.core.policy.nodes import NodeFields, NodeReader, join, read_names
+from llmvalve.core.policy.nodes import (
+    NOT_HEADER_SAFE,
+    NodeFields,
+    NodeReader,
+    is_header_safe,
+    join,
+    read_names,
+)
 from llmvalve.core.policy.spec import BackendSpec, BreakerSpec, PoolSpec
 
 ENGINES = ("vllm", "trtllm", "sglang")
@@ -60,6 +67,8 @@ def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str],
     name = f.string("name", d.name)
     if name in seen:
         r.error(f.get("name") or item, f.field("name"), f"duplicate pool name {name!r}")
+    elif not is_header_safe(name):
+        r.error(f.get("name") or item, f.field("name"), f"pool name {name!r} {NOT_HEADER_SAFE}")
     seen.add(name)
     models = read_names(f, "models", "model")
     for model in models:
