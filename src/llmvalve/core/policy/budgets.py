@@ -3,7 +3,7 @@ field, every issue collected). The values are `core.policy.BudgetSpec`; the buck
 enforce them are `core.budgets`.
 
     budgets:
-      requestsPerMinute: 600        # all optional; numbers > 0
+      requestsPerMinute: 600        # all optional; numbers ≥ 0.001
       tokensPerMinute: 200000       # prompt + max_tokens, charged at admission
       models:
         MODEL: {requestsPerMinute: 60, tokensPerMinute: 50000}
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 AMOUNT_KEYS = ("requestsPerMinute", "tokensPerMinute")
 KEYS = (*AMOUNT_KEYS, "models")
+# Smaller refills nothing a clock can count (1e-323 / 60 is 0: a division by zero)
+MIN_AMOUNT = 0.001
 _EMPTY = "sets no budget: give requestsPerMinute and/or tokensPerMinute"
 
 
@@ -50,7 +52,7 @@ def _budget(f: NodeFields) -> Budget:
     amounts = []
     for key in AMOUNT_KEYS:
         node = f.get(key)
-        amounts.append(None if node is None else f.r.number(node, f.field(key), gt=0))
+        amounts.append(None if node is None else f.r.number(node, f.field(key), ge=MIN_AMOUNT))
     return Budget(*amounts)
 
 
