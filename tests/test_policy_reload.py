@@ -8,7 +8,15 @@ import pytest
 
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy import load_policy
-from llmvalve.core.types import Admit, Outcome, Queued, Reason, Reject, RequestInfo
+from llmvalve.core.types import (
+    Admit,
+    BackendSnapshot,
+    Outcome,
+    Queued,
+    Reason,
+    Reject,
+    RequestInfo,
+)
 
 BASE = """
 queues:
@@ -90,3 +98,31 @@ def test_reload_retargets_the_picker(adm):
     assert adm.pools["default"].picker is picker  # what it saw of the backends is kept
     assert picker.itl_target_s == pytest.approx(0.04)
     assert picker.late_after_s == pytest.approx(0.5)
+
+
+def test_a_backend_the_reload_drops_leaves_the_adaptive_limit():
+    """Found by a review: a backend the policy no longer lists is no longer scraped, so no
+    failing snapshot takes it out; the adaptive limit kept its last good one forever: its
+    KV in C, and in σ as a stale backend (σ 1.06 with the one left at half its KV target),
+    which refused the lowest class for good."""
+    two = BASE.replace("{controller: static, static: {limit: 2}}", "{controller: adaptive}") + (
+        "pools:\n  - name: default\n    backends:\n"
+        "      - {name: g0, metricsUrl: 'http://10.0.0.1:8000/metrics'}\n"
+        "      - {name: g1, metricsUrl: 'http://10.0.0.2:8000/metrics'}\n")
+    adm = Admission(load_policy(two), random.Random(1), "adaptive")
+
+    def snap(name: str, t: float) -> BackendSnapshot:
+        return BackendSnapshot(name, t, True, running=4, kv_usage=0.4,
+                               kv_capacity_tokens=100_000)
+
+    for t in (0.0, 0.5, 1.0):
+        for name in ("g0", "g1"):
+            adm.on_snapshot("default", snap(name, t), t)
+    limit = adm.pools["default"].limit
+    assert limit.capacity(1.0) == 200_000
+    adm.replace_policy(load_policy(two.rsplit("      - {name: g1", 1)[0]), 1.0)
+    for t in (1.5, 10.0, 20.0):
+        adm.on_snapshot("default", snap("g0", t), t)
+    assert limit.capacity(20.0) == 100_000
+    assert limit.saturation(20.0) == pytest.approx(0.5)  # KV 0.4 against its 0.8 target
+    assert isinstance(adm.submit(RequestInfo("p2", "t", 2, 0.0, 100, 50), 20.0), Admit)

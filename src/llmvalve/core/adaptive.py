@@ -450,6 +450,12 @@ class AdaptiveLimit:
         self._ttft_queue.append(max(0.0, sample.ttft_s - prefill))
         self.samples_used += 1
 
+    def forget(self, backend: str) -> None:
+        """A backend the policy no longer lists: no snapshot of it will come again, and its
+        share of C and σ leave with it (as a backend whose scrape fails)."""
+        if self.backends.pop(backend, None) is not None:
+            self._cap_cache = self._sat_cache = self._seq_cache = None
+
     def on_snapshot(self, snap: BackendSnapshot, now: float) -> None:
         self._cap_cache = self._sat_cache = self._seq_cache = None
         prev = self.backends.get(snap.backend)

@@ -438,6 +438,7 @@ class Admission:
                 self.pools[spec.name] = self._new_pool(spec, now)
                 continue
             waiting = sorted(pool.scheduler.waiting(), key=lambda w: w.enqueued_at)
+            dropped = {b.name for b in pool.spec.backends} - {b.name for b in spec.backends}
             pool.spec = spec
             pool.scheduler = Scheduler(policy)
             for w in waiting:
@@ -449,6 +450,9 @@ class Admission:
             pool.picker.retarget(*self._picker_targets())
             for b in spec.backends:
                 pool.picker.include(b.name)
+            if isinstance(pool.limit, AdaptiveLimit):  # no snapshot of these will come again
+                for name in dropped:
+                    pool.limit.forget(name)
             pool.limit = self._carry_limit(pool.limit, old_policy, policy, now)
             if pool.breaker.spec != spec.breaker:
                 pool.breaker = Breaker(spec.breaker)
