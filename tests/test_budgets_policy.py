@@ -66,12 +66,13 @@ def test_when_every_pool_lists_its_models_a_budget_must_name_one_of_them():
 
 
 @pytest.mark.parametrize(("value", "message"), [
-    ("-1", "must be > 0, got -1"),
-    ("0", "must be > 0, got 0"),
+    ("-1", "must be >= 0.001, got -1"),
+    ("0", "must be >= 0.001, got 0"),
+    ("1.0e-323", "must be >= 0.001, got 9.88131e-324"),  # its refill rate would be 0
     (".inf", "must be a finite number"),
     ("true", "expected a number, got true/false"),
 ])
-def test_amounts_must_be_positive_numbers(value: str, message: str):
+def test_amounts_must_be_at_least_a_thousandth(value: str, message: str):
     assert errors(tenants(f"    budgets:\n      tokensPerMinute: {value}\n")) == [
         f"p.yaml:7: tenants[0].budgets.tokensPerMinute: {message}"]
 

@@ -234,6 +234,16 @@ class Front:
             if isinstance(facts, str):
                 return Answer(check.check_id, replies.bad_request(facts),
                               Record("bad_request", klass, "bad_request", classified.tenant))
+        if (policy.model_bound(classified.tenant) and check.body
+                and (facts is None or not facts.model)):
+            # what it may use, or its budget per model, is judged on the model the backend
+            # gets: the body's (a header could name another; a request without a body, such
+            # as retrieving a stored response, runs no model)
+            reply = (replies.model_required() if check.body_complete
+                     else replies.body_too_large(spec.max_body_bytes))
+            return Answer(check.check_id, reply, Record(
+                "bad_request", klass, reply.details.removeprefix("llmvalve_"),
+                classified.tenant))
         model = (facts.model if facts is not None and facts.model
                  else headers.get(spec.model_header) or None)
         pool = policy.pool_for_model(model)

@@ -22,7 +22,8 @@ import httptools
 log = logging.getLogger("llmvalve.http")
 
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
-           404: "Not Found", 405: "Method Not Allowed", 418: "I'm a teapot",
+           404: "Not Found", 405: "Method Not Allowed", 413: "Content Too Large",
+           418: "I'm a teapot",
            429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 

@@ -163,6 +163,25 @@ def method_not_allowed(method: str, path: str, allowed: frozenset[str]) -> Reply
                  "llmvalve_method_not_allowed")
 
 
+def body_too_large(max_bytes: int) -> Reply:
+    """A body cut at `requests.maxBodyBytes` whose model the gateway must read."""
+    return Reply(413, (("content-type", "application/json"),
+                       ("x-llmvalve-reason", "body_too_large")),
+                 _error_body(f"Request body larger than {max_bytes} bytes: this API key's "
+                             "model is read from the body, and a body this large is not read.",
+                             "invalid_request_error", "body_too_large"),
+                 "llmvalve_body_too_large")
+
+
+def model_required() -> Reply:
+    """A request without a `model` in its body from a tenant limited to some models."""
+    return Reply(400, (("content-type", "application/json"),
+                       ("x-llmvalve-reason", "model_required")),
+                 _error_body("This API key must name its `model` in the request body.",
+                             "invalid_request_error", "model_required"),
+                 "llmvalve_model_required")
+
+
 def model_not_allowed(model: str) -> Reply:
     return Reply(403, (("content-type", "application/json"),
                        ("x-llmvalve-reason", "model_not_allowed")),

@@ -78,6 +78,12 @@ def load_policy(text: str, source: str = "policy.yaml", *,
     retry_after = read_retry_after(top)
     requests = read_requests(top)
     failure_mode_allow = top.boolean("failureModeAllow", False)
+    bound = [t.name for t in tenants if t.model_bound]
+    if requests.body_inspection is False and bound:
+        node = top.get("requests")
+        r.error(node, "requests.bodyInspection", "must be on: the model of a request is read "
+                "from its body for tenants that may use only some models or have budgets per "
+                f"model ({', '.join(bound)})")
     if issues:
         raise PolicyError(sort_issues(issues, source))
     # the text as a file holds it: `|-` in a ConfigMap drops the final newline a file has

@@ -150,6 +150,12 @@ class TenantSpec:
     models: tuple[str, ...] = ()  # the models it may use (empty: all)
     budgets: BudgetSpec | None = None  # None: no budget
 
+    @property
+    def model_bound(self) -> bool:
+        """Whether its requests must name their model in a body the gateway reads whole: it
+        may use only some models, or has a budget per model."""
+        return bool(self.models or (self.budgets is not None and self.budgets.models))
+
 
 @dataclass(frozen=True)
 class FallbackSpec:
@@ -275,7 +281,7 @@ class Policy:
         several)."""
         if self.requests.body_inspection is not None:
             return self.requests.body_inspection
-        return len(self.pools) > 1
+        return len(self.pools) > 1 or any(t.model_bound for t in self.tenants)
 
     def pool(self, name: str) -> PoolSpec | None:
         for p in self.pools:
@@ -306,10 +312,15 @@ class Policy:
         return tuple(m for p in self.pools for m in p.models)
 
     def tenant_may_use(self, tenant: str, model: str | None) -> bool:
+        """Whether the tenant may use `model` (None: it names none; the check refuses that
+        for a `model_bound` tenant before asking)."""
         for t in self.tenants:
             if t.name == tenant:
                 return not t.models or model is None or model in t.models
         return True
+
+    def model_bound(self, tenant: str) -> bool:
+        return any(t.name == tenant and t.model_bound for t in self.tenants)
 
     def feature(self, name: str | None) -> FeatureSpec | None:
         for f in self.features:
