@@ -23,7 +23,7 @@ from llmvalve.core.policy import (
     RequestSpec,
 )
 from llmvalve.core.types import Reason, Reject
-from llmvalve.gateway import replies
+from llmvalve.gateway import http_listener, replies
 from llmvalve.gateway import request_facts as reading
 from llmvalve.gateway.access_log import entry_of, flags_of
 from llmvalve.gateway.admin_http import AdminState, build_app
@@ -107,6 +107,35 @@ def test_a_route_outside_the_inference_api_is_refused_before_anything_else():
     # the same request with its method is judged as usual (here: no key, 401)
     verdict = front.check(Check("c2", {}, path="/v1/embeddings", method="POST"), now=1.0)
     assert isinstance(verdict, Answer) and verdict.reply.status == 401
+
+
+async def test_the_listener_drops_a_body_past_its_limit():
+    """A static fallback's request comes with all of its body (found by a review: the
+    listener kept any size): past MAX_BODY_BYTES the handler gets none, the memory is not
+    held, and the connection serves the next request."""
+    seen: list[int] = []
+
+    async def handler(request):
+        seen.append(len(request.body))
+        return Response(200, (), b"ok")
+
+    listener = HttpListener(handler)
+    port = await listener.start("127.0.0.1", 0)
+    big = http_listener.MAX_BODY_BYTES + 1
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % big)
+        for _ in range(big // 65536 + 1):
+            writer.write(b"x" * min(65536, big))
+            big -= min(65536, big)
+            await writer.drain()
+        writer.write(b"POST /y HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n"
+                     b"connection: close\r\n\r\nhi")
+        data = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+    finally:
+        await listener.stop()
+    assert seen == [0, 2] and data.count(b"HTTP/1.1 200") == 2
 
 
 async def test_the_listener_answers_a_head_request_with_headers_alone():

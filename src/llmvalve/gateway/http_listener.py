@@ -43,6 +43,10 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+# A body larger than this is read and dropped (the handler gets none): Envoy sends a check at
+# most max_request_bytes, but a request routed here for its static fallback with all of its
+# body, which the answer needs only for `stream` and `model`.
+MAX_BODY_BYTES = 4 << 20
 
 
 def encode(response: Response, keep_alive: bool, head: bool = False) -> bytes:
@@ -69,6 +73,7 @@ class _Connection(asyncio.Protocol):
         self._url = b""
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
+        self._size = 0
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -91,7 +96,7 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks ---------------------------------------------------------------
     def on_message_begin(self) -> None:
-        self._url, self._headers, self._body = b"", {}, []
+        self._url, self._headers, self._body, self._size = b"", {}, [], 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -100,12 +105,15 @@ class _Connection(asyncio.Protocol):
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_body(self, body: bytes) -> None:
-        self._body.append(body)
+        self._size += len(body)
+        if self._size <= MAX_BODY_BYTES:
+            self._body.append(body)
 
     def on_message_complete(self) -> None:
         path = httptools.parse_url(self._url).path.decode("latin-1")
+        body = b"".join(self._body) if self._size <= MAX_BODY_BYTES else b""
         request = Request(self.parser.get_method().decode("latin-1"), path, self._headers,
-                          b"".join(self._body))
+                          body)
         self.pending.append((request, self.parser.should_keep_alive()))
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self._serve())
