@@ -107,6 +107,22 @@ def test_tail_queue_full_rejects_the_arrival():
     assert 0.1 <= d.retry_after_s <= 60.0
 
 
+def test_a_submit_that_may_not_queue_leaves_the_queue_as_it_was():
+    """A fallback's reroute into another pool starts there at once or not at all (found by a
+    review: it was queued and cancelled, and a full queue had already pushed another
+    tenant's request out for it)."""
+    a = adm("static:1")
+    admit(a, r("busy"), 0.0)
+    for i in range(2):  # tenant t holds the whole interactive queue
+        assert isinstance(a.submit(r(f"t{i}"), 0.0), Queued)
+    other = dataclasses.replace(r("rerouted"), tenant="u")
+    d = a.submit(other, 1.0, queue=False)
+    assert isinstance(d, Reject) and d.reason is Reason.QUEUE_FULL
+    assert a.poll(1.0) == [] and a.pools["default"].scheduler.depth(0) == 2
+    assert isinstance(a.submit(dataclasses.replace(other, request_id="queued"), 1.0), Queued)
+    assert ids(a.poll(1.0)) == [("Reject", "t1")]  # pushed out, as a queued arrival does
+
+
 def test_tail_queue_timeout_at_poll():
     a = adm("static:1")
     admit(a, r("a"), 0.0)

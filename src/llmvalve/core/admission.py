@@ -239,8 +239,10 @@ class Admission:
         return Admit(req.request_id, ticket, wait_s)
 
     # ---- the contract ---------------------------------------------------------------------
-    def submit(self, req: RequestInfo, now: float) -> Decision:
-        """Admit now, queue (hold the request; poll() will decide it later), or reject."""
+    def submit(self, req: RequestInfo, now: float, *, queue: bool = True) -> Decision:
+        """Admit now, queue (hold the request; poll() will decide it later), or reject.
+        `queue=False`: one that cannot start at once is refused (QUEUE_FULL) and the queues
+        are not touched (a fallback's reroute: it may not push another request out)."""
         pool = self._pool(req.pool)
         if req.priority not in self._ranks:
             raise ValueError(f"request {req.request_id}: no queue with priority {req.priority}")
@@ -259,6 +261,8 @@ class Admission:
         if not own_queue and self._fits(pool, req.priority, cost, now, shared=not blocked_above):
             pool.waits.arrived(req.priority, now)
             return self._admit(pool, req, cost, now, 0.0)
+        if not queue:
+            return self._reject(pool, req, Reason.QUEUE_FULL, now)
         spec = self.policy.queue(req.priority)
         full = pool.scheduler.is_full(req.priority)
         if full and not pool.scheduler.can_push_out(req.priority, req.tenant):

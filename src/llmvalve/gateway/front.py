@@ -479,10 +479,8 @@ class Front:
         # it starts there at once or not at all: the deadline it missed here does not apply
         info = replace(waiting.info, pool=target.name, feature=None, model=fallback.model,
                        deadline=None)
-        decision = self.admission.submit(info, now)
+        decision = self.admission.submit(info, now, queue=False)
         if not isinstance(decision, Admit):  # no room there either: not queued twice
-            if isinstance(decision, Queued):
-                self.admission.cancel(info.request_id, now)
             return None
         self._rerouted.add(info.request_id)
         return self._go(waiting, decision.ticket, reject.wait_s, now, fallback.model, extra)
