@@ -508,6 +508,35 @@ pools:
     assert isinstance(a.submit(RequestInfo("y", "t", 0, 1.0), 5.7), Admit)
 
 
+def test_an_open_breaker_holds_the_queued_and_half_open_sends_only_its_probes():
+    """Found by a review: the breaker was asked on arrival only, so requests already queued
+    went on to the failing pool while new ones got 503; and a half-open breaker handed its
+    probe places to arrivals it then queued or refused, none of them sent."""
+    text = """
+queues:
+  - {priority: 0, name: p0, maxQueueSize: 10, timeout: 8s, dropPolicy: tail}
+limiter: {controller: static, static: {limit: 2}}
+pools:
+  - {name: default, breaker: {failureRatio: 0.5, minRequests: 4, window: 10s, open: 5s}}
+"""
+    a = Admission(load_policy(text), random.Random(1), "static")
+    tickets = [a.submit(RequestInfo(f"f{i}", "t", 0, 1.0), 0.0).ticket for i in range(2)]
+    queued = [a.submit(RequestInfo(f"q{i}", "t", 0, 1.0), 0.0) for i in range(4)]
+    assert all(isinstance(d, Queued) for d in queued)
+    for t in tickets:  # the two fail, and so do the two dispatched after them
+        a.release(t, Outcome.DROPPED, 0.1)
+    sent = a.poll(0.1)
+    assert ids(sent) == [("Admit", "q0"), ("Admit", "q1")]
+    for d in sent:
+        a.release(d.ticket, Outcome.DROPPED, 0.3)
+    assert a.status(0.3)["pools"]["default"]["breaker"] == "open"
+    assert a.submit(RequestInfo("late", "t", 0, 1.0), 0.3).reason is Reason.BREAKER_OPEN
+    assert a.poll(1.0) == [] and a.next_deadline() == pytest.approx(5.3)
+    assert len(a.pools["default"].scheduler) == 2  # waiting, not sent to the failing pool
+    probes = a.poll(5.3)  # half-open: the probes (3) go, up to the limit (2)
+    assert sorted(ids(probes)) == [("Admit", "q2"), ("Admit", "q3")]
+
+
 def test_first_tokens_in_the_access_log_correct_the_backlog_clock():
     """An access-log entry with the request's backend, admission time and TTFT says every
     prompt sent to that backend before it was prefilled by its first token

@@ -38,6 +38,24 @@ def test_old_outcomes_leave_the_window():
     assert b.counts(11.0) == (0, 1)
 
 
+def probe(b: Breaker, now: float) -> bool:
+    """What admission does: ask, and take a place when it sends the request."""
+    if b.allow(now):
+        b.admitted(now)
+        return True
+    return False
+
+
+def test_only_a_request_sent_takes_a_probe_place():
+    """Found by a review: `allow` handed a place out to requests then refused (queue full)
+    or queued, and the probes ran out with none sent: new requests got 503 for another
+    open_s."""
+    b = Breaker(SPEC, probes=1)
+    feed(b, [D] * 10, 0.0)
+    assert all(b.allow(5.0) for _ in range(5))  # asked, none sent
+    assert probe(b, 5.0) and not b.allow(5.0)
+
+
 def test_open_then_half_open_probes_then_close_on_success():
     b = Breaker(SPEC, probes=2)
     feed(b, [D] * 10, 0.0)
@@ -46,10 +64,10 @@ def test_open_then_half_open_probes_then_close_on_success():
     b.record(S, 2.0)  # a straggler admitted before opening: ignored
     assert b.state(4.9) is BreakerState.OPEN
     assert b.state(5.0) is BreakerState.HALF_OPEN
-    assert b.allow(5.0) and b.allow(5.0) and not b.allow(5.0)
+    assert probe(b, 5.0) and probe(b, 5.0) and not probe(b, 5.0)
     assert b.retry_after_s(5.0) > 0
     b.record(IG, 5.5)  # a probe ended without verdict: its place is free again
-    assert b.allow(5.5)
+    assert probe(b, 5.5)
     b.record(S, 6.0)
     assert b.state(6.0) is BreakerState.CLOSED and b.allow(6.0)
     assert b.counts(6.0) == (0, 0)
@@ -58,7 +76,7 @@ def test_open_then_half_open_probes_then_close_on_success():
 def test_failed_probe_reopens():
     b = Breaker(SPEC)
     feed(b, [D] * 10, 0.0)
-    assert b.allow(5.0)
+    assert probe(b, 5.0)
     b.record(D, 5.2)
     assert b.state(5.2) is BreakerState.OPEN
     assert b.retry_after_s(5.2) == pytest.approx(5.0)
@@ -68,9 +86,9 @@ def test_failed_probe_reopens():
 def test_lost_probes_do_not_wedge_the_breaker():
     b = Breaker(SPEC, probes=1)
     feed(b, [D] * 10, 0.0)
-    assert b.allow(5.0)
-    assert not b.allow(6.0)  # the probe never reports back …
-    assert b.allow(10.0)  # … after another open_s its place is handed out again
+    assert probe(b, 5.0)
+    assert not probe(b, 6.0)  # the probe never reports back …
+    assert probe(b, 10.0)  # … after another open_s its place is handed out again
 
 
 def test_bad_spec_is_refused():

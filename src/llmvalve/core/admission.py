@@ -235,6 +235,7 @@ class Admission:
         # it): time only goes forward, and ids are unique (the gateway refuses a repeated one).
         pool.tickets[req.request_id] = ticket
         pool.answers.on_sent((req.tenant, req.priority), req.request_id, now)
+        pool.breaker.admitted(now)
         self.budgets.settle(req.request_id)
         return Admit(req.request_id, ticket, wait_s)
 
@@ -330,7 +331,7 @@ class Admission:
     def _dispatch(self, pool: Pool, now: float) -> list[Admit]:
         out: list[Admit] = []
         pool.waiting_for_limit = 0.0
-        while True:
+        while pool.breaker.allow(now):  # open: the queued wait (their timeouts still run)
             chosen: Waiting | None = None
             cost = 0.0
             blocked_by: int | None = None  # the highest class whose head did not fit
@@ -350,6 +351,7 @@ class Admission:
                 return out
             pool.scheduler.pop(chosen)
             out.append(self._admit(pool, chosen.req, cost, now, now - chosen.enqueued_at))
+        return out
 
     def next_deadline(self) -> float | None:
         """The earliest time poll() has something to do (a queue timeout, a window end)."""
@@ -357,8 +359,9 @@ class Admission:
         for pool in self.pools.values():
             if pool.pushed_out:
                 return -math.inf  # decisions are waiting: poll now
+            reopens = pool.breaker.next_deadline() if len(pool.scheduler) else None
             for t in (pool.scheduler.next_deadline(), pool.limit.next_update(),
-                      pool.override_until):
+                      pool.override_until, reopens):
                 if t is not None:
                     times.append(t)
         return min(times) if times else None

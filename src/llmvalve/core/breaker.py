@@ -10,15 +10,16 @@ Theory of operation (states and rules):
   whole pool. A request whose backend is unknown counts as one backend's: with Envoy
   balancing, the pool's failures are one backend's as far as the breaker can tell.)
   IGNORE outcomes (client cancellations, 4xx) are not counted.
-- OPEN: requests are refused for `open_s`; outcomes of requests admitted before it opened are
-  ignored. `retry_after_s(now)` is the time left.
-- HALF_OPEN (after `open_s`): up to `probes` requests pass (`allow` hands them out). One
+- OPEN: requests are refused for `open_s`, new and queued alike (queued ones wait); outcomes
+  of requests admitted before it opened are ignored. `retry_after_s(now)` is the time left.
+- HALF_OPEN (after `open_s`): up to `probes` requests pass: `allow` says whether one may,
+  `admitted` takes a place when one is sent (a request refused or queued takes none). One
   SUCCESS closes the breaker with an empty window; one DROPPED opens it again for `open_s`.
   A probe that ends IGNORE frees its place. Probes whose end is never seen do not wedge it:
   after another `open_s` without a verdict the probe places are handed out again.
 
-Pure: time is an argument; no callbacks. `allow` is the only method that changes state on the
-admission path; `record` is called once per ended request.
+Pure: time is an argument; no callbacks. `admitted` is the only method that changes state on
+the admission path; `record` is called once per ended request.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class Breaker:
 
     # -- changing ----------------------------------------------------------------------------
     def allow(self, now: float) -> bool:
-        """May one request pass now? In HALF_OPEN a True hands out a probe place."""
+        """May one request pass now? (In HALF_OPEN: is a probe place free?)"""
         self._advance(now)
         if self._state is BreakerState.CLOSED:
             return True
@@ -98,12 +99,14 @@ class Breaker:
             return False
         if self._probes_out >= self.probes and now - self._probes_since >= self.spec.open_s:
             self._probes_out = 0  # probes lost: hand the places out again
-        if self._probes_out < self.probes:
+        return self._probes_out < self.probes
+
+    def admitted(self, now: float) -> None:
+        """A request was sent after `allow`: in HALF_OPEN it takes a probe place."""
+        if self._state is BreakerState.HALF_OPEN:
             if self._probes_out == 0:
                 self._probes_since = now
             self._probes_out += 1
-            return True
-        return False
 
     def record(self, outcome: Outcome, now: float, backend: str = "") -> None:
         """One request ended with `outcome` (on `backend`: "" when not known)."""
