@@ -42,6 +42,7 @@ def test_local_render_validates(envoy_bin, tmp_path, failure_mode_allow, admissi
         clusters={"llm_backends": (("127.0.0.1", 18001), ("127.0.0.1", 18002)),
                   "fallback_model": (("127.0.0.1", 18003),)},
         failure_mode_allow=failure_mode_allow, note="test", extra_headers=("x-tier",),
+        priority_header="x-tier",
     )
     text = render(params)
     assert f"failure_mode_allow: {str(failure_mode_allow).lower()}" in text
@@ -49,6 +50,10 @@ def test_local_render_validates(envoy_bin, tmp_path, failure_mode_allow, admissi
     assert ("cluster_name: llmvalve_grpc}\n                timeout" in text) == (
         admission == "grpc")
     assert "- {exact: x-tier}" in text
+    # the clamped class reaches the backend, not the client's (found by a review: only
+    # x-llmvalve-* went upstream, so a policy's own class header kept the client's value)
+    assert ("patterns: [{prefix: x-llmvalve-}, {exact: x-tier}]" in text) == (
+        admission == "http")
     assert "type: STATIC" in text and "STRICT_DNS" not in text
     path = tmp_path / "envoy.yaml"
     path.write_text(text)

@@ -210,6 +210,7 @@ class Stack:
             check_timeout_s=max(q.timeout_s for q in policy.queues) + 30.0,
             extra_headers=(policy.requests.priority_header, policy.requests.feature_header,
                            policy.requests.deadline_header, policy.requests.model_header),
+            priority_header=policy.requests.priority_header,
             note="Rendered by `llmvalve up`.",
         ))
 

@@ -56,6 +56,8 @@ class EnvoyParams:
     max_body_bytes: int = 262_144  # the policy's requests.maxBodyBytes
     # Request header names the policy reads that do not start with x-llmvalve-.
     extra_headers: tuple[str, ...] = ()
+    # The policy's class header: the control plane sets it, clamped, on the upstream request.
+    priority_header: str = "x-llmvalve-priority"
     note: str = COMPOSE_NOTE
 
 
@@ -103,6 +105,10 @@ def _seconds(value: float) -> str:
 
 def _admission_service(params: EnvoyParams) -> str:
     timeout = _seconds(params.check_timeout_s)
+    # a class header of the policy's own name: the backend gets the clamped one, not the
+    # client's (a name under x-llmvalve- is passed by the prefix)
+    upstream_priority = ("" if params.priority_header.startswith("x-llmvalve-")
+                         else f", {{exact: {params.priority_header}}}")
     if params.admission == "grpc":
         return f"""\
               grpc_service:
@@ -114,7 +120,7 @@ def _admission_service(params: EnvoyParams) -> str:
                 path_prefix: /check
                 authorization_response:
                   allowed_upstream_headers:
-                    patterns: [{{prefix: x-llmvalve-}}]
+                    patterns: [{{prefix: x-llmvalve-}}{upstream_priority}]
                   allowed_client_headers:
                     patterns:
                     - {{exact: content-type}}
