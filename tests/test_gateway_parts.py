@@ -392,6 +392,49 @@ async def test_scraper_feeds_snapshots_and_reports_failures(aiohttp_free_port):
     assert {p for p, _ in seen} == {"default"}
 
 
+async def test_a_backend_renamed_by_a_reload_is_scraped_under_its_new_name(aiohttp_free_port):
+    """Found by a review: readers were kept by URL, so a backend renamed at the same URL was
+    still reported under its old name (which the core had just forgotten) and the new name
+    never got a snapshot (stale: saturated, never picked)."""
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text="vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", aiohttp_free_port).start()
+    url = f"http://127.0.0.1:{aiohttp_free_port}/metrics"
+
+    def policy(name: str) -> Policy:
+        return Policy(queues=SEED_QUEUES, pools=(PoolSpec(
+            backends=(BackendSpec(name, url),), scrape_interval_s=0.05, scrape_timeout_s=0.5),))
+
+    seen: list[str] = []
+
+    class Recorder:
+        def on_snapshot(self, pool, snap, now):
+            seen.append(snap.backend)
+
+    scraper = Scraper(Driver(Recorder(), policy("gpu-a")))  # type: ignore[arg-type]
+    try:
+        await scraper.start(policy("gpu-a"))
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.02)
+        await scraper.start(policy("gpu-b"))
+        seen.clear()
+        for _ in range(100):
+            if len(seen) >= 2:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await scraper.stop()
+        await runner.cleanup()
+    assert seen and set(seen) == {"gpu-b"}
+
+
 @pytest.fixture
 def aiohttp_free_port():
     from llmvalve.processes import free_port

@@ -317,3 +317,15 @@ def test_the_commands_token_file_flag_wins_over_the_environment(tmp_path, monkey
     assert client_token(None) == "from-env"
     monkeypatch.setenv(TOKEN_ENV, " ")
     assert client_token(None) is None
+
+
+def test_a_token_that_is_not_utf8_is_refused_not_an_error(tmp_path):
+    """Found by a review: aiohttp reads header bytes that are not UTF-8 as surrogates, and
+    hashing them raised (a 500 with a traceback, the refusal not counted)."""
+    from llmvalve.gateway.admin_auth import AdminToken
+
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    token = AdminToken(path)
+    assert token.accepts("s3cret")
+    assert not token.accepts(b"\xff\xfe".decode("utf-8", "surrogateescape"))

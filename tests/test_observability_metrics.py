@@ -19,7 +19,7 @@ from llmvalve.core.policy import hash_api_key, load_policy
 from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
 from llmvalve.gateway import logs
 from llmvalve.gateway.driver import Driver
-from llmvalve.gateway.front import Answer, Check, Front, Go, Joined, LogEntry
+from llmvalve.gateway.front import Answer, Check, Front, Go, Joined, LogEntry, Record
 from llmvalve.gateway.metrics import GatewayMetrics
 from llmvalve.gateway.telemetry import SloTracker, TenantLabels
 
@@ -58,6 +58,21 @@ def test_tenant_labels_are_bounded():
     assert [listed(t) for t in ("a", "b", "c")] == ["a", "other", "c"]
     assert TenantLabels.parse("")("a") == "other"
     assert any_("") == ""
+
+
+def test_a_scrape_takes_no_tenant_label():
+    """Found by a review: the status gauges (budgets, answer lengths) asked for each
+    tenant's label the way traffic does, so a scrape before any traffic gave the cap to the
+    policy's first, idle tenants and the ones that sent requests were counted as `other`."""
+    labels = TenantLabels.parse("*", cap=1)
+    metrics = GatewayMetrics(tenants=labels)
+    budget = {"budgets": {"requests": {"limit": 60.0, "remaining": 60.0}}}
+    metrics.watch_status(lambda: {"pools": {}, "tenants": {"idle": budget, "busy": budget}})
+    generate_latest(metrics.registry)
+    metrics.record(Record("admitted", "interactive", "", "busy"))
+    assert labels("busy") == "busy" and labels("idle") == "other"
+    assert 'decisions_total{class="interactive",decision="admitted",reason="",tenant="busy"}' \
+        in generate_latest(metrics.registry).decode()
 
 
 def joined(klass: str, wait_s: float, outcome: Outcome, ttft_s: float | None) -> Joined:

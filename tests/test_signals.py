@@ -114,6 +114,20 @@ def test_garbage_and_unrelated_pages_are_not_ok():
     assert not reader.failed(2.0).ok
 
 
+def test_nan_in_a_family_read_fails_the_page_and_elsewhere_is_ignored():
+    """Found by a review: NaN samples were skipped wherever they were, so a NaN KV usage read
+    as an empty engine (ok, 0.0) and a NaN preemption counter as 0, the next page then
+    counting preemptions that never happened. An empty summary's NaN quantiles (a family not
+    read here) still do not fail a page."""
+    base = "vllm:num_requests_running 3\nvllm:num_requests_waiting 0\n"
+    for bad in ("vllm:kv_cache_usage_perc NaN\n", "vllm:num_preemptions_total NaN\n",
+                'vllm:inter_token_latency_seconds_bucket{le="0.1"} NaN\n',
+                "vllm:request_generation_tokens_sum NaN\n"):
+        assert not SignalReader("b").read(base + bad, 1.0).ok, bad
+    summary = 'python_gc_pause_seconds{quantile="0.5"} NaN\n'
+    assert SignalReader("b").read(base + summary, 1.0).ok
+
+
 @given(st.text(max_size=300))
 def test_no_text_raises(text):
     """Any text at all gives a snapshot (a failed one for garbage), never an exception."""

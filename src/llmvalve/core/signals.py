@@ -125,6 +125,13 @@ def _sum_buckets(series: Iterable[tuple[float, float]]) -> Buckets:
     return Buckets.of(sorted(by_bound.items()))
 
 
+def _read_here(name: str) -> bool:
+    """A histogram bucket, or a sum or count, of a family the reading uses."""
+    if name.endswith("_bucket"):
+        return name[: -len("_bucket")] in HISTOGRAMS
+    return name.endswith(("_sum", "_count")) and name.rsplit("_", 1)[0] in SUMMED
+
+
 def parse(text: str) -> Reading:
     """A /metrics page → its `Reading`. Raises on text that does not parse."""
     gauges: dict[str, float] = {}
@@ -137,6 +144,10 @@ def parse(text: str) -> Reading:
         for sample in family.samples:
             name, value = sample.name, float(sample.value)
             if math.isnan(value):
+                # NaN in a family read here makes the page fail (a full engine read as an
+                # empty one otherwise); elsewhere (an empty summary's quantiles) it is ignored
+                if name in wanted or name in KV_USAGE or _read_here(name):
+                    raise ValueError(f"{name} is NaN")
                 continue
             if name in wanted:
                 gauges[name] = gauges.get(name, 0.0) + value

@@ -75,7 +75,8 @@ class AdminToken:
         except OSError:
             log.error("admin token file %s cannot be read: refusing admin calls", self.path)
             return False
-        digest = hashlib.sha256(presented.encode()).digest()
+        # aiohttp reads header bytes that are not UTF-8 as surrogates: back to those bytes
+        digest = hashlib.sha256(presented.encode("utf-8", "surrogateescape")).digest()
         return bool(self._digest) and hmac.compare_digest(digest, self._digest)
 
 

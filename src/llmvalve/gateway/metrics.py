@@ -157,7 +157,8 @@ class GatewayMetrics:
         self.registry.register(_ReleasesCollector(tally))
 
     def watch_status(self, status: Callable[[], dict[str, Any]]) -> None:
-        self.registry.register(_StatusCollector(status, self.tenants))
+        self.registry.register(_StatusCollector(status, self.tenants.has_own,
+                                                self.tenants.may_have))
         self.registry.register(_SeenCollector(self))
 
 
@@ -199,9 +200,12 @@ class _StatusCollector(Collector):
     queue depth, oldest wait and in-flight; the breaker state; the policy version."""
 
     def __init__(self, status: Callable[[], dict[str, Any]],
-                 tenants: Callable[[str], str] = lambda name: name) -> None:
+                 own_label: Callable[[str], bool] = lambda name: True,
+                 may_have: Callable[[str], bool] = lambda name: True) -> None:
         self.status = status
-        self.tenants = tenants
+        # read only: traffic, not a scrape, takes a tenant label (answer lengths: tenants that
+        # have one; budgets, which the policy bounds: every tenant that may have one)
+        self.own_label, self.may_have = own_label, may_have
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
@@ -240,7 +244,7 @@ class _StatusCollector(Collector):
                 for state in BREAKER_STATES:
                     f.add_metric([str(pool_name), state], 1.0 if breaker == state else 0.0)
             for row in pool.get("answer_tokens") or []:
-                if self.tenants(row["tenant"]) == row["tenant"]:  # its own label only
+                if self.own_label(row["tenant"]):
                     family("llmvalve_class_answer_tokens", "A class's learned mean answer "
                            "length per tenant (admission charges 1.25 x it, capped)",
                            ["pool", "class", "tenant"]).add_metric(
@@ -251,7 +255,7 @@ class _StatusCollector(Collector):
                     if number is not None:
                         family(name, doc, ["pool", "class"]).add_metric(
                             [str(pool_name), str(cls.get("name", ""))], number)
-        _budget_gauges(status.get("tenants") or {}, self.tenants, family)
+        _budget_gauges(status.get("tenants") or {}, self.may_have, family)
         if status.get("policy_version") is not None:
             family("llmvalve_policy_info", "The running policy (value 1)",
                    ["version", "controller"]).add_metric(
@@ -266,12 +270,13 @@ BUDGET_FIELDS = {"limit": ("llmvalve_budget_limit", "A budget bucket's size: its
                                "(it refills at limit / 60 per second)")}
 
 
-def _budget_gauges(tenants: dict[str, Any], label: Callable[[str], str],
+def _budget_gauges(tenants: dict[str, Any], labelled: Callable[[str], bool],
                    family: Callable[[str, str, list[str]], GaugeMetricFamily]) -> None:
-    """Each budget bucket of each tenant (`model` "" for the tenant's own). A tenant without
-    its own metrics label (--metrics-tenants) is left out: levels cannot be summed."""
+    """Each budget bucket of each tenant (`model` "" for the tenant's own). A tenant that
+    --metrics-tenants does not list is left out (levels cannot be summed into `other`); with
+    `*`, every tenant with a budget (the policy bounds them), without taking a label."""
     for name, view in tenants.items():
-        if label(name) != name:
+        if not labelled(name):
             continue
         budgets = (view or {}).get("budgets") or {}
         scopes = [("", budgets), *((m, b) for m, b in (budgets.get("models") or {}).items())]

@@ -32,7 +32,9 @@ class Scraper:
         self.metrics = metrics or GatewayMetrics()
         self._session: aiohttp.ClientSession | None = None
         self._tasks = Background()
-        self._readers: dict[str, SignalReader] = {}
+        # by (backend, URL): a reload that renames a backend at the same URL gets a new reader
+        # (the old one would report under the old name), one that keeps both keeps its history
+        self._readers: dict[tuple[str, str], SignalReader] = {}
 
     async def start(self, policy: Policy) -> None:
         if self._session is None:
@@ -43,7 +45,8 @@ class Scraper:
             for backend in pool.backends:
                 if not backend.metrics_url:
                     continue
-                reader = self._readers.setdefault(backend.metrics_url, SignalReader(backend.name))
+                reader = self._readers.setdefault((backend.name, backend.metrics_url),
+                                                  SignalReader(backend.name))
                 self._tasks.start(
                     self._loop(pool.name, backend.metrics_url, reader, pool.scrape_interval_s,
                                pool.scrape_timeout_s), f"scrape-{backend.name}")
