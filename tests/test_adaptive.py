@@ -56,6 +56,25 @@ def test_limit_is_kv_capacity_times_target():
     assert a.reserve_base() == pytest.approx(32_000.0)
 
 
+def test_an_engine_that_does_not_report_its_kv_counts_the_fallback_while_it_answers():
+    """Found by a review: the fallback (for TensorRT-LLM or SGLang, which do not say their
+    KV size) applied only when no engine reported one, and then counted failing engines too:
+    a vLLM engine beside one such engine made C the vLLM engine's alone, and four such
+    engines kept C at four times the fallback after three of them failed."""
+    a = make()
+    a.on_snapshot(snap(0.0, "vllm"), 0.0)
+    a.on_snapshot(snap(0.0, "trt", capacity=0.0), 0.0)
+    assert a.capacity(0.0) == pytest.approx(10_000.0 + FALLBACK_CAPACITY_TOKENS)
+    assert a.limit() == pytest.approx(0.8 * (10_000.0 + FALLBACK_CAPACITY_TOKENS))
+    b = make()
+    for i in range(4):
+        b.on_snapshot(snap(0.0, f"s{i}", capacity=0.0), 0.0)
+    for i in range(3):
+        b.on_snapshot(BackendSnapshot(f"s{i}", 1.0, ok=False), 1.0)
+    assert b.capacity(1.0) == pytest.approx(FALLBACK_CAPACITY_TOKENS)
+    assert b.limit() == pytest.approx(0.8 * FALLBACK_CAPACITY_TOKENS)
+
+
 def test_initial_limit_is_in_tokens_until_the_control_law_sets_one():
     a = make(initial_limit_tokens=5_000.0)
     assert a.limit() == pytest.approx(5_000.0)

@@ -126,3 +126,16 @@ def test_a_backend_the_reload_drops_leaves_the_adaptive_limit():
     assert limit.capacity(20.0) == 100_000
     assert limit.saturation(20.0) == pytest.approx(0.5)  # KV 0.4 against its 0.8 target
     assert isinstance(adm.submit(RequestInfo("p2", "t", 2, 0.0, 100, 50), 20.0), Admit)
+
+
+def test_a_reload_that_changes_the_controller_is_refused_whole():
+    """Found by a review: a reload from `static` to `adaptive` was reported applied, but the
+    controller stayed static (fixed at start) with the default static limit of 64. The limit's
+    unit (requests or tokens) cannot change under requests in flight: the reload is refused
+    and the running policy stays."""
+    adm = Admission(load_policy(BASE), random.Random(1))
+    running = adm.policy
+    with pytest.raises(ValueError, match=r"limiter\.controller: static → adaptive needs a restart"):
+        adm.replace_policy(load_policy(BASE.replace("{controller: static, static: {limit: 2}}",
+                                                    "{controller: adaptive}")), 1.0)
+    assert adm.policy is running and adm.pools["default"].current_limit() == 2

@@ -178,6 +178,12 @@ def _p90(xs: list[float]) -> float:
     return xs[min(len(xs) - 1, int(0.9 * len(xs)))]
 
 
+def _kv_sum(backends: list[_Backend]) -> float:
+    """Their KV capacity in tokens, FALLBACK_CAPACITY_TOKENS for an engine that does not
+    report its size (TensorRT-LLM, SGLang)."""
+    return sum(b.snap.kv_capacity_tokens or FALLBACK_CAPACITY_TOKENS for b in backends)
+
+
 class AdaptiveLimit:
     name = "adaptive"
     unit = "tokens"
@@ -239,17 +245,15 @@ class AdaptiveLimit:
         return [b for b in self.backends.values() if self._is_live(b, now)]
 
     def capacity(self, now: float | None = None) -> float:
-        live = self.backends.values() if now is None else self._live(now)
-        cap = sum(b.snap.kv_capacity_tokens for b in live)
-        if cap > 0:
-            return cap
-        n_live = sum(1 for _ in live) if self.backends else 1
-        return FALLBACK_CAPACITY_TOKENS * max(1, n_live)
+        live = list(self.backends.values() if now is None else self._live(now))
+        return _kv_sum(live) or FALLBACK_CAPACITY_TOKENS
 
     def _capacity_live(self) -> float:
+        """C: the KV of the backends whose last scrape answered (one that leaves takes its
+        share with it), FALLBACK_CAPACITY_TOKENS for each that does not report its size."""
         if self._cap_cache is None:
-            cap = sum(b.snap.kv_capacity_tokens for b in self.backends.values() if b.snap.ok)
-            self._cap_cache = cap if cap > 0 else FALLBACK_CAPACITY_TOKENS * max(
+            live = [b for b in self.backends.values() if b.snap.ok]
+            self._cap_cache = _kv_sum(live) or FALLBACK_CAPACITY_TOKENS * max(
                 1, len(self.backends))
         return self._cap_cache
 

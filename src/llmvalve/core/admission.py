@@ -75,6 +75,7 @@ class Admission:
         self.budgets = Budgets(policy, replica_share, now)  # per tenant: core/budgets.py
         self.rng = rng
         self.controller = controller or policy.limiter.controller
+        self._controller_from_policy = controller is None
         self.replica_share = replica_share  # of the fleet: 1/R with R gateway replicas
         self._read_policy(policy)
         self.pools: dict[str, Pool] = {}
@@ -435,6 +436,11 @@ class Admission:
         the next lower class that exists (else the lowest). In-flight tickets and what the
         limiters learned carry over; a pool that is no longer in the policy keeps serving its
         in-flight requests to their end and takes no new ones."""
+        if self._controller_from_policy and policy.limiter.controller != self.controller:
+            raise ValueError(
+                f"limiter.controller: {self.controller} → {policy.limiter.controller} needs a "
+                "restart (the running limit's unit and what it learned cannot carry over); "
+                "the running policy stays")
         old_policy, self.policy = self.policy, policy
         self.budgets.reconfigure(policy, now)
         self._read_policy(policy)
