@@ -610,6 +610,22 @@ def test_prefill_speed_where_queueing_swamps_prompt_length_is_the_least_ttft_per
     assert a.prefill_s_per_token() == pytest.approx(40e-6)
 
 
+def test_a_time_to_first_token_that_is_not_one_is_not_learned():
+    """Found by a review: one NaN TTFT (or an infinite one) turned the prefill model into NaN
+    for good, and one of 0 (Envoy's whole milliseconds) made the prefill speed 0 for the
+    next 256 samples: the picker's backlog clock off."""
+    a = make()
+    queueing = [1.9, 0.3, 1.2, 0.0, 1.6, 0.8, 0.1, 1.4, 0.5, 1.0] * 3
+    prompts = [4_000, 5_500, 4_500, 5_000, 4_200, 5_800, 5_200, 4_800, 5_600, 4_400] * 3
+    for i, (p, q) in enumerate(zip(prompts, queueing, strict=True)):
+        _sample(a, p, q + p * 40e-6)
+        if i == 5:
+            for bad in (0.0, math.nan, math.inf, -1.0):
+                _sample(a, 5_000, bad)
+    assert a.prefill_s_per_token() == pytest.approx(40e-6)
+    assert math.isfinite(a._prefill.predict(1_000.0))
+
+
 def test_no_prefill_speed_before_the_fit():
     a = make()
     _sample(a, 1_000, 0.2)

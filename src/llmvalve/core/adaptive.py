@@ -437,6 +437,8 @@ class AdaptiveLimit:
     def on_sample(self, sample: Sample, ticket_epoch: int, now: float) -> None:
         if sample.outcome is not Outcome.SUCCESS or sample.ttft_s is None:
             return
+        if not 0.0 < sample.ttft_s < math.inf:  # (NaN too) not a time to first token: one
+            return  # NaN would blind the prefill model for good, one 0 zero its speed
         if sample.prompt_tokens is not None:
             # the slope of TTFT over prompt length is the prefill speed under any load
             # (queueing adds to every prompt alike); the intercept only at low load
