@@ -353,18 +353,21 @@ async def test_driver_holds_a_check_until_its_slot_frees_and_a_cancelled_one_lea
 
 
 # -- scraper -----------------------------------------------------------------------------------
-async def test_scraper_feeds_snapshots_and_reports_failures(aiohttp_free_port):
-    text = "vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n"
-
+async def metrics_page(port: int) -> tuple[web.AppRunner, str]:
+    """A backend's /metrics on 127.0.0.1:`port` (3 running, 1 waiting), and its URL."""
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=text)
+        return web.Response(text="vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n")
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", aiohttp_free_port).start()
-    url = f"http://127.0.0.1:{aiohttp_free_port}/metrics"
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}/metrics"
+
+
+async def test_scraper_feeds_snapshots_and_reports_failures(aiohttp_free_port):
+    runner, url = await metrics_page(aiohttp_free_port)
     policy = Policy(queues=SEED_QUEUES, pools=(PoolSpec(
         backends=(BackendSpec("b0", url), BackendSpec("dead", "http://127.0.0.1:1/metrics")),
         scrape_interval_s=0.05, scrape_timeout_s=0.5),))
@@ -396,15 +399,7 @@ async def test_a_backend_renamed_by_a_reload_is_scraped_under_its_new_name(aioht
     """Found by a review: readers were kept by URL, so a backend renamed at the same URL was
     still reported under its old name (which the core had just forgotten) and the new name
     never got a snapshot (stale: saturated, never picked)."""
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text="vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", aiohttp_free_port).start()
-    url = f"http://127.0.0.1:{aiohttp_free_port}/metrics"
+    runner, url = await metrics_page(aiohttp_free_port)
 
     def policy(name: str) -> Policy:
         return Policy(queues=SEED_QUEUES, pools=(PoolSpec(
