@@ -398,7 +398,8 @@ async def test_scraper_feeds_snapshots_and_reports_failures(aiohttp_free_port):
 async def test_a_backend_renamed_by_a_reload_is_scraped_under_its_new_name(aiohttp_free_port):
     """Found by a review: readers were kept by URL, so a backend renamed at the same URL was
     still reported under its old name (which the core had just forgotten) and the new name
-    never got a snapshot (stale: saturated, never picked)."""
+    never got a snapshot (stale: saturated, never picked); and a backend a reload dropped
+    stayed in the exported signals, `llmvalve_backend_up 1` for good."""
     runner, url = await metrics_page(aiohttp_free_port)
 
     def policy(name: str) -> Policy:
@@ -428,6 +429,8 @@ async def test_a_backend_renamed_by_a_reload_is_scraped_under_its_new_name(aioht
         await scraper.stop()
         await runner.cleanup()
     assert seen and set(seen) == {"gpu-b"}
+    # ... and the old name is no longer shown (llmvalve_backend_up, /status, the dashboard)
+    assert set(scraper.metrics.signals.backends(0.0)["default"]) == {"gpu-b"}
 
 
 @pytest.fixture

@@ -41,6 +41,8 @@ class Scraper:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, force_close=False))
         await self._tasks.stop()
+        self.metrics.signals.keep({(pool.name, backend.name) for pool in policy.pools
+                                   for backend in pool.backends if backend.metrics_url})
         for pool in policy.pools:
             for backend in pool.backends:
                 if not backend.metrics_url:

@@ -91,6 +91,12 @@ class SignalsSeen:
             return False
         return None
 
+    def keep(self, scraped: set[tuple[str, str]]) -> None:
+        """Forget the (pool, backend)s no longer scraped (a reload dropped them): they are
+        not up, and not down either."""
+        for key in [k for k in self.last if k not in scraped]:
+            del self.last[key]
+
     def backends(self, now: float) -> dict[str, dict[str, dict[str, Any]]]:
         """pool → backend → the signals of its last scrape (age_s: seconds since it)."""
         out: dict[str, dict[str, dict[str, Any]]] = {}
