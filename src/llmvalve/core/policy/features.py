@@ -6,7 +6,7 @@ or to a `model` one of the pools serves); a key only the other kind uses is an e
 
 from __future__ import annotations
 
-from llmvalve.core.policy.nodes import NOT_HEADER_SAFE, NodeFields, is_header_safe, join
+from llmvalve.core.policy.nodes import NodeFields, check_header_safe, join
 from llmvalve.core.policy.spec import FallbackSpec, FeatureSpec, Policy, PoolSpec
 
 FALLBACK_KINDS = ("static", "reroute")
@@ -48,8 +48,7 @@ def read_features(top: NodeFields, pools: tuple[PoolSpec, ...]) -> tuple[Feature
                 if fb.get("content") is not None:
                     r.error(fb.get("content"), fb.field("content"), "only used by `type: static`")
                 for key, value in (("cluster", cluster), ("model", model)):
-                    if not is_header_safe(value):
-                        r.error(fb.get(key), fb.field(key), f"{value!r} {NOT_HEADER_SAFE}")
+                    check_header_safe(r, fb.get(key), fb.field(key), key, value)
                 if not cluster.strip() and model.strip():
                     _check_reroute_model(fb, model, probe)
             fallback = FallbackSpec(kind or "static", content, cluster, model)

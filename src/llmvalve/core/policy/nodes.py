@@ -407,8 +407,8 @@ class NodeFields:
         entry that has it) is an error, naming that entry when `say_where`."""
         node = self.require("name")
         name = None if node is None else self.r.string(node, self.field("name"))
-        if name is not None and not is_header_safe(name):
-            self.r.error(node, self.field("name"), f"{what} name {name!r} {NOT_HEADER_SAFE}")
+        if name is not None:
+            check_header_safe(self.r, node, self.field("name"), f"{what} name", name)
         if name is not None and name in seen:
             where = f" (already used by {seen[name]})" if say_where else ""
             self.r.error(node, self.field("name"), f"duplicate {what} name {name!r}{where}")
@@ -427,13 +427,14 @@ def sort_issues(issues: list[PolicyIssue], source: str) -> list[PolicyIssue]:
     return sorted(issues, key=lambda i: (i.source != source, i.line))
 
 
-# Names go into HTTP headers (x-llmvalve-tenant, -class, -pool, -rewrite-model) and metric
-# labels: a character Latin-1 cannot write, or a line break, would break the answer to Envoy.
-NOT_HEADER_SAFE = "must be printable ASCII (it is written into HTTP headers)"
-
-
-def is_header_safe(name: str) -> bool:
-    return name.isascii() and name.isprintable()
+def check_header_safe(r: NodeReader, node: Node | None, field: str, what: str,
+                      value: str) -> None:
+    """Names go into HTTP headers (x-llmvalve-tenant, -class, -pool, -rewrite-model) and
+    metric labels: a character Latin-1 cannot write, or a line break, would break the answer
+    to Envoy."""
+    if not (value.isascii() and value.isprintable()):
+        r.error(node, field, f"{what} {value!r} must be printable ASCII (it is written into "
+                "HTTP headers)")
 
 
 def read_names(f: NodeFields, key: str, what: str) -> tuple[str, ...]:
@@ -448,8 +449,8 @@ def read_names(f: NodeFields, key: str, what: str) -> tuple[str, ...]:
             continue
         if value in out:
             f.r.error(item, join(f.field(key), j), f"duplicate {what} {value!r}")
-        elif not is_header_safe(value):
-            f.r.error(item, join(f.field(key), j), f"{what} {value!r} {NOT_HEADER_SAFE}")
+        else:
+            check_header_safe(f.r, item, join(f.field(key), j), what, value)
         out.append(value)
     return tuple(out)
 

@@ -12,10 +12,9 @@ from urllib.parse import urlsplit
 from yaml.nodes import Node
 
 from llmvalve.core.policy.nodes import (
-    NOT_HEADER_SAFE,
     NodeFields,
     NodeReader,
-    is_header_safe,
+    check_header_safe,
     join,
     read_names,
 )
@@ -67,8 +66,8 @@ def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str],
     name = f.string("name", d.name)
     if name in seen:
         r.error(f.get("name") or item, f.field("name"), f"duplicate pool name {name!r}")
-    elif not is_header_safe(name):
-        r.error(f.get("name") or item, f.field("name"), f"pool name {name!r} {NOT_HEADER_SAFE}")
+    else:
+        check_header_safe(r, f.get("name") or item, f.field("name"), "pool name", name)
     seen.add(name)
     models = read_names(f, "models", "model")
     for model in models:

@@ -203,6 +203,11 @@ def endpoint(path: str) -> str:
     return path.removesuffix("/") if len(path) > 1 else path
 
 
+def _matches(pattern: str, judged: str) -> bool:
+    """An entry's path (exact, or a prefix ending in `*`) against a request's."""
+    return judged == pattern or (pattern.endswith("*") and judged.startswith(pattern[:-1]))
+
+
 def route(entry: str) -> tuple[str, str]:
     """A `requests.paths` entry as (method, path): `POST /v1/completions`, or a path alone
     for every method (`ANY_METHOD`)."""
@@ -220,7 +225,7 @@ class RequestSpec:
     feature_header: str = "x-llmvalve-feature"
     deadline_header: str = "x-llmvalve-deadline-ms"
     model_header: str = "x-llmvalve-model"  # the model, for clients that do not send bodies
-    body_inspection: bool | None = None  # None: on when more than one pool is configured
+    body_inspection: bool | None = None  # None: on with several pools or a model-bound tenant
     max_body_bytes: int = 262_144
     default_max_tokens: int = 256
     bytes_per_token: float = 4.0
@@ -233,17 +238,16 @@ class RequestSpec:
         ignored) may go on to a backend: empty for a path no entry passes, `ANY_METHOD` among
         them when an entry names none."""
         judged = endpoint(path)
-        return frozenset(method for method, p in self._routes
-                         if judged == p or (p.endswith("*") and judged.startswith(p[:-1])))
+        return frozenset(m for m, p in self._routes if _matches(p, judged))
 
     @functools.cached_property
     def _routes(self) -> tuple[tuple[str, str], ...]:
         return tuple(map(route, self.paths))
 
     def passes(self, method: str, path: str) -> bool:
-        """Whether a request may go on to a backend."""
-        allowed = self.methods(path)
-        return ANY_METHOD in allowed or method in allowed
+        """Whether a request may go on to a backend (every check asks: no set is built)."""
+        judged = endpoint(path)
+        return any(m in (ANY_METHOD, method) and _matches(p, judged) for m, p in self._routes)
 
 
 @dataclass(frozen=True)
@@ -275,7 +279,7 @@ class Policy:
     def lowest_priority(self) -> int:
         return max(q.priority for q in self.queues)
 
-    @property
+    @functools.cached_property  # asked by every check: the policy does not change
     def inspects_bodies(self) -> bool:
         """Whether the gateway reads request bodies (the model picks the pool when there are
         several)."""
@@ -311,16 +315,19 @@ class Policy:
     def models(self) -> tuple[str, ...]:
         return tuple(m for p in self.pools for m in p.models)
 
+    @functools.cached_property
+    def _tenants_by_name(self) -> dict[str, TenantSpec]:
+        return {t.name: t for t in self.tenants}
+
     def tenant_may_use(self, tenant: str, model: str | None) -> bool:
         """Whether the tenant may use `model` (None: it names none; the check refuses that
         for a `model_bound` tenant before asking)."""
-        for t in self.tenants:
-            if t.name == tenant:
-                return not t.models or model is None or model in t.models
-        return True
+        t = self._tenants_by_name.get(tenant)
+        return t is None or not t.models or model is None or model in t.models
 
     def model_bound(self, tenant: str) -> bool:
-        return any(t.name == tenant and t.model_bound for t in self.tenants)
+        t = self._tenants_by_name.get(tenant)
+        return t is not None and t.model_bound
 
     def feature(self, name: str | None) -> FeatureSpec | None:
         for f in self.features:
