@@ -17,7 +17,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (74: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (82: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -397,6 +397,45 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 2.1 s for a slot at t = 221 s (no fixed limit keeps P0 above 0.86 here; adaptive 0.982
     # / 1.000 / 1.000, 1.08-1.14 x the best fixed limit).
     "holdout-b38-solo-small": ("seed 1: P0 attainment",),
+    # Batch 41 (eight files written at stop 36 by someone who had not read the controller,
+    # judged as they stood, not tuned on; calm-rag-chat-3t, ramp-surge-small,
+    # seqcap-tiny-requests and chat-vs-summarise-medium meet every target). Do no harm with
+    # 4,000-7,800-token prompts and ~60-token answers at 0.7x on two small engines: seed 1,
+    # two P0 requests of 26 (a 6,509-token prompt sent to the engine its prompt filled to
+    # 0.997 by the last scrape, where the other would have held it at 0.57: the first one
+    # starts it sooner by the backlog clock; it started 4.5 s later, when a 7,735-token
+    # prompt ended; and one that waited 1.95 s at the gateway for the KV ceiling), one P1
+    # arrival refused by the early-drop forecast at seeds 1 and 2 while the queueing part of
+    # TTFT (p90 0.64 s against 0.5 s: prompts of this size queue for prefill at this load)
+    # cut the limit; goodput 0.979 / 1.014 / 1.010 x none. `none` misses P0 at seeds 2 and 3
+    # (0.871 / 0.905; adaptive 1.000 / 0.952). Tried: the top class prefers an engine its
+    # prompt fits below the KV target to one that starts it sooner: seed 1 met, but P0
+    # misses over the 315 runs 809 -> 829 (code-bursty-3x seed 2 +4, prompt-shift seed 2
+    # +4, holdout-diurnal seed 3 +6): not kept.
+    "holdout-b41-calm-longprompt-small": ("seed 1: adaptive", "seed 1: P0 attainment",
+                                          "seed 1: P1 attainment", "seed 2: P1 attainment"),
+    # batch 41: a P1 tenant looping at 8x its share behind two replicas on three small
+    # engines: 0.906 of the best fixed limit at seed 2 (static:20 per replica, 546 tok/s;
+    # 1.0 P0 under both). When the loop starts each replica's limit stands near the whole
+    # pool's KV ceiling (39 and 36 of a 39 thousand-token ceiling: the fill read 0.8-0.9 and
+    # each grew), so the first half-second of the loop put 59 thousand tokens in flight: fill
+    # 1.2-1.4, nine requests dropped, and for ~8 s the engines released little; the steady
+    # P1 tenants' requests waited 8-13 s at the gateway (0.897 against static:20's
+    # 0.96 / 1.00). Tried, not kept: sends since a scrape counted for every replica (the
+    # others send alike): P0 misses over the 315 runs 809 -> 825, seed 2 unchanged; growing
+    # only while a window used at least L / maxGrowth: seed 2 met (0.976) but seed 3 -9 %,
+    # holdout-longctx16k seed 3 -16 %, do-no-harm misses 18 -> 23.
+    "holdout-b41-gw2-p1-flood-small": ("seed 2: adaptive",),
+    # batch 41: answers with cv 2.5 on two H100s at 2.5x: 0.946 of the best fixed limit at
+    # seed 2 (static:512 serves 11,692 tok/s with P0 0.959 and 35 preemptions; static:384
+    # 11,185 with P0 0.976); adaptive 11,061 with P0 1.000, 1.13 x the best fixed limit that
+    # keeps P0 (static:192): the KV target's trade, as holdout-longgen-kv.
+    "holdout-b41-h100-heavytail": ("seed 2: adaptive",),
+    # batch 41: one of four medium engines slowed 2x for 30 s, then another leaving for
+    # 20 s: every P0 miss (6 of 190 at seed 2, 2 of 176 at seed 3) is a request decoding on
+    # the engine as it left at 75 s, retried (TTFT counted from the first attempt); without
+    # the departure P0 is 1.000 at both seeds.
+    "holdout-b41-slow-then-leave": ("seed 2: P0 attainment", "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
