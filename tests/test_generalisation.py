@@ -17,7 +17,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (82: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (88: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -439,6 +439,21 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # the engine as it left at 75 s, retried (TTFT counted from the first attempt); without
     # the departure P0 is 1.000 at both seeds.
     "holdout-b41-slow-then-leave": ("seed 2: P0 attainment", "seed 3: P0 attainment"),
+    # Batch 42 (six files written at stop 36 from the issue's own families by someone who
+    # had not read the controller, judged as they stood; code-onoff-small-1x, heavytail-
+    # medium, p1-flood-10x-medium, fleet-slow3x-small and calm-onoff-h100-4t meet every
+    # target). Code completion (2,200-token prompts, 28-token answers) in 15-35 s bursts at
+    # ~6.5x two medium engines, 3x on average: 0.869 / 0.875 / 0.914 of the best fixed limit,
+    # P0 0.958 / 0.948 / 0.972. The targets conflict here: that limit (static:48) gives P0 up
+    # (0.897 / 0.852 / 0.876), and the best one that keeps it (static:24) serves 207 / 213 /
+    # 198 tok/s, where adaptive serves 206 / 220 / 208 (0.995 / 1.03 / 1.05 of it). Every P0
+    # miss at seed 1 (7 of ~165) is an answer of 3-17 tokens decoded in steps shared with
+    # 2,000-token prefill chunks (TPOT 0.15-0.25 s against 0.15; TTFT 0.1-0.5 s, no gateway
+    # wait), as on code-bursty-medium: the limit is judged on the engines' mean inter-token
+    # latency, a short answer on the one or two steps it decodes in.
+    "holdout-b42-code-onoff-medium-3x": ("seed 1: adaptive", "seed 1: P0 attainment",
+                                         "seed 2: adaptive", "seed 2: P0 attainment",
+                                         "seed 3: adaptive", "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
