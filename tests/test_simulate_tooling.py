@@ -215,3 +215,13 @@ def test_readme_burst_section_is_the_simulators_own_output(tmp_path):
     begin, end = readme.index(docs.README_BEGIN), readme.index(docs.README_END)
     assert readme[begin:end + len(docs.README_END)] == docs.readme_section(tmp_path)
     assert (tmp_path / "sim-burst.png").stat().st_size > 10_000
+
+
+def test_scenarios_page_opens_with_the_generators_text():
+    """docs/scenarios.md is written by `python -m llmvalve.sim.docs`: its text before the
+    tables is the generator's own, so an edit made on the page alone (it had drifted by two
+    paragraphs) is lost at the next regeneration unless it is made in the generator too."""
+    from llmvalve.sim import docs
+
+    page = (Path(__file__).parent.parent / "docs" / "scenarios.md").read_text()
+    assert page.startswith(docs.HEAD)
