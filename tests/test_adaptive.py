@@ -64,14 +64,14 @@ def test_an_engine_that_does_not_report_its_kv_counts_the_fallback_while_it_answ
     a = make()
     a.on_snapshot(snap(0.0, "vllm"), 0.0)
     a.on_snapshot(snap(0.0, "trt", capacity=0.0), 0.0)
-    assert a.capacity(0.0) == pytest.approx(10_000.0 + FALLBACK_CAPACITY_TOKENS)
+    assert a.status()["capacity_tokens"] == pytest.approx(10_000.0 + FALLBACK_CAPACITY_TOKENS)
     assert a.limit() == pytest.approx(0.8 * (10_000.0 + FALLBACK_CAPACITY_TOKENS))
     b = make()
     for i in range(4):
         b.on_snapshot(snap(0.0, f"s{i}", capacity=0.0), 0.0)
     for i in range(3):
         b.on_snapshot(BackendSnapshot(f"s{i}", 1.0, ok=False), 1.0)
-    assert b.capacity(1.0) == pytest.approx(FALLBACK_CAPACITY_TOKENS)
+    assert b.status()["capacity_tokens"] == pytest.approx(FALLBACK_CAPACITY_TOKENS)
     assert b.limit() == pytest.approx(0.8 * FALLBACK_CAPACITY_TOKENS)
 
 
@@ -497,19 +497,21 @@ def test_failing_backend_is_saturated_and_takes_its_capacity_away():
     a.on_snapshot(BackendSnapshot("b1", 0.5, ok=False), 0.5)
     assert a.limit() == pytest.approx(8_000.0)  # at once, not at the window end
     assert a.saturation(0.5) == pytest.approx((0.0 + STALE_SIGMA) / 2)
-    assert a.capacity(0.5) == pytest.approx(10_000.0)
+    assert a.status()["capacity_tokens"] == pytest.approx(10_000.0)
     a.on_snapshot(snap(1.0, "b1"), 1.0)  # back: its capacity returns
     assert a.limit() == pytest.approx(16_000.0)
 
 
-def test_stale_backend_counts_as_saturated_and_out_of_capacity():
+def test_stale_backend_counts_as_saturated():
+    """An old scrape counts as saturation; its capacity leaves C with a failed scrape (the
+    scraper's timeout makes one), not with age."""
     a = make()
     a.on_snapshot(snap(0.0, "b0"), 0.0)
     a.on_snapshot(snap(1.5, "b1"), 1.5)
     assert a.saturation(2.0) == 0.0
-    # at 2.5 b0's scrape is 2.5 s old (> 2 s): saturated, and not live capacity
+    # at 2.5 b0's scrape is 2.5 s old (> 2 s): saturated
     assert a.saturation(2.5) == pytest.approx(STALE_SIGMA / 2)
-    assert a.capacity(2.5) == pytest.approx(10_000.0)
+    assert a.status()["capacity_tokens"] == pytest.approx(20_000.0)
     assert a.saturation(4.0) == pytest.approx(STALE_SIGMA)
 
 

@@ -244,10 +244,6 @@ class AdaptiveLimit:
     def _live(self, now: float) -> list[_Backend]:
         return [b for b in self.backends.values() if self._is_live(b, now)]
 
-    def capacity(self, now: float | None = None) -> float:
-        live = list(self.backends.values() if now is None else self._live(now))
-        return _kv_sum(live) or FALLBACK_CAPACITY_TOKENS
-
     def _capacity_live(self) -> float:
         """C: the KV of the backends whose last scrape answered (one that leaves takes its
         share with it), FALLBACK_CAPACITY_TOKENS for each that does not report its size."""

@@ -264,12 +264,14 @@ class Front:
             deadline=None if deadline_ms is None else now + deadline_ms / 1000.0,
             feature=headers.get(spec.feature_header), pool=pool.name, model=model)
         stream = facts.stream if facts is not None else request_facts.stream_hint(headers)
-        waiting = _Waiting(info, classified, klass, model, stream,
-                           self._rewritable(check, info.feature))
+        waiting = _Waiting(info, classified, klass, model, stream)
         if check.age_s > TOP_LAG_S / 2 ** policy.priorities.index(classified.priority):
-            return self._verdict(waiting, self.admission.shed(
-                info, Reason.GATEWAY_OVERLOADED, now, floor_s=check.age_s), now, queued=False)
-        decision = self.admission.submit(info, now)
+            decision = self.admission.shed(info, Reason.GATEWAY_OVERLOADED, now,
+                                           floor_s=check.age_s)
+        else:
+            decision = self.admission.submit(info, now)
+        if not isinstance(decision, Admit):  # it may be rerouted: judge the body while here
+            waiting.rewritable = self._rewritable(check, info.feature)
         if isinstance(decision, Queued):
             self._waiting[check.check_id] = waiting
             return Wait(check.check_id)
