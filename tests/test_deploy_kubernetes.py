@@ -189,6 +189,20 @@ def test_networkpolicy_admits_callers_to_envoy_and_monitoring_to_metrics_only(de
         assert "podSelector" not in source and "ipBlock" not in source
 
 
+def test_the_replica_count_comes_from_a_headless_service_of_the_gateway_pods(deployment):
+    """The share follows the HPA: `--replicas-from` names a headless Service that lists every
+    gateway pod, a starting one too (it counts itself before it is ready)."""
+    [cp] = [c for c in deployment["spec"]["template"]["spec"]["containers"]
+            if c.get("args", [None])[0] == "serve"]
+    args = serve_args(cp["args"])
+    service = load(K8S / "replicas-service.yaml")
+    assert service["metadata"]["name"] == args.replicas_from
+    spec = service["spec"]
+    assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is True
+    assert spec["selector"].items() <= pod_labels(deployment).items()
+    assert args.replica_share == 0.5  # until the first answer: the HPA's minimum
+
+
 def test_prometheus_annotations_name_the_admin_port(deployment):
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert int(annotations["prometheus.io/port"]) == ports_by_name(deployment)["admin"][1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import signal
 from fractions import Fraction
@@ -32,6 +33,16 @@ def replica_share(text: str) -> float:
     if not 0.0 < share <= 1.0:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
     return share
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +86,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "steps toward that share of the backends (default: "
                         "$LLMVALVE_REPLICA_SHARE, or the old $LLMVALVE_BUDGET_SHARE, else 1; "
                         "--budget-share is the old name)")
+    parser.add_argument("--replicas-from", default=os.environ.get("LLMVALVE_REPLICAS_FROM"),
+                        metavar="NAME",
+                        help="a DNS name with one address per gateway replica (a headless "
+                        "Service of the gateway pods): the replica share follows their count "
+                        "R (1/R), re-read every --replicas-interval seconds; --replica-share "
+                        "holds until the first answer and while lookups fail (default: "
+                        "$LLMVALVE_REPLICAS_FROM, else off)")
+    parser.add_argument("--replicas-interval", type=positive_seconds, default=10.0, metavar="S",
+                        help="with --replicas-from: seconds between lookups (default 10)")
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -87,7 +107,8 @@ async def _main(args: argparse.Namespace) -> int:
         admin_token_file=args.admin_token_file, controller=args.controller,
         policy_path=args.policy or None, metrics_urls=tuple(args.metrics_url),
         watch_interval_s=args.watch_interval, metrics_tenants=args.metrics_tenants,
-        replica_share=args.replica_share))
+        replica_share=args.replica_share, replicas_from=args.replicas_from or None,
+        replicas_interval_s=args.replicas_interval))
     await plane.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -191,11 +191,8 @@ class AdaptiveLimit:
     def __init__(self, policy: Policy, now: float = 0.0, replica_share: float = 1.0) -> None:
         self.reconfigure(policy)
         s = self.spec
-        self.replica_share = replica_share  # of the fleet: 1/R with R gateway replicas
-        # A lone replica's cut changes what the engines decode: its latency average restarts
-        # at each cut. One of several moves them by its share only and keeps it (module doc).
-        self._cut_restarts_latency = replica_share >= 1.0
         self.backends: dict[str, _Backend] = {}
+        self.set_replica_share(replica_share)
         self.epoch = 0
         self.u = 0.0  # set from initial_limit_tokens or the first known capacity
         # initialLimitTokens is the limit, in tokens, until the control law first sets one:
@@ -262,6 +259,15 @@ class AdaptiveLimit:
     def kv_ceiling(self) -> float:
         """The in-flight cost that should fill the KV cache to its target."""
         return self.spec.kv_target * self._capacity_live() * (self._rho or 1.0)
+
+    def set_replica_share(self, share: float) -> None:
+        """This replica's share of the fleet (1/R with R gateway replicas); R may change while
+        it runs (an autoscaler)."""
+        self.replica_share = share
+        # A lone replica's cut changes what the engines decode: its latency average restarts
+        # at each cut. One of several moves them by its share only and keeps it (module doc).
+        self._cut_restarts_latency = share >= 1.0
+        self._seq_cache = None
 
     def max_requests(self, top: bool = False) -> float:
         """Sequences counted where they bind before KV: when every live backend was seen, at

@@ -83,6 +83,18 @@ class Admission:
             self.pools[spec.name] = self._new_pool(spec, now)
         self.draining = False
 
+    def set_replica_share(self, share: float, now: float) -> None:
+        """This replica's share of the fleet changed (1/R, R read while it runs): its part of
+        every tenant budget, of the engines' sequences, of the prompts it sees sent (the
+        backlog clock) and the adaptive limit's step gain follow at once; queues, tickets
+        and what the limit learned stay."""
+        self.budgets.set_share(share, self.policy, now)
+        self.replica_share = share
+        for pool in self.pools.values():
+            pool.picker.set_replica_share(share)
+            if isinstance(pool.limit, AdaptiveLimit):
+                pool.limit.set_replica_share(share)
+
     def _read_policy(self, policy: Policy) -> None:
         self._ranks = {p: i for i, p in enumerate(policy.priorities)}
         top = policy.queue(policy.priorities[0])

@@ -83,6 +83,12 @@ class Refusal:
         return math.isfinite(self.retry_after_s)
 
 
+def _checked(share: float) -> float:
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"replica share must be in (0, 1], got {share!r}")
+    return share
+
+
 def _amounts(budget: Budget) -> tuple[tuple[str, float], ...]:
     return tuple((kind, amount) for kind, amount in ((REQUESTS, budget.requests_per_minute),
                                                      (TOKENS, budget.tokens_per_minute))
@@ -91,14 +97,18 @@ def _amounts(budget: Budget) -> tuple[tuple[str, float], ...]:
 
 class Budgets:
     def __init__(self, policy: Policy, share: float = 1.0, now: float = 0.0) -> None:
-        if not 0.0 < share <= 1.0:
-            raise ValueError(f"budget share must be in (0, 1], got {share!r}")
-        self.share = share
+        self.share = _checked(share)
         self.buckets: dict[Key, _Bucket] = {}
         self._own: dict[str, Scope] = {}  # tenant → its own buckets (every tenant with budgets)
         self._models: dict[tuple[str, str], Scope] = {}  # (tenant, model) → that model's
         self._ledger: dict[str, tuple[float, tuple[Key, ...]]] = {}  # charged, not yet settled
         self.refused: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.reconfigure(policy, now)
+
+    def set_share(self, share: float, policy: Policy, now: float) -> None:
+        """A new share of the fleet (its replica count changed): every bucket is resized to
+        it, keeping its level, capped at the new size."""
+        self.share = _checked(share)
         self.reconfigure(policy, now)
 
     def reconfigure(self, policy: Policy, now: float) -> None:

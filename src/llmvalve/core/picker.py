@@ -80,8 +80,7 @@ class Picker:
         self.prefill_done_at: dict[str, float] = dict.fromkeys(names, 0.0)
         self._clocks: dict[str, BacklogClock] = {}  # what prefill_done_at is read from
         self.prefill_s_per_token = 0.0  # set by the caller once measured
-        # one of R replicas (share 1/R) sees only the prompts it sends; the others send alike
-        self.clock_scale = 1.0 / replica_share
+        self.set_replica_share(replica_share)
         self._turn = 0
         # Positions (in `cost`'s order) of the healthy backends, kept until a scrape changes a
         # backend's health, a backend is added, or the earliest of them goes stale: the picker
@@ -116,6 +115,10 @@ class Picker:
         else:
             self.last_ok[name] = FAILING
         self._saturated[name] = self.saturated(name)
+
+    def set_replica_share(self, share: float) -> None:
+        # one of R replicas (share 1/R) sees only the prompts it sends; the others send alike
+        self.clock_scale = 1.0 / share
 
     def retarget(self, stale_after_s: float, kv_target: float, itl_target_s: float,
                  late_after_s: float) -> None:

@@ -43,6 +43,8 @@ from llmvalve.gateway.front import Front
 from llmvalve.gateway.metrics import GatewayMetrics
 from llmvalve.gateway.policy_file import load_policy_file
 from llmvalve.gateway.policy_watch import PolicyWatcher, ReloadLog
+from llmvalve.gateway.replicas import DEFAULT_INTERVAL_S as DEFAULT_REPLICAS_INTERVAL_S
+from llmvalve.gateway.replicas import ReplicaCount
 from llmvalve.gateway.scraper import Scraper
 from llmvalve.gateway.telemetry import TenantLabels, ttft_objective
 
@@ -77,6 +79,10 @@ class ControlPlaneConfig:
     # this replica's share of the fleet (--replica-share): of every tenant budget, and of the
     # backends for the adaptive limit
     replica_share: float = 1.0
+    # a DNS name whose addresses are the gateway replicas (--replicas-from): the share follows
+    # their count, re-read every replicas_interval_s (replica_share until the first answer)
+    replicas_from: str | None = None
+    replicas_interval_s: float = DEFAULT_REPLICAS_INTERVAL_S
     ports: dict[str, int] = field(default_factory=dict)
 
 
@@ -134,6 +140,11 @@ class ControlPlane:
         if config.policy_path is not None and config.watch_interval_s > 0:
             self.watcher = PolicyWatcher(config.policy_path, lambda: self.reload("watch"),
                                          config.watch_interval_s)
+        self.replicas = None
+        if config.replicas_from:
+            self.replicas = ReplicaCount(config.replicas_from, self.driver.set_replica_share,
+                                         config.replica_share, config.replicas_interval_s)
+        self.metrics.replica_share.set_function(lambda: self.front.admission.replica_share)
         self.metrics.watch_status(self.driver.status)
         self.metrics.held.set_function(lambda: self.driver.waiting)
         self.metrics.watch_releases(lambda: self.front.releases)
@@ -149,6 +160,8 @@ class ControlPlane:
                                                    self.admin_grpc)
         self.ports["admin_grpc"] = self._bind_grpc(self.admin_grpc, self._admin_grpc_addr())
         self.driver.start()
+        if self.replicas is not None:
+            await self.replicas.start()
         await self.scraper.start(self.policy)
         await self.data_grpc.start()
         await self.admin_grpc.start()
@@ -208,6 +221,8 @@ class ControlPlane:
                             "last_access_log": _entry_json(self.access_log.last),
                             **front.counts},
                 "policy": self.reloads.status(self.policy.version),
+                "replicas": (self.replicas.status() if self.replicas is not None else
+                             {"share": self.front.admission.replica_share}),
                 **self.history.enrich(self.driver.status())}
 
     async def reload(self, trigger: str = "sighup") -> bool:
@@ -249,6 +264,8 @@ class ControlPlane:
         if self.watcher is not None:
             await self.watcher.stop()
         await self.history.stop()
+        if self.replicas is not None:
+            await self.replicas.stop()
         await self.data_grpc.stop(0.5)
         await self.admin_grpc.stop(0.5)
         await self.scraper.stop()

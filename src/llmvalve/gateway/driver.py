@@ -94,6 +94,10 @@ class Driver:
         self.front.replace_policy(policy, self.clock())
         self.kick()
 
+    def set_replica_share(self, share: float) -> None:
+        self.front.admission.set_replica_share(share, self.clock())
+        self.kick()
+
     def status(self) -> dict[str, Any]:
         return self.front.admission.status(self.clock())
 

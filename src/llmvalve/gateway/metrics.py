@@ -70,6 +70,9 @@ class GatewayMetrics:
         self.held = Gauge(
             "llmvalve_checks_held", "Authorization checks held open while their request waits "
             "in a queue", registry=r)
+        self.replica_share = Gauge(
+            "llmvalve_replica_share", "This replica's share of the gateway fleet (1/R): of "
+            "every tenant budget, and of the backends for the adaptive limit", registry=r)
         self.access_logs = Counter(
             "llmvalve_access_log_entries", "Envoy access-log entries of admitted requests, by "
             "whether they became a latency sample", ["used"], registry=r)

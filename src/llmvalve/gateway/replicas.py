@@ -1,0 +1,102 @@
+"""The replica count from DNS: this replica's share of the fleet follows an autoscaler.
+
+Theory of operation. Each replica enforces its share 1/R of every tenant budget and steps its
+adaptive limit toward 1/R of the engines (docs/deployment.md); a fixed `--replica-share` is
+right only for the R it was written for, and an autoscaler changes R. With `--replicas-from
+NAME` the replica resolves NAME every `interval_s` (10 s) and takes R from the answer: NAME is a
+headless Service selecting the gateway pods (`publishNotReadyAddresses`, so a starting pod
+counts itself), one address per pod. A dual-stack cluster gives each pod an IPv4 and an IPv6
+address, so R is the larger of the two families' counts, not their sum. An answer with no
+address, or a failed lookup, changes nothing: the share stays what it was (at start,
+`--replica-share`), and the failure is logged once until a lookup succeeds again.
+
+The count lags a scale event by up to one interval plus the DNS record's TTL (CoreDNS: 5 s by
+default); meanwhile the adaptive limit's step gain keeps within 1/2x-2x of any share, and a
+budget is off by the ratio of the two counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from fractions import Fraction
+
+from llmvalve.gateway.tasks import Background
+
+log = logging.getLogger("llmvalve.replicas")
+
+DEFAULT_INTERVAL_S = 10.0
+LOOKUP_TIMEOUT_S = 5.0
+
+Resolve = Callable[[str], Awaitable[list[tuple]]]  # getaddrinfo-shaped answers
+
+
+async def _getaddrinfo(name: str) -> list[tuple]:
+    loop = asyncio.get_running_loop()
+    return await loop.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+
+
+def count_replicas(answers: list[tuple]) -> int:
+    """Pods behind the answers to a getaddrinfo: distinct addresses of the larger family."""
+    by_family: dict[int, set[str]] = {}
+    for family, _type, _proto, _canon, sockaddr in answers:
+        by_family.setdefault(family, set()).add(sockaddr[0])
+    return max((len(addrs) for addrs in by_family.values()), default=0)
+
+
+class ReplicaCount:
+    """Resolve `name` now and every `interval_s`, and hand each new share (1/R) to
+    `on_share`."""
+
+    def __init__(self, name: str, on_share: Callable[[float], None], share: float,
+                 interval_s: float = DEFAULT_INTERVAL_S,
+                 resolve: Resolve = _getaddrinfo) -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self.share = share
+        self.replicas: int | None = None  # by the last answer that had addresses
+        self.error: str | None = None  # of the last lookup, None when it succeeded
+        self._on_share = on_share
+        self._resolve = resolve
+        self._tasks = Background()
+
+    async def refresh(self) -> None:
+        """One lookup; a new count changes the share."""
+        try:
+            answers = await asyncio.wait_for(self._resolve(self.name), LOOKUP_TIMEOUT_S)
+            n = count_replicas(answers)
+            if n == 0:
+                raise OSError("no address")
+        except (TimeoutError, OSError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if self.error is None:
+                log.warning("replica count: cannot resolve %s (%s); the share stays %s",
+                            self.name, error, Fraction(self.share).limit_denominator(1000))
+            self.error = error
+            return
+        self.error = None
+        self.replicas = n
+        share = 1.0 / n
+        if share != self.share:
+            log.info("replica share %s -> 1/%d (%d replicas behind %s)",
+                     Fraction(self.share).limit_denominator(1000), n, n, self.name)
+            self.share = share
+            self._on_share(share)
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._tasks.start(self._loop(), "replica-count")
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.refresh()
+
+    async def stop(self) -> None:
+        await self._tasks.stop()
+
+    def status(self) -> dict:
+        return {"from": self.name, "replicas": self.replicas, "share": self.share,
+                "error": self.error}
