@@ -17,7 +17,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (88: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (96: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -467,6 +467,38 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     "holdout-b42-code-onoff-medium-3x": ("seed 1: adaptive", "seed 1: P0 attainment",
                                          "seed 2: adaptive", "seed 2: P0 attainment",
                                          "seed 3: adaptive", "seed 3: P0 attainment"),
+    # Batch 43 (eight files written at stop 37 from the issue's families by someone who had
+    # not read the controller, judged as they stood at c745c1a; seqcap-tiny2,
+    # p1-flood-h100-gw3 and both do-no-harm files meet every target). Three goodput misses
+    # are the KV target's trade again: the best fixed limit by goodput gives P0 up. Code
+    # completion at 1x on one H100, seed 3: static:48 (P0 0.957); against the best that
+    # keeps P0 (static:32, 273 tok/s) adaptive reads 0.956, P0 0.995.
+    "holdout-b43-code-onoff-h100-1x": ("seed 3: adaptive",),
+    # The code family at 3x on four small engines: two of ~115 P0 prompts (3,792 and 2,558
+    # tokens) prefilled behind others inside their engine, TTFT 2.98 and 2.45 s with no
+    # gateway wait (the cause listed for code-bursty); its goodput is 1.05-1.08 of the best
+    # fixed limit's at seeds 1-2.
+    "holdout-b43-code-onoff-small4-3x": ("seed 2: P0 attainment",),
+    # Both H100s slowed 3x for 40 s at 1.5x load. The best fixed limit, static:256, gives P0
+    # up (0.838 at seed 2); against the best that keeps it (static:128, 2,656 tok/s) adaptive
+    # reads 1.07. P0 0.932 / 0.941 / 0.911: prompts sent at once that wait 2.0-2.8 s inside
+    # the slowed engines. Traced at seed 1: while slowed, the engines' inter-token latency
+    # reads 4-7x its target whenever prompts are being prefilled (each 3,000-token chunk
+    # takes three times as long) and 0.6x as soon as admission stops; the limit is cut by
+    # half when the whole latency window is known, then grows 1.25x a window on the young
+    # average of a window with nothing prefilled: a 5-6 s sawtooth. Each rise lets the
+    # queued P1 prompts in at once, 9-18 wait inside the engines, and the P0 prompts that
+    # arrive then wait behind them (the backlog clock still runs at the healthy prefill
+    # speed). Measured, not kept: an increase that also counts the last queueing-TTFT
+    # reading scaled by in-flight until a new one comes (this workload did not move; P0
+    # misses over all 357 runs 868 -> 866, goodput -0.08 %, do-no-harm misses 18 -> 20).
+    "holdout-b43-fleet-slow3x-h100": ("seed 1: P0 attainment", "seed 2: adaptive",
+                                      "seed 2: P0 attainment", "seed 3: adaptive",
+                                      "seed 3: P0 attainment"),
+    # Heavy-tailed answers behind two replicas on four small engines, seed 2: the best fixed
+    # limit, static:24 a replica, gives P0 up (0.934, 262 preemptions); no fixed limit of
+    # the sweep keeps it. Adaptive keeps P0 at 1.000 with 61 preemptions.
+    "holdout-b43-heavytail-small4-gw2": ("seed 2: adaptive",),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
