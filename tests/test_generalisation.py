@@ -491,7 +491,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # arrive then wait behind them (the backlog clock still runs at the healthy prefill
     # speed). Measured, not kept: an increase that also counts the last queueing-TTFT
     # reading scaled by in-flight until a new one comes (this workload did not move; P0
-    # misses over all 357 runs 868 -> 866, goodput -0.08 %, do-no-harm misses 18 -> 20).
+    # misses over all 357 runs 868 -> 866, goodput -0.08 %, do-no-harm misses 18 -> 20);
+    # no increase while more than L is in flight (a window read while nothing but P0 was
+    # admitted): goodput -22 % over all 357 runs (holdout-rolling-upgrade -78 to -82 %).
     "holdout-b43-fleet-slow3x-h100": ("seed 1: P0 attainment", "seed 2: adaptive",
                                       "seed 2: P0 attainment", "seed 3: adaptive",
                                       "seed 3: P0 attainment"),
