@@ -493,7 +493,12 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # reading scaled by in-flight until a new one comes (this workload did not move; P0
     # misses over all 357 runs 868 -> 866, goodput -0.08 %, do-no-harm misses 18 -> 20);
     # no increase while more than L is in flight (a window read while nothing but P0 was
-    # admitted): goodput -22 % over all 357 runs (holdout-rolling-upgrade -78 to -82 %).
+    # admitted): goodput -22 % over all 357 runs (holdout-rolling-upgrade -78 to -82 %);
+    # lower classes not sent to an engine with requests waiting inside it (the picker's
+    # prefill room): this one's P0 misses 10 -> 1 and 10 -> 2 at seeds 1 and 3 (goodput -4
+    # to -5 %), but over all runs P0 misses 868 -> 847 and goodput +0.06 % at seeds 1-3,
+    # 856 -> 851 and -0.18 % at seeds 4-6, do-no-harm misses 18 -> 17 and 12 -> 16, and
+    # the code family's P0 misses moved between seeds (code-bursty-3x s1 1.000 -> 0.985).
     "holdout-b43-fleet-slow3x-h100": ("seed 1: P0 attainment", "seed 2: adaptive",
                                       "seed 2: P0 attainment", "seed 3: adaptive",
                                       "seed 3: P0 attainment"),
