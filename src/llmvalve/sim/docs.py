@@ -127,7 +127,7 @@ to prompts prefilled ahead of them inside their engine. `fleet-slow3x-h100` (bot
 slowed 3x for 40 s) also misses P0 (0.91–0.94): while the engines are slow, their
 inter-token latency reads 4–7x its target whenever prompts are being prefilled and 0.6x when
 admission stops, so the limit saws every 5–6 s, and each rise lets the queued prompts in
-together, ahead of the P0 prompts that follow. Two more changes were measured and not kept
+together, ahead of the P0 prompts that follow. Four more changes were measured and not kept
 (the entries of `azure-conv` and `holdout-b43-fleet-slow3x-h100` give the figures).
 
 ## Format
