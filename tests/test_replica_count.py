@@ -36,11 +36,11 @@ def test_count_is_distinct_addresses_of_the_larger_family():
     assert count_replicas([]) == 0
 
 
-async def test_the_share_follows_the_count_and_a_failed_lookup_keeps_it():
+async def test_each_new_count_is_handed_on_and_a_failed_lookup_keeps_it():
     script = [answers("10.0.0.1", "10.0.0.2"), answers("10.0.0.1", "10.0.0.2"),
               socket.gaierror(-2, "Name or service not known"), [],
               answers(*(f"10.0.0.{i}" for i in range(1, 5)))]
-    shares: list[float] = []
+    counts: list[int] = []
 
     async def resolve(name: str) -> list[tuple]:
         assert name == "gw-replicas"
@@ -49,29 +49,29 @@ async def test_the_share_follows_the_count_and_a_failed_lookup_keeps_it():
             raise step
         return step
 
-    count = ReplicaCount("gw-replicas", shares.append, share=1.0, resolve=resolve)
+    count = ReplicaCount("gw-replicas", counts.append, resolve=resolve)
     await count.refresh()
-    assert (count.share, count.replicas, shares) == (0.5, 2, [0.5])
+    assert (count.replicas, counts) == (2, [2])
     await count.refresh()  # the same count: nothing to hand on
-    assert shares == [0.5]
+    assert counts == [2]
     await count.refresh()
-    assert count.share == 0.5 and "gaierror" in count.status()["error"]
+    assert count.replicas == 2 and "gaierror" in count.status()["error"]
     await count.refresh()  # an answer without addresses is no count either
-    assert count.share == 0.5 and count.status()["error"]
+    assert count.replicas == 2 and count.status()["error"]
     await count.refresh()
-    assert (count.share, count.replicas, shares, count.error) == (0.25, 4, [0.5, 0.25], None)
+    assert (count.replicas, counts, count.error) == (4, [2, 4], None)
 
 
-async def test_a_lookup_that_hangs_times_out_and_keeps_the_share(monkeypatch):
+async def test_a_lookup_that_hangs_times_out_and_hands_nothing_on(monkeypatch):
     monkeypatch.setattr("llmvalve.gateway.replicas.LOOKUP_TIMEOUT_S", 0.05)
 
     async def hang(name: str) -> list[tuple]:
         await asyncio.sleep(10)
         return []
 
-    count = ReplicaCount("gw-replicas", lambda s: pytest.fail("no share"), 0.5, resolve=hang)
+    count = ReplicaCount("gw-replicas", lambda n: pytest.fail("no count"), resolve=hang)
     await count.refresh()
-    assert count.share == 0.5 and "TimeoutError" in count.error
+    assert count.replicas is None and "TimeoutError" in count.error
 
 
 def test_the_core_takes_a_new_share_at_once():

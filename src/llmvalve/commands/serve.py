@@ -18,6 +18,8 @@ import signal
 from fractions import Fraction
 from pathlib import Path
 
+from llmvalve.gateway.replicas import DEFAULT_INTERVAL_S as REPLICAS_INTERVAL_S
+
 DEFAULT_HTTP = "127.0.0.1:9001"
 DEFAULT_GRPC = "127.0.0.1:9000"
 DEFAULT_ADMIN = "0.0.0.0:9100"
@@ -93,8 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "R (1/R), re-read every --replicas-interval seconds; --replica-share "
                         "holds until the first answer and while lookups fail (default: "
                         "$LLMVALVE_REPLICAS_FROM, else off)")
-    parser.add_argument("--replicas-interval", type=positive_seconds, default=10.0, metavar="S",
-                        help="with --replicas-from: seconds between lookups (default 10)")
+    parser.add_argument("--replicas-interval", type=positive_seconds,
+                        default=REPLICAS_INTERVAL_S, metavar="S",
+                        help="with --replicas-from: seconds between lookups (default "
+                        f"{REPLICAS_INTERVAL_S:g})")
 
 
 async def _main(args: argparse.Namespace) -> int:

@@ -140,10 +140,11 @@ class ControlPlane:
         if config.policy_path is not None and config.watch_interval_s > 0:
             self.watcher = PolicyWatcher(config.policy_path, lambda: self.reload("watch"),
                                          config.watch_interval_s)
-        self.replicas = None
+        self.replicas: ReplicaCount | None = None
         if config.replicas_from:
-            self.replicas = ReplicaCount(config.replicas_from, self.driver.set_replica_share,
-                                         config.replica_share, config.replicas_interval_s)
+            self.replicas = ReplicaCount(config.replicas_from,
+                                         lambda n: self.driver.set_replica_share(1.0 / n),
+                                         config.replicas_interval_s)
         self.metrics.replica_share.set_function(lambda: self.front.admission.replica_share)
         self.metrics.watch_status(self.driver.status)
         self.metrics.held.set_function(lambda: self.driver.waiting)
@@ -221,8 +222,8 @@ class ControlPlane:
                             "last_access_log": _entry_json(self.access_log.last),
                             **front.counts},
                 "policy": self.reloads.status(self.policy.version),
-                "replicas": (self.replicas.status() if self.replicas is not None else
-                             {"share": self.front.admission.replica_share}),
+                "replicas": {"share": front.admission.replica_share,
+                             **(self.replicas.status() if self.replicas is not None else {})},
                 **self.history.enrich(self.driver.status())}
 
     async def reload(self, trigger: str = "sighup") -> bool:

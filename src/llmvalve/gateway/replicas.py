@@ -21,7 +21,6 @@ import asyncio
 import logging
 import socket
 from collections.abc import Awaitable, Callable
-from fractions import Fraction
 
 from llmvalve.gateway.tasks import Background
 
@@ -47,23 +46,21 @@ def count_replicas(answers: list[tuple]) -> int:
 
 
 class ReplicaCount:
-    """Resolve `name` now and every `interval_s`, and hand each new share (1/R) to
-    `on_share`."""
+    """Resolve `name` now and every `interval_s`, and hand each new count to `on_count`."""
 
-    def __init__(self, name: str, on_share: Callable[[float], None], share: float,
+    def __init__(self, name: str, on_count: Callable[[int], None],
                  interval_s: float = DEFAULT_INTERVAL_S,
                  resolve: Resolve = _getaddrinfo) -> None:
         self.name = name
         self.interval_s = interval_s
-        self.share = share
         self.replicas: int | None = None  # by the last answer that had addresses
         self.error: str | None = None  # of the last lookup, None when it succeeded
-        self._on_share = on_share
+        self._on_count = on_count
         self._resolve = resolve
         self._tasks = Background()
 
     async def refresh(self) -> None:
-        """One lookup; a new count changes the share."""
+        """One lookup; a new count is handed on."""
         try:
             answers = await asyncio.wait_for(self._resolve(self.name), LOOKUP_TIMEOUT_S)
             n = count_replicas(answers)
@@ -72,18 +69,16 @@ class ReplicaCount:
         except (TimeoutError, OSError) as exc:
             error = f"{type(exc).__name__}: {exc}"
             if self.error is None:
-                log.warning("replica count: cannot resolve %s (%s); the share stays %s",
-                            self.name, error, Fraction(self.share).limit_denominator(1000))
+                log.warning("replica count: cannot resolve %s (%s); the share stays as it was",
+                            self.name, error)
             self.error = error
             return
         self.error = None
-        self.replicas = n
-        share = 1.0 / n
-        if share != self.share:
-            log.info("replica share %s -> 1/%d (%d replicas behind %s)",
-                     Fraction(self.share).limit_denominator(1000), n, n, self.name)
-            self.share = share
-            self._on_share(share)
+        if n != self.replicas:
+            log.info("replica count: %d behind %s (was %s): share 1/%d", n, self.name,
+                     self.replicas, n)
+            self.replicas = n
+            self._on_count(n)
 
     async def start(self) -> None:
         await self.refresh()
@@ -98,5 +93,4 @@ class ReplicaCount:
         await self._tasks.stop()
 
     def status(self) -> dict:
-        return {"from": self.name, "replicas": self.replicas, "share": self.share,
-                "error": self.error}
+        return {"from": self.name, "replicas": self.replicas, "error": self.error}
