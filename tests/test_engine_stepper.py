@@ -4,6 +4,7 @@ arrivals, aborts, chunked prefill and preemptions; runs advance many steps per e
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -22,7 +23,7 @@ P = EngineProfile(
 def drive(engine: Engine, jobs, aborts) -> tuple[dict, int]:
     """A minimal event loop: requests arrive and are aborted at given times; the engine steps
     back to back. Returns {request: (finish time, tokens)} and the number of engine calls."""
-    inputs = sorted([(t, 0, i) for i, (t, _, _) in enumerate(jobs)]
+    inputs = sorted([(job[0], 0, i) for i, job in enumerate(jobs)]
                     + [(t, 1, i) for t, i in aborts])
     event = isinstance(engine, EventEngine)
     done: dict[str, tuple[float, int]] = {}
@@ -49,7 +50,7 @@ def drive(engine: Engine, jobs, aborts) -> tuple[dict, int]:
         t, kind, i = inputs[k]
         k += 1
         if kind == 0:
-            engine.add(str(i), jobs[i][1], jobs[i][2], t)
+            engine.add(str(i), *jobs[i][1:3], t, 0, *jobs[i][3:])
         else:
             engine.abort(str(i), t)
         if event and nxt is not None:
@@ -59,12 +60,14 @@ def drive(engine: Engine, jobs, aborts) -> tuple[dict, int]:
     return done, calls
 
 
-def workload(seed: int, n: int = 120):
+def workload(seed: int, n: int = 120, priorities: int = 0):
+    """(arrival, prompt, answer[, priority]) and aborts."""
     r = random.Random(seed)
     jobs, t = [], 0.0
     for _ in range(n):
         t += r.expovariate(3.0)
-        jobs.append((t, r.randint(1, 1500), r.randint(1, 400)))
+        job = (t, r.randint(1, 1500), r.randint(1, 400))
+        jobs.append((*job, r.randrange(priorities)) if priorities else job)
     aborts = [(jobs[i][0] + r.uniform(0, 10), i) for i in r.sample(range(n), n // 8)]
     return jobs, aborts
 
@@ -87,6 +90,20 @@ def test_event_engine_matches_the_reference_step_for_step(seed):
     assert ref.metrics.itl.total == pytest.approx(ev.metrics.itl.total, rel=1e-9)
     assert ref.metrics.preemptions_total > 10  # the workload does exercise preemption
     assert ev_calls < ref_calls / 2
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_event_engine_matches_the_reference_under_priority_scheduling(seed):
+    prio = dataclasses.replace(P, scheduling_policy="priority")
+    jobs, aborts = workload(seed, priorities=3)
+    ref, ev = Engine(prio), EventEngine(prio)
+    a, _ = drive(ref, jobs, aborts)
+    b, _ = drive(ev, jobs, aborts)
+    assert a == b
+    assert snapshot(ref) == snapshot(ev)
+    assert ref.metrics.preemptions_total > 10
+    fcfs, _ = drive(Engine(P), [j[:3] for j in jobs], aborts)
+    assert a != fcfs  # the policy does change who runs when
 
 
 def test_a_decode_run_is_one_event_and_sync_shows_the_per_step_state():

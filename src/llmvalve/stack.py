@@ -110,11 +110,15 @@ class Stack:
     def _py(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "llmvalve.cli", *args]
 
-    def _start_backend(self, name: str, profile: str) -> tuple[Proc, int]:
+    def _start_backend(self, name: str, profile: str,
+                       by_priority: bool = False) -> tuple[Proc, int]:
+        """A sim-backend; `by_priority`: run as vLLM with `--scheduling-policy priority` (the
+        engines of a pool with `enginePriority`)."""
         c = self.config
+        policy = ("--scheduling-policy", "priority") if by_priority else ()
         proc = Proc(name, self._py("sim-backend", "--host", c.host, "--port", "0",
                                    "--profile", profile, "--time-scale", str(c.time_scale),
-                                   *c.backend_args),
+                                   *policy, *c.backend_args),
                     self.workdir / f"{name}.log")
         return proc, 0
 
@@ -129,10 +133,12 @@ class Stack:
         c = self.config
         policy = self._policy()
         pools = policy.pools
-        pending = {(pools[0].name, i): self._start_backend(f"backend-{i}", c.profile)[0]
+        pending = {(pools[0].name, i): self._start_backend(f"backend-{i}", c.profile,
+                                                           pools[0].engine_priority)[0]
                    for i in range(c.backends)}
         for pool in pools[1:]:
-            pending[(pool.name, 0)] = self._start_backend(f"{pool.name}-0", "tiny")[0]
+            pending[(pool.name, 0)] = self._start_backend(f"{pool.name}-0", "tiny",
+                                                          pool.engine_priority)[0]
         bare = {f.fallback.cluster for f in policy.features
                 if f.fallback is not None and f.fallback.kind == "reroute"
                 and f.fallback.cluster} - {p.cluster for p in pools}

@@ -20,7 +20,8 @@ HERE = Path(__file__).parent
 @pytest.fixture(scope="module")
 def e2e(request, tmp_path_factory):
     """The stack; a test module may set POLICY (a path), BACKENDS (a count),
-    FAILURE_MODE_ALLOW (overrides the policy's) and ADMISSION ("http" or "grpc")."""
+    FAILURE_MODE_ALLOW (overrides the policy's), ADMISSION ("http" or "grpc") and
+    BACKEND_ARGS (more `sim-backend` arguments)."""
     try:
         envoy_binary()
     except FileNotFoundError:
@@ -32,6 +33,7 @@ def e2e(request, tmp_path_factory):
         workdir=tmp_path_factory.mktemp("stack"),
         failure_mode_allow=getattr(request.module, "FAILURE_MODE_ALLOW", None),
         admission=getattr(request.module, "ADMISSION", "http"),
+        backend_args=getattr(request.module, "BACKEND_ARGS", ()),
     )
     stack = Stack(config)
     stack.start()

@@ -65,6 +65,7 @@ class SimRequest:
     continuous_usage: bool
     request_id: str | None  # the body's `request_id` (vLLM extension); X-Request-Id wins
     model: str | None = None  # the body's `model`
+    priority: int = 0  # the body's `priority` (vLLM: lower first; needs the priority policy)
 
 
 def text_tokens(text: str) -> int:
@@ -173,6 +174,9 @@ def parse_request(kind: Kind, raw: bytes, headers: Mapping[str, str],
         raise BadRequest("Stream options can only be defined when `stream=True`.")
     request_id = body.get("request_id")
     model = body.get("model")
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise BadRequest("priority must be an integer")
     return SimRequest(
         kind=kind,
         prompt_tokens=prompt,
@@ -183,6 +187,7 @@ def parse_request(kind: Kind, raw: bytes, headers: Mapping[str, str],
         continuous_usage=bool(options.get("continuous_usage_stats", False)),
         request_id=request_id if isinstance(request_id, str) and request_id else None,
         model=model if isinstance(model, str) and model else None,
+        priority=priority,
     )
 
 

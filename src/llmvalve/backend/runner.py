@@ -125,13 +125,13 @@ class EngineRunner:
         return req_id
 
     def submit(self, req_id: str, prompt_tokens: int, output_tokens: int, max_tokens: int,
-               stream: bool) -> Mailbox:
+               stream: bool, priority: int = 0) -> Mailbox:
         """Add a request to the engine (raises the engine's ValueErrors) and return its
         mailbox. `req_id` must be unused: see `unique_id`."""
         now = self.now()
         if self._horizon is not None:
             now = min(now, self._horizon)
-        self.engine.add(req_id, prompt_tokens, output_tokens, now, max_tokens=max_tokens)
+        self.engine.add(req_id, prompt_tokens, output_tokens, now, max_tokens, priority)
         box = Mailbox(req_id, stream, self.tokens_per_chunk)
         self._boxes[req_id] = box
         self._wake.set()

@@ -142,7 +142,7 @@ class SimBackend:
         req_id = self.runner.unique_id(base)
         try:
             box = self.runner.submit(req_id, req.prompt_tokens, req.output_tokens,
-                                     req.max_tokens, req.stream)
+                                     req.max_tokens, req.stream, req.priority)
         except ValueError as exc:
             return error_response(400, str(exc), "BadRequestError")
         prefix = "chatcmpl-" if kind is Kind.CHAT else "cmpl-"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 
 def _ports(text: str) -> list[int]:
@@ -33,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="small",
                         help=f"engine profile: {', '.join(PROFILES)} (default small)")
     parser.add_argument("--model", default=None, help="served model name (default: profile's)")
+    parser.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+                        help="as vLLM's: priority schedules and preempts by the body's "
+                        "`priority` (lower first); fcfs answers 400 to one other than 0")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="engine time = X × wall time (2: twice as fast)")
     parser.add_argument("--tokens-per-chunk", type=int, default=1,
@@ -59,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from llmvalve.engine.profiles import get_profile
 
     try:
-        profile = get_profile(args.profile)
+        profile = replace(get_profile(args.profile), scheduling_policy=args.scheduling_policy)
         initial = fault_mod.apply(fault_mod.Faults(), {
             "slowdown": args.slowdown, "kv_blocks": args.kv_blocks,
             "error_rate": args.error_rate, "hang": args.hang, "down": args.down})

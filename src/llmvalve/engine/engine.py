@@ -8,6 +8,10 @@ last. KV is allocated in blocks of `block_size` tokens as tokens are computed. W
 request cannot get a block, the most recently admitted running request is preempted: its blocks
 are freed and it goes back to the front of the waiting queue with its progress discarded
 (recompute), as vLLM does; its already generated tokens are kept but must be recomputed.
+With vLLM's `--scheduling-policy priority` (`EngineProfile.scheduling_policy`) the waiting queue
+is ordered by (priority, arrival), a preempted request goes back to its place in that order, and
+the victim is the running request of the lowest priority (latest arrival among equals), even
+one already scheduled in this step (its chunk is taken back), as vLLM v1's scheduler does.
 
 The caller owns time: `step(now)` plans and runs one iteration starting at `now` and returns its
 duration and the tokens it produced (they exist at `now + duration`; the caller calls `step`
@@ -16,6 +20,7 @@ again then). `abort` frees a request's blocks at once.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 from dataclasses import dataclass
 
@@ -27,14 +32,20 @@ class PromptTooLong(ValueError):
     pass
 
 
+class PriorityNotEnabled(ValueError):
+    """A request with a priority sent to an engine that schedules first come first served
+    (vLLM answers it 400)."""
+
+
 class _Seq:
     __slots__ = ("arrival", "blocks", "computed", "e", "first_scheduled", "first_token_at",
-                 "generated", "gfin", "last_token_at", "max_tokens", "o", "prompt", "req_id",
-                 "target")  # e, o, gfin: EventEngine's decode-group offsets
+                 "generated", "gfin", "last_token_at", "max_tokens", "o", "priority", "prompt",
+                 "req_id", "target")  # e, o, gfin: EventEngine's decode-group offsets
 
     def __init__(self, req_id: str, prompt: int, target: int, arrival: float,
-                 max_tokens: int) -> None:
+                 max_tokens: int, priority: int = 0) -> None:
         self.req_id = req_id
+        self.priority = priority
         self.max_tokens = max_tokens
         self.prompt = prompt
         self.target = max(1, target)
@@ -45,6 +56,11 @@ class _Seq:
         self.first_scheduled: float | None = None
         self.first_token_at: float | None = None
         self.last_token_at = 0.0
+
+
+def _order(seq: _Seq) -> tuple[int, float]:
+    """The priority policy's order: lower priority value first, then earlier arrival."""
+    return (seq.priority, seq.arrival)
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,7 @@ class Engine:
         self.num_blocks = profile.num_gpu_blocks
         self.used_blocks = 0
         self.slowdown = 1.0
+        self.by_priority = profile.scheduling_policy == "priority"
         self.waiting: deque[_Seq] = deque()
         self.running: list[_Seq] = []
         self._by_id: dict[str, _Seq] = {}
@@ -78,9 +95,13 @@ class Engine:
 
     # ---- inputs ---------------------------------------------------------------------------
     def add(self, req_id: str, prompt_tokens: int, output_tokens: int, now: float,
-            max_tokens: int = 0) -> None:
+            max_tokens: int = 0, priority: int = 0) -> None:
         """Queue a request that will generate `output_tokens` tokens (its true answer length);
-        it finishes with reason "length" when that equals `max_tokens`, else "stop"."""
+        it finishes with reason "length" when that equals `max_tokens`, else "stop".
+        `priority` other than 0 needs the priority policy (vLLM answers 400 otherwise)."""
+        if priority and not self.by_priority:
+            raise PriorityNotEnabled(
+                f"Got priority {priority} but Priority scheduling is not enabled.")
         if prompt_tokens + 1 > self.profile.max_model_len:
             raise PromptTooLong(
                 f"prompt of {prompt_tokens} tokens exceeds max_model_len "
@@ -88,9 +109,9 @@ class Engine:
         if req_id in self._by_id:
             raise ValueError(f"duplicate request id {req_id!r}")
         output_tokens = min(output_tokens, self.profile.max_model_len - prompt_tokens)
-        seq = _Seq(req_id, max(1, prompt_tokens), output_tokens, now, max_tokens)
+        seq = _Seq(req_id, max(1, prompt_tokens), output_tokens, now, max_tokens, priority)
         self._by_id[req_id] = seq
-        self.waiting.append(seq)
+        self._enqueue(seq)
         self.metrics.requests_total += 1
 
     def abort(self, req_id: str, now: float) -> bool:
@@ -112,7 +133,7 @@ class Engine:
         """Shrink or grow the KV cache; running requests over the new size get preempted."""
         self.num_blocks = max(1, num_blocks)
         while self.used_blocks > self.num_blocks and self.running:
-            self._preempt(self.running.pop())
+            self._preempt(self._pop_victim())
 
     # ---- observations ---------------------------------------------------------------------
     @property
@@ -164,17 +185,22 @@ class Engine:
 
     def _schedule_running(self, budget: int, scheduled: list[tuple[_Seq, int]],
                           preempted: list[str]) -> int:
-        """The running requests' next chunks, in order, preempting from the back when KV runs
-        out; returns the token budget left."""
+        """The running requests' next chunks, in order, preempting (the newest, or the lowest
+        priority) when KV runs out; returns the token budget left."""
         running, grow, add = self.running, self._grow, scheduled.append
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             n = min(seq.prompt + seq.generated - seq.computed, budget)
             if not grow(seq, seq.computed + n):
-                # Preempt from the back until it fits or the request itself was preempted.
+                # Preempt until it fits or the request itself was preempted.
                 while running:
-                    victim = running.pop()
+                    at = self._victim_index()
+                    victim = running.pop(at)
+                    if at < i:  # already scheduled in this step: take its chunk back
+                        i -= 1
+                        k = next(k for k, (s, _) in enumerate(scheduled) if s is victim)
+                        budget += scheduled.pop(k)[1]
                     self._preempt(victim)
                     preempted.append(victim.req_id)
                     if victim is seq or grow(seq, seq.computed + n):
@@ -247,10 +273,30 @@ class Engine:
         self.used_blocks -= seq.blocks
         seq.blocks = 0
 
+    def _enqueue(self, seq: _Seq) -> None:
+        if self.by_priority:
+            insort(self.waiting, seq, key=_order)
+        else:
+            self.waiting.append(seq)
+
+    def _victim_index(self) -> int:
+        """The running request a KV shortfall preempts: the newest (FCFS), or the lowest
+        priority and, among those, the latest arrival."""
+        running = self.running
+        if not self.by_priority:
+            return len(running) - 1
+        return max(range(len(running)), key=lambda k: _order(running[k]))
+
+    def _pop_victim(self) -> _Seq:
+        return self.running.pop(self._victim_index())
+
     def _preempt(self, seq: _Seq) -> None:
         self._free(seq)
         seq.computed = 0
-        self.waiting.appendleft(seq)
+        if self.by_priority:
+            insort(self.waiting, seq, key=_order)
+        else:
+            self.waiting.appendleft(seq)
         self.metrics.preemptions_total += 1
 
     def _finish(self, seq: _Seq, end: float) -> None:

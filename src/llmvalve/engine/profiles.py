@@ -31,6 +31,10 @@ class EngineProfile:
     # Output-length model for the HTTP backend when a request does not say how long it is:
     # the answer is `default_output_tokens` long, capped by max_tokens.
     default_output_tokens: int = 128
+    # vLLM's `--scheduling-policy`: "fcfs" (its default) or "priority" (waiting requests by
+    # (priority, arrival), the lowest priority preempted first; a request's priority is the
+    # `priority` field of its body, lower first).
+    scheduling_policy: str = "fcfs"
 
     @property
     def kv_capacity_tokens(self) -> int:

@@ -96,8 +96,12 @@ class EventEngine(Engine):
         self._special = []
 
     def _regroup(self) -> None:
+        """Group the running sequences that decode and got their last token at `_last_end`
+        (a sequence a step left out, behind a priority preemption or an exhausted budget,
+        stays special until its next token: the group's gaps are its steps)."""
         for seq in self.running:
-            if seq.first_token_at is not None and seq.computed == seq.prompt + seq.generated - 1:
+            if (seq.first_token_at is not None and seq.computed == seq.prompt + seq.generated - 1
+                    and seq.last_token_at == self._last_end):
                 self._join(seq)
             else:
                 self._special.append(seq)
@@ -115,9 +119,9 @@ class EventEngine(Engine):
 
     # ---- inputs (each ends a run in flight after its current step, as in a per-step engine)
     def add(self, req_id: str, prompt_tokens: int, output_tokens: int, now: float,
-            max_tokens: int = 0) -> None:
+            max_tokens: int = 0, priority: int = 0) -> None:
         self.cut(now)
-        super().add(req_id, prompt_tokens, output_tokens, now, max_tokens)
+        super().add(req_id, prompt_tokens, output_tokens, now, max_tokens, priority)
 
     def abort(self, req_id: str, now: float) -> bool:
         self.cut(now)
@@ -363,8 +367,10 @@ class EventEngine(Engine):
     def _short_step(self, now: float) -> Advance | None:
         """A step with too few free blocks, as `Engine.step` runs it — in running order, the
         first request that cannot grow preempts the newest running requests until it fits or
-        is itself preempted — touching the group only to find who needs a block now."""
+        is itself preempted (FCFS only) — touching the group only to find who needs a block now."""
         p, bs = self.profile, self.profile.block_size
+        if self.by_priority:
+            return None  # the victims are chosen by priority: `Engine.step` runs it
         plan = {id(s): s.prompt + s.generated - s.computed for s in self._special}
         if not self.running or len(self._dec) + sum(plan.values()) > p.max_num_batched_tokens:
             return None
@@ -402,9 +408,9 @@ class EventEngine(Engine):
     def _slow_step(self, now: float) -> Advance:
         self._materialise()
         res = self.step(now)
-        self._regroup()
         assert res is not None
         end = now + res.duration_s
         self._last_end = end
+        self._regroup()
         return Advance(end, tuple((e.req_id, e.generated, e.finished) for e in res.events),
                        res.preempted, 1)

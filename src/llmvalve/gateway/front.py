@@ -399,8 +399,10 @@ class Front:
         limits = self.admission.budgets.views(
             ticket.tenant, model, info.prompt_tokens
             + (info.max_tokens or self.policy.requests.default_max_tokens), now)
-        return Go(ticket.request_id, ticket, cluster, address,
-                  (*self._identity(waiting, ticket.pool, wait_s), *extra),
+        upstream = (*self._identity(waiting, ticket.pool, wait_s), *extra)
+        if ticket.engine_priority is not None:  # Envoy's Lua filter writes it into the body
+            upstream = (*upstream, ("x-llmvalve-engine-priority", str(ticket.engine_priority)))
+        return Go(ticket.request_id, ticket, cluster, address, upstream,
                   (*self._client_headers(waiting.klass, wait_s, bool(extra)),
                    *replies.ratelimit_headers(limits)), record)
 

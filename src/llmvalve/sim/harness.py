@@ -22,7 +22,7 @@ from llmvalve.core.admission import Admission
 from llmvalve.core.policy import Policy
 from llmvalve.core.signals import SignalReader
 from llmvalve.core.types import BackendSnapshot
-from llmvalve.engine.engine import Engine, PromptTooLong, StepResult
+from llmvalve.engine.engine import Engine, PriorityNotEnabled, PromptTooLong, StepResult
 from llmvalve.engine.stepper import Advance, EventEngine
 from llmvalve.gateway.front import Answer, Front, Go, Verdict, Wait
 from llmvalve.sim import gateway as sim_gateway
@@ -309,10 +309,12 @@ class Simulation:
             self._end_on_backend(st, now, status=503, failed=True)
             self._retry_or_settle(st, None, "dropped", now)
             return
+        # Envoy alone (`none`) sends the body as the client wrote it
+        priority = (verdict.ticket.engine_priority or 0) if self.controller != "none" else 0
         try:
             backend.engine.add(st.req_id, st.job.prompt_tokens, st.job.output_tokens, now,
-                               st.job.max_tokens)
-        except PromptTooLong:  # the backend answers 400: not an overload signal
+                               st.job.max_tokens, priority)
+        except (PromptTooLong, PriorityNotEnabled):  # the backend answers 400: not overload
             self._end_on_backend(st, now, status=400)
             self._settle(st, "rejected", now)
             return

@@ -98,7 +98,7 @@ class PoolDef:
     models: tuple[str, ...] = ()
     backends: int = 2
     profile: str = "small"
-    profile_overrides: tuple[tuple[str, int], ...] = ()
+    profile_overrides: tuple[tuple[str, int | str], ...] = ()
 
     def engine_profile(self) -> EngineProfile:
         return replace(get_profile(self.profile), **dict(self.profile_overrides))
@@ -113,7 +113,7 @@ class Scenario:
     seed: int = 1
     backends: int = 2
     profile: str = "small"
-    profile_overrides: tuple[tuple[str, int], ...] = ()  # EngineProfile field → value
+    profile_overrides: tuple[tuple[str, int | str], ...] = ()  # EngineProfile field → value
     events: tuple[CapacityEvent, ...] = ()
     gateways: int = 1
     scrape_interval_s: float = 0.5

@@ -23,6 +23,7 @@ from llmvalve.sim.scenario import (
     CapacityEvent,
     Dist,
     OnOff,
+    PoolDef,
     RetrySpec,
     Scenario,
     ScenarioError,
@@ -35,7 +36,8 @@ from llmvalve.sim.workload import TraceError, read_trace
 TOP_KEYS = ("name", "description", "duration", "seed", "backends", "events", "gateways",
             "metrics", "policy", "controllers", "oracleSweep", "sweepLoads", "classes", "expect",
             "pools")
-BACKEND_KEYS = ("count", "profile", "maxNumSeqs", "kvBlocks", "maxBatchedTokens")
+BACKEND_KEYS = ("count", "profile", "maxNumSeqs", "kvBlocks", "maxBatchedTokens",
+                "schedulingPolicy")
 PROFILE_OVERRIDES = {"maxNumSeqs": "max_num_seqs", "kvBlocks": "num_gpu_blocks",
                      "maxBatchedTokens": "max_num_batched_tokens"}
 EVENT_KEYS = ("at", "backend", "slowdown", "leave", "rejoin", "kvBlocks")
@@ -94,18 +96,24 @@ class _Ctx:
         return items
 
 
-def _profile(c: _Ctx, b: NodeFields) -> tuple[str, tuple[tuple[str, int], ...]]:
+def _profile(c: _Ctx, b: NodeFields) -> tuple[str, tuple[tuple[str, int | str], ...]]:
     name = b.string("profile", "small")
     if name not in PROFILES:
         c.r.error(b.get("profile"), b.field("profile"),
                   f"unknown engine profile {name!r}; known: {', '.join(PROFILES)}")
         name = "small"
-    overrides = []
+    overrides: list[tuple[str, int | str]] = []
     for key, attr in PROFILE_OVERRIDES.items():
         if b.has(key):
             value = b.integer(key, 0, ge=1)
             if value >= 1:
                 overrides.append((attr, value))
+    if b.has("schedulingPolicy"):
+        node = b.get("schedulingPolicy")
+        policy = c.r.choice(node, b.field("schedulingPolicy"), ("fcfs", "priority"),
+                            "scheduling policy")
+        if policy:
+            overrides.append(("scheduling_policy", policy))
     profile = replace(PROFILES[name], **dict(overrides))
     if profile.kv_capacity_tokens < profile.max_model_len:
         # vLLM refuses to start so: no request of the longest length could ever run
@@ -424,6 +432,22 @@ def _class(c: _Ctx, node: Node, i: int) -> TrafficClass | None:
         model=f.string("model", ""))
 
 
+def _priority_where_engines_take_it(policy: Policy | None, pools: tuple[PoolDef, ...],
+                                    profile: str, overrides: tuple) -> Policy | None:
+    """A scenario that names no policy runs the default one, whose pools send the class
+    priority (`enginePriority`) to engines that schedule by it: the operator's setting that
+    goes with `--scheduling-policy priority`. A named policy is taken as written."""
+    from llmvalve.sim.runner import default_policy
+
+    base = policy or default_policy()
+    fleets = pools or (PoolDef(base.pools[0].name, (), 1, profile, overrides),)
+    takes = {d.name for d in fleets if d.engine_profile().scheduling_policy == "priority"}
+    if not takes:
+        return policy
+    return replace(base, pools=tuple(replace(p, engine_priority=p.name in takes)
+                                     for p in base.pools))
+
+
 def _policy(c: _Ctx, node: Node | None, text: str, source: str) -> Policy | None:
     if node is None:
         return None
@@ -508,10 +532,13 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
     b = top.sub("backends", BACKEND_KEYS)
     count = b.integer("count", 2, ge=1, le=MAX_BACKENDS)
     profile, overrides = _profile(c, b)
+    named = policy is not None
     pools, policy = read_pools(c, top, policy, BACKEND_KEYS, _profile)
     if pools:  # several fleets: the policy's pools are these
         count, profile, overrides = (sum(p.backends for p in pools), pools[0].profile,
                                      pools[0].profile_overrides)
+    if not named:
+        policy = _priority_where_engines_take_it(policy, pools, profile, overrides)
     defaults = Scenario(name="", duration_s=0.0, classes=())
     duration_s = top.duration("duration", 120.0)
     if duration_s > MAX_DURATION_S:

@@ -22,7 +22,7 @@ from llmvalve.core.policy.spec import BackendSpec, BreakerSpec, PoolSpec
 
 ENGINES = ("vllm", "trtllm", "sglang")
 POOL_KEYS = ("name", "cluster", "engine", "backends", "scrapeInterval", "scrapeTimeout",
-             "breaker", "leaseTimeout", "models")
+             "breaker", "leaseTimeout", "models", "enginePriority")
 
 
 def read_pools(top: NodeFields) -> tuple[PoolSpec, ...]:
@@ -79,9 +79,14 @@ def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str],
     engine = (None if engine_node is None
               else r.choice(engine_node, f.field("engine"), ENGINES, "engine"))
     backends, breaker = _backends(r, f, known), _breaker(f)  # read in this order: issues keep it
+    engine_priority = f.boolean("enginePriority", d.engine_priority)
+    if engine_priority and (engine or d.engine) != "vllm":
+        r.error(f.get("enginePriority"), f.field("enginePriority"), "only vLLM takes a "
+                "request's priority (`--scheduling-policy priority`)")
+        engine_priority = False
     return PoolSpec(
         name=name, cluster=f.string("cluster", d.cluster), engine=engine or d.engine,
-        backends=backends, models=models,
+        backends=backends, models=models, engine_priority=engine_priority,
         scrape_interval_s=_at_least(f, "scrapeInterval", d.scrape_interval_s, 0.01,
                                     "a scrape loop that fast loads the engines it watches"),
         scrape_timeout_s=f.duration("scrapeTimeout", d.scrape_timeout_s),

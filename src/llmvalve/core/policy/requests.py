@@ -22,7 +22,7 @@ SET_BY_LLMVALVE = ("x-llmvalve-id", "x-llmvalve-start", "x-llmvalve-content-leng
                    "x-llmvalve-upstream", "x-llmvalve-pool", "x-llmvalve-tenant",
                    "x-llmvalve-class", "x-llmvalve-queue-wait-ms", "x-llmvalve-fallback",
                    "x-llmvalve-static-fallback", "x-llmvalve-reason",
-                   "x-llmvalve-rewrite-model")
+                   "x-llmvalve-rewrite-model", "x-llmvalve-engine-priority")
 _HTTP_HEADERS = ("authorization", "host", "content-length", "content-type", "connection",
                  "transfer-encoding", "te", "upgrade", "cookie")
 

@@ -123,6 +123,9 @@ class PoolSpec:
     scrape_timeout_s: float = 0.4
     breaker: BreakerSpec = field(default_factory=BreakerSpec)
     lease_timeout_s: float = 900.0  # a slot whose end was never seen is reclaimed after this
+    # Send each admitted request's class priority to its engine (the body's `priority`, which
+    # vLLM run with `--scheduling-policy priority` schedules and preempts by)
+    engine_priority: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,53 @@
+"""A pool with `enginePriority` through real Envoy: the class's priority reaches the engine in
+the request's body, written by Envoy's Lua filter after the check, whatever the client sent.
+
+The stack would run its backends as vLLM with `--scheduling-policy priority`; here they are
+started first come first served (the later `--scheduling-policy fcfs` wins), so that each one
+says what it got the way vLLM does: `400 Got priority N but Priority scheduling is not
+enabled.` for any priority but 0.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+from e2e_support import CHAT, HERE, P0_KEY, P2_KEY, headers
+
+pytestmark = pytest.mark.e2e
+
+POLICY = HERE / "policy-engine-priority.yaml"
+BACKENDS = 1
+BACKEND_ARGS = ("--scheduling-policy", "fcfs")
+
+
+async def _post(e2e, key: str, body: dict | bytes) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else None
+    async with aiohttp.ClientSession() as session, session.post(
+            e2e.base_url + "/chat/completions", data=data,
+            json=None if data is not None else body, headers=headers(key)) as r:
+        return r.status, await r.json()
+
+
+def test_the_stack_starts_the_pools_engines_with_the_priority_policy(e2e):
+    commands = [" ".join(proc.argv) for proc, _ in e2e.stack.backends]
+    assert commands and all("--scheduling-policy priority" in c for c in commands)
+
+
+async def test_each_class_reaches_the_engine_with_its_priority(e2e):
+    status, body = await _post(e2e, P0_KEY, {**CHAT, "max_tokens": 4})
+    assert status == 200, body  # priority 0 is any engine's default: served
+    status, body = await _post(e2e, P2_KEY, {**CHAT, "max_tokens": 4})
+    assert status == 400
+    assert body["message"] == (  # vLLM's error shape
+        "Got priority 2 but Priority scheduling is not enabled.")
+    e2e.wait_idle()
+
+
+async def test_a_clients_own_priority_is_overruled(e2e):
+    for body in ({**CHAT, "max_tokens": 4, "priority": -10},
+                 b'{"priority": -10, "max_tokens": 4, "model": "sim-small",\n'
+                 b' "messages": [{"role": "user", "content": "hi {}"}]}\n  '):
+        status, answer = await _post(e2e, P2_KEY, body)
+        assert status == 400
+        assert answer["message"].startswith("Got priority 2 "), answer
+    e2e.wait_idle()
