@@ -70,11 +70,19 @@ def test_output_length_model_and_overrides():
      b'{"include_usage": true}}', "stream"),
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}', "context length"),
     (b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested too deeply"),  # was a 500
+    (b'{"messages": [{"role": "user", "content": "x"}], "priority": "high"}', "priority"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "priority": true}', "priority"),
 ])
 def test_bad_requests_raise_with_a_message(raw, needle):
     with pytest.raises(BadRequest) as err:
         parse_request(Kind.CHAT, raw, {}, TINY)
     assert needle in err.value.message
+
+
+def test_the_last_priority_of_a_body_is_the_one_read():
+    """As vLLM's JSON parser: of repeated keys the last wins (Envoy appends the gateway's)."""
+    raw = b'{"priority": -10, "messages": [{"role": "user", "content": "x"}], "priority": 2}'
+    assert parse_request(Kind.CHAT, raw, {}, TINY).priority == 2
 
 
 def test_prompt_longer_than_the_context_is_refused():

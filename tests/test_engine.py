@@ -9,7 +9,13 @@ from dataclasses import replace
 
 import pytest
 
-from llmvalve.engine.engine import Engine, PromptTooLong, StepResult, TokenEvent
+from llmvalve.engine.engine import (
+    Engine,
+    PriorityNotEnabled,
+    PromptTooLong,
+    StepResult,
+    TokenEvent,
+)
 from llmvalve.engine.profiles import EngineProfile
 
 P = EngineProfile(
@@ -198,3 +204,45 @@ def test_histograms_bucket_their_observations():
     assert m.ttft.total == 3.0 and m.itl.total == 4.375 and m.itl.count == 2
     assert m.ttft.buckets()[1][-1] == 1 and m.itl.buckets()[1][-1] == 2
     assert m.itl.counts[m.itl.bounds.index(2.5)] == 2  # both in (1.0, 2.5]
+
+
+TINY_PRIO = replace(P, scheduling_policy="priority", max_num_seqs=4, max_num_batched_tokens=20,
+                    num_gpu_blocks=12)  # 48 KV tokens
+
+
+def test_priority_policy_prefills_the_top_class_first():
+    """Waiting requests go by (priority, arrival): a P0 prompt sent after two P2 prompts is
+    prefilled first; first come first served, it waits for both."""
+    for policy, first in (("priority", "p0"), ("fcfs", "p2-a")):
+        e = Engine(replace(TINY_PRIO, scheduling_policy=policy))
+        low = 2 if policy == "priority" else 0
+        e.add("p2-a", 20, 4, 0.0, priority=low)
+        e.add("p2-b", 20, 4, 0.0, priority=low)
+        e.add("p0", 20, 4, 0.0, priority=0)
+        res = e.step(0.0)
+        assert [s.req_id for s in e.running] == [first]
+        assert res is not None and res.prefill_tokens == 20
+
+
+def test_priority_policy_preempts_the_lowest_class_even_if_older():
+    """Two requests of 32 tokens each in 48 tokens of KV: the older P2 one is preempted, where
+    first come first served preempts the newer one."""
+    for policy, victim in (("priority", "old-p2"), ("fcfs", "new-p0")):
+        e = Engine(replace(TINY_PRIO, scheduling_policy=policy, max_num_batched_tokens=64))
+        e.add("old-p2", 12, 20, 0.0, priority=2 if policy == "priority" else 0)
+        e.add("new-p0", 12, 20, 0.1, priority=0)
+        t, preempted = 0.2, []
+        while not preempted:
+            res = e.step(t)
+            assert res is not None
+            preempted += res.preempted
+            t += res.duration_s
+        assert preempted == [victim]
+        assert [s.req_id for s in e.waiting] == [victim]
+
+
+def test_fcfs_engine_refuses_a_priority_as_vllm_does():
+    e = Engine(replace(TINY_PRIO, scheduling_policy="fcfs"))
+    with pytest.raises(PriorityNotEnabled, match="Got priority 2 but Priority scheduling"):
+        e.add("r", 10, 4, 0.0, priority=2)
+    e.add("r", 10, 4, 0.0, priority=0)  # vLLM's default: accepted

@@ -297,6 +297,20 @@ def test_backend_overrides_bind_the_sequence_cap():
     assert sc.engine_profile().num_gpu_blocks == 4096
 
 
+def test_engines_run_by_priority_get_the_class_priority_from_the_default_policy():
+    text = BASE.replace("profile: small}", "profile: small, schedulingPolicy: priority}")
+    sc = parse_scenario(text, "t.yaml")
+    assert sc.engine_profile().scheduling_policy == "priority"
+    assert sc.policy is not None and sc.policy.pools[0].engine_priority
+    assert parse_scenario(BASE, "t.yaml").policy is None  # first come first served: as before
+    named = parse_scenario(text + "policy:\n  queues:\n    - {priority: 0, name: p0, "
+                           "maxQueueSize: 10, timeout: 8s, dropPolicy: tail}\n", "t.yaml")
+    assert named.policy is not None and not named.policy.pools[0].engine_priority  # as written
+    bad = BASE.replace("profile: small}", "profile: small, schedulingPolicy: lifo}")
+    assert error_of(bad) == ("t.yaml:3: backends.schedulingPolicy: unknown scheduling policy "
+                             "'lifo'; allowed: fcfs, priority")
+
+
 def test_every_builtin_parses_and_says_what_it_is_judged_on():
     from llmvalve.sim.scenario import builtin_names
 

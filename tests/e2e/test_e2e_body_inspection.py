@@ -1,7 +1,7 @@
 """Body inspection (policy `requests.bodyInspection: true`) through real Envoy.
 
-The ext_proc filter is configured for headers only; for each request the control plane asks
-for the BUFFERED body with `mode_override` and decides on `request_body`.
+Envoy's ext_authz check carries the request body (up to `requests.maxBodyBytes`, marked partial
+beyond it); with body inspection on, the control plane decides on it.
 """
 
 from __future__ import annotations
