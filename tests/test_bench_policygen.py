@@ -26,6 +26,33 @@ def test_policy_dict_round_trips():
     assert dataclasses.replace(q, version="") == dataclasses.replace(p, version="")
 
 
+def test_policy_dict_round_trips_engine_priority():
+    p = default_policy()
+    p = dataclasses.replace(p, pools=(dataclasses.replace(p.pools[0], engine_priority=True),))
+    q = load_policy(yaml.safe_dump(policy_dict(p)))
+    assert q.pools[0].engine_priority
+
+
+@pytest.mark.parametrize("name", ["seq-cap", "holdout-kv-tight"])
+def test_bench_backends_are_the_engines_the_simulator_runs(name):
+    """A scenario's backend overrides reach sim-backend as vLLM's flags (`bench`)."""
+    import argparse
+
+    from llmvalve.backend.engine_flags import profile_args, profile_from
+    from llmvalve.commands.sim_backend import add_arguments
+
+    path = name if not name.startswith("holdout") else str(
+        Path(__file__).parent / "data" / "holdout" / f"{name}.yaml")
+    sc = load_scenario(path)
+    sc = dataclasses.replace(sc, profile_overrides=(*sc.profile_overrides,
+                                                    ("scheduling_policy", "priority")))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--profile", sc.profile, *profile_args(sc.profile_overrides)])
+    assert profile_from(args) == sc.engine_profile()
+    assert len(sc.profile_overrides) >= 2  # the scenario does override the profile
+
+
 BUDGETS = Path(__file__).parent / "data" / "holdout" / "holdout-budgets-gw2.yaml"
 
 

@@ -51,3 +51,14 @@ async def test_a_clients_own_priority_is_overruled(e2e):
         assert status == 400
         assert answer["message"].startswith("Got priority 2 "), answer
     e2e.wait_idle()
+
+
+async def test_a_body_over_envoys_buffer_is_a_413_in_openais_shape(e2e):
+    """The Lua filter reads the whole body; one over the listener's 1 MiB buffer cannot be
+    given its priority and is refused, not sent at the engine's default priority."""
+    big = {**CHAT, "max_tokens": 4,
+           "messages": [{"role": "user", "content": "x" * 1_200_000}]}
+    status, body = await _post(e2e, P2_KEY, big)
+    assert status == 413
+    assert body["error"]["code"] == "body_too_large"
+    e2e.wait_idle()  # its slot was released

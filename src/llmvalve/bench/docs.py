@@ -135,16 +135,17 @@ $ .venv/bin/llmvalve bench --scenario burst --modes none,static:32,seed,adaptive
 $ .venv/bin/python -m llmvalve.bench.docs --run     # every scenario here; rewrites this page
 ```
 `llmvalve bench --scenario NAME` takes the scenario files of `llmvalve simulate` (built-in
-names or a YAML path) and prints the simulator's table for the real run, then the comparison
-with `simulate`, attempts per traffic class when clients retry, CPU per process, and whether
-the load generator kept up; `--repeat N` runs each mode N times and reports the run with the
-median goodput; `--sim-draws K` (default 5) compares with `simulate`'s median over K timing
-draws (`simulate --timing-draw K` runs one). `--json FILE` writes the results JSON (the
-simulator's shape plus `bench`, `timeseries`, `traffic_classes`, `simulate` and
-`comparison`); `--plot PNG` writes the time series, `PNG-ttft.png` and, for
-`overload-sweep`, `PNG-sweep.png`. `llmvalve load --target
-URL --scenario NAME` sends the same traffic to any running gateway (`llmvalve up`, or a real
-deployment) and prints the per-class results.
+names or a YAML path; each backend is started with the scenario's engine overrides, such as
+`seq-cap`'s sequence cap, as vLLM's flags) and prints the simulator's table for the real run,
+then the comparison with `simulate`, attempts per traffic class when clients retry, CPU per
+process, and whether the load generator kept up; `--repeat N` runs each mode N times and
+reports the run with the median goodput; `--sim-draws K` (default 5) compares with `simulate`'s
+median over K timing draws (`simulate --timing-draw K` runs one). `--json FILE` writes the
+results JSON (the simulator's shape plus `bench`, `timeseries`, `traffic_classes`, `simulate`
+and `comparison`); `--plot PNG` writes the time series, `PNG-ttft.png` and, for
+`overload-sweep`, `PNG-sweep.png`. `llmvalve load --target URL --scenario NAME` sends the same
+traffic to any running gateway (`llmvalve up`, or a real deployment) and prints the per-class
+results.
 
 To watch a burst being absorbed live, start the embedded stack and point the load generator at
 it; a line every 5 s shows requests sent, in flight, answered and refused, and P0's recent

@@ -63,10 +63,11 @@ vllm:kv_cache_usage_perc{engine="0"} 0.05
 vllm:num_preemptions_total{engine="0"} 0
 vllm:cache_config_info{block_size="16",num_gpu_blocks="100000"} 1
 """
-MODES = ("alone", "http", "grpc")
+MODES = ("alone", "http", "grpc", "priority")
+DEFAULT_MODES = "alone,http,grpc"  # `priority`: http with the pool's enginePriority (Lua runs)
 
 
-def policy_text(backend_ports: list[int]) -> str:
+def policy_text(backend_ports: list[int], engine_priority: bool = False) -> str:
     backends = "\n".join(f"      - {{name: b{i}, metricsUrl: \"http://127.0.0.1:{p}/metrics\"}}"
                          for i, p in enumerate(backend_ports))
     tenants = "\n".join(
@@ -83,6 +84,7 @@ queues:
 limiter: {{controller: adaptive}}
 pools:
   - name: default
+    enginePriority: {"true" if engine_priority else "false"}
     backends:
 {backends}
 tenants:
@@ -145,9 +147,9 @@ class Gateways:
         up = self.workdir / "upstream.yaml"
         up.write_text(upstream_config(self.backend_ports, free_port()))
         self._envoy("upstream", envoy, up, self.backend_ports[0], "/metrics")
-        policy = self.workdir / "policy.yaml"
-        policy.write_text(policy_text(self.backend_ports))
         for mode in modes:
+            policy = self.workdir / f"policy-{mode}.yaml"
+            policy.write_text(policy_text(self.backend_ports, engine_priority=mode == "priority"))
             listen, cp_http, cp_grpc, admin = (free_port() for _ in range(4))
             params = EnvoyParams(
                 listen_address="127.0.0.1", listen_port=listen, admin_port=free_port(),
@@ -439,9 +441,10 @@ def _sum_counts(items) -> dict[str, int]:  # type: ignore[no-untyped-def]
     return dict(total)
 
 
-def measure_to(out: Path, rates: str | None = None, duration: float | None = None) -> int:
+def measure_to(out: Path, rates: str | None = None, duration: float | None = None,
+               modes: str | None = None) -> int:
     """The admission hop's cost into `out` (JSON), as `llmvalve bench --scenario overhead`."""
-    argv = ["--json", str(out)]
+    argv = ["--json", str(out), *(["--modes", modes] if modes else [])]
     if rates:
         argv += ["--rates", rates]
     if duration:
@@ -452,7 +455,8 @@ def measure_to(out: Path, rates: str | None = None, duration: float | None = Non
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--modes", default=",".join(MODES), help="alone,http,grpc")
+    p.add_argument("--modes", default=DEFAULT_MODES,
+                   help="alone,http,grpc (default), priority: http with enginePriority")
     p.add_argument("--backends", type=int, default=4)
     p.add_argument("--upstream", choices=("direct", "proxy"), default="direct",
                    help="direct: the gateway Envoy answers in place of the picked backend "

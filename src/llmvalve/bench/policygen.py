@@ -126,7 +126,7 @@ def policy_dict(policy: Policy) -> dict:
             "breaker": {"failureRatio": p.breaker.failure_ratio,
                         "minRequests": p.breaker.min_requests, "window": p.breaker.window_s,
                         "open": p.breaker.open_s},
-            "leaseTimeout": p.lease_timeout_s,
+            "leaseTimeout": p.lease_timeout_s, "enginePriority": p.engine_priority,
             **({"models": list(p.models)} if p.models else {})} for p in policy.pools],
         "tenants": [{"name": t.name, "apiKeyHashes": list(t.api_key_hashes),
                      "maxPriority": t.max_priority, "defaultPriority": t.default_priority,

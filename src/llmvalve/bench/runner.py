@@ -29,6 +29,7 @@ from typing import TypeVar
 
 import yaml
 
+from llmvalve.backend.engine_flags import profile_args
 from llmvalve.bench.collect import Collector
 from llmvalve.bench.envoy_alone import render_alone
 from llmvalve.bench.loadgen import LoadGenerator, LoadResult, Target
@@ -300,7 +301,9 @@ def _bench_stack(sc: Scenario, opts: BenchOptions, mode: str, policy_path: Path,
     x = opts.time_scale
     return BenchStack(StackConfig(
         policy=policy_path, backends=sc.backends, profile=sc.profile, time_scale=x,
-        backend_args=("--tokens-per-chunk", str(opts.tokens_per_chunk)),
+        # the engines as the scenario sets them (several pools: each pool's, at its start)
+        backend_args=("--tokens-per-chunk", str(opts.tokens_per_chunk),
+                      *(profile_args(sc.profile_overrides) if len(layout) <= 1 else ())),
         fallback_backend=False, port=0, admin_port=0, grpc_port=0, envoy_admin_port=0,
         controller=None if mode == "none" else mode,
         envoy_concurrency=opts.envoy_concurrency,

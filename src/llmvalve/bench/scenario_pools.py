@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmvalve.backend.engine_flags import profile_args
 from llmvalve.core.policy import Policy
 from llmvalve.engine.profiles import get_profile
 from llmvalve.sim.scenario import PoolDef
@@ -31,7 +32,8 @@ def start_pool_backends(stack: Any, layout: tuple[PoolDef, ...]) -> None:
             name = f"{pool.name}-{i}"
             argv = stack._py("sim-backend", "--host", c.host, "--port", "0", "--profile",
                              pool.profile, "--model", served_model(pool), "--time-scale",
-                             str(c.time_scale), *c.backend_args)
+                             str(c.time_scale), *c.backend_args,
+                             *profile_args(pool.profile_overrides))
             pending.append((pool.name, Proc(name, argv, stack.workdir / f"{name}.log")))
     ports: dict[int, int] = {}
 

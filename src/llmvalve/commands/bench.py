@@ -31,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", required=True,
                    help="built-in name, a YAML file, or `overhead` (the admission hop's cost)")
     p.add_argument("--modes", help="comma list of none, static:N, seed, adaptive (default: the "
-                   "scenario's controllers; `static` alone is the scenario's fixed limit)")
+                   "scenario's controllers; `static` alone is the scenario's fixed limit); "
+                   "overhead: alone, http, grpc (default) and priority (http with the pool's "
+                   "enginePriority)")
     p.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
     p.add_argument("--time-scale", type=float, default=None,
                    help="engine seconds per wall second (default 4: a 120 s scenario takes "
@@ -71,7 +73,7 @@ def _run_overhead(args: argparse.Namespace) -> int:
     out = Path(args.json) if args.json and args.json != "-" else \
         Path(tempfile.mkdtemp(prefix="llmvalve-overhead-")) / "overhead.json"
     try:
-        code = measure_to(out, args.rates, args.duration)
+        code = measure_to(out, args.rates, args.duration, args.modes)
     except ImportError as exc:
         print(f"llmvalve bench: the overhead measurement is not available: {exc}",
               file=sys.stderr)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 
 
 def _ports(text: str) -> list[int]:
@@ -22,6 +21,8 @@ def _ports(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from llmvalve.backend.engine_flags import add_engine_flags  # pure: cheap to import
+
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--port", type=int, default=8001,
                        help="first port (0: pick free ports); with --count N, N consecutive "
@@ -34,9 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="small",
                         help=f"engine profile: {', '.join(PROFILES)} (default small)")
     parser.add_argument("--model", default=None, help="served model name (default: profile's)")
-    parser.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
-                        help="as vLLM's: priority schedules and preempts by the body's "
-                        "`priority` (lower first); fcfs answers 400 to one other than 0")
+    add_engine_flags(parser)
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="engine time = X × wall time (2: twice as fast)")
     parser.add_argument("--tokens-per-chunk", type=int, default=1,
@@ -58,12 +57,11 @@ def run(args: argparse.Namespace) -> int:
     import signal
 
     from llmvalve.backend import faults as fault_mod
+    from llmvalve.backend.engine_flags import profile_from
     from llmvalve.backend.exposition import Flavor
     from llmvalve.backend.server import SimBackend, serve_all
-    from llmvalve.engine.profiles import get_profile
-
     try:
-        profile = replace(get_profile(args.profile), scheduling_policy=args.scheduling_policy)
+        profile = profile_from(args)
         initial = fault_mod.apply(fault_mod.Faults(), {
             "slowdown": args.slowdown, "kv_blocks": args.kv_blocks,
             "error_rate": args.error_rate, "hang": args.hang, "down": args.down})

@@ -1,0 +1,47 @@
+"""The engine settings a sim-backend takes on its command line, under vLLM's flag names, so a
+scenario's backend overrides (`maxNumSeqs`, `kvBlocks`, `maxBatchedTokens`, `schedulingPolicy`)
+start the same engines under `bench` as under `simulate`."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from llmvalve.engine.profiles import EngineProfile, get_profile
+
+# EngineProfile field → the flag that sets it
+PROFILE_FLAGS = {"max_num_seqs": "--max-num-seqs",
+                 "max_num_batched_tokens": "--max-num-batched-tokens",
+                 "num_gpu_blocks": "--num-gpu-blocks-override",
+                 "scheduling_policy": "--scheduling-policy"}
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    engine = parser.add_argument_group("engine settings (vLLM's flags of the same names; "
+                                       "default: the profile's)")
+    engine.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+                        help="priority schedules and preempts by the body's `priority` (lower "
+                        "first); fcfs answers 400 to one other than 0")
+    for flag in ("--max-num-seqs", "--max-num-batched-tokens", "--num-gpu-blocks-override"):
+        engine.add_argument(flag, type=int, default=None, metavar="N")
+
+
+def profile_args(overrides: tuple[tuple[str, int | str], ...]) -> tuple[str, ...]:
+    """The flags that start a sim-backend with a scenario's profile overrides."""
+    return tuple(x for attr, value in overrides for x in (PROFILE_FLAGS[attr], str(value)))
+
+
+def profile_from(args: argparse.Namespace) -> EngineProfile:
+    """`--profile` with the engine flags applied; ValueError for a value vLLM would refuse."""
+    overrides: dict[str, int | str] = {"scheduling_policy": args.scheduling_policy}
+    for attr, flag in PROFILE_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if isinstance(value, int):
+            if value < 1:
+                raise ValueError(f"{flag} must be ≥ 1")
+            overrides[attr] = value
+    profile = replace(get_profile(args.profile), **overrides)  # type: ignore[arg-type]
+    if profile.kv_capacity_tokens < profile.max_model_len:
+        raise ValueError(f"{profile.num_gpu_blocks} KV blocks of {profile.block_size} tokens "
+                         f"hold less than one sequence of max_model_len {profile.max_model_len}")
+    return profile
