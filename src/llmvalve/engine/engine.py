@@ -273,9 +273,13 @@ class Engine:
         self.used_blocks -= seq.blocks
         seq.blocks = 0
 
-    def _enqueue(self, seq: _Seq) -> None:
+    def _enqueue(self, seq: _Seq, preempted: bool = False) -> None:
+        """Into the waiting queue: at its place in (priority, arrival) order, or at the back
+        (a preempted request at the front), first come first served."""
         if self.by_priority:
             insort(self.waiting, seq, key=_order)
+        elif preempted:
+            self.waiting.appendleft(seq)
         else:
             self.waiting.append(seq)
 
@@ -293,10 +297,7 @@ class Engine:
     def _preempt(self, seq: _Seq) -> None:
         self._free(seq)
         seq.computed = 0
-        if self.by_priority:
-            insort(self.waiting, seq, key=_order)
-        else:
-            self.waiting.appendleft(seq)
+        self._enqueue(seq, preempted=True)
         self.metrics.preemptions_total += 1
 
     def _finish(self, seq: _Seq, end: float) -> None:

@@ -136,9 +136,9 @@ Every table on this page runs its engines as vLLM runs by default, first come fi
 a P0 prompt the gateway sends behind lower-class prompts waits for their prefill inside the
 engine, and under KV pressure vLLM preempts the newest request, P0 or not. Four of the seven
 built-ins that still miss a target at a seed miss it so (`azure-conv`, `code-bursty`,
-`code-bursty-3x`, `seq-cap`). vLLM run with `--scheduling-policy
-priority`, and the pool's `enginePriority` (docs/policy.md), take the class into the engine:
-P0 prompts are prefilled first and the lowest class is preempted first. A scenario's
+`code-bursty-3x`, `seq-cap`). vLLM run with `--scheduling-policy priority`, and the pool's
+`enginePriority` (docs/policy.md), take the class into the engine: P0 prompts are prefilled
+first and the lowest class is preempted first. A scenario's
 `backends: {schedulingPolicy: priority}` runs it so. Measured with adaptive over every
 built-in but `fleet` and every held-out workload at seeds 1–3 (357 runs), the same
 workloads with every engine run by priority:
