@@ -61,4 +61,12 @@ async def test_a_body_over_envoys_buffer_is_a_413_in_openais_shape(e2e):
     status, body = await _post(e2e, P2_KEY, big)
     assert status == 413
     assert body["error"]["code"] == "body_too_large"
+    assert "buffer of 1048576 bytes" in body["error"]["message"]
     e2e.wait_idle()  # its slot was released
+    # the control plane's own 413 (a model-bound tenant's body over maxBodyBytes) keeps its body
+    status, body = await _post(e2e, "sk-e2e-model-bound",
+                               {**CHAT, "max_tokens": 4,
+                                "messages": [{"role": "user", "content": "y" * 8000}]})
+    assert status == 413
+    assert body["error"]["code"] == "body_too_large"
+    assert "buffer" not in body["error"]["message"], body
