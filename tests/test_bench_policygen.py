@@ -53,6 +53,30 @@ def test_bench_backends_are_the_engines_the_simulator_runs(name):
     assert len(sc.profile_overrides) >= 2  # the scenario does override the profile
 
 
+def test_bench_starts_backends_with_the_scenarios_overrides(tmp_path):
+    """One pool: the stack's backend arguments; several: each pool's command line. The
+    engines' scheduling is the scenario's alone, not inferred from the policy."""
+    from llmvalve.bench.runner import BenchOptions, _bench_stack
+    from llmvalve.bench.scenario_pools import backend_argv
+    from llmvalve.sim.scenario import PoolDef
+
+    sc = load_scenario("seq-cap")
+    stack = _bench_stack(sc, BenchOptions(), "adaptive", tmp_path / "policy.yaml",
+                         sc.layout(default_policy()), tmp_path, 0, True)
+    args = stack.config.backend_args
+    assert args[args.index("--max-num-seqs") + 1] == "16"
+    assert not stack.config.engines_follow_policy
+    two = load_scenario("two-pool")
+    stack = _bench_stack(two, BenchOptions(), "adaptive", tmp_path / "policy.yaml",
+                         two.layout(default_policy()), tmp_path, 0, True)
+    assert "--max-num-seqs" not in stack.config.backend_args
+    pool = PoolDef("small", ("sim-tiny",), 1, "tiny",
+                   (("max_num_seqs", 4), ("scheduling_policy", "priority")))
+    argv = backend_argv(stack, pool)
+    assert argv[argv.index("--max-num-seqs") + 1] == "4"
+    assert argv[argv.index("--scheduling-policy") + 1] == "priority"
+
+
 BUDGETS = Path(__file__).parent / "data" / "holdout" / "holdout-budgets-gw2.yaml"
 
 

@@ -246,3 +246,32 @@ def test_fcfs_engine_refuses_a_priority_as_vllm_does():
     with pytest.raises(PriorityNotEnabled, match="Got priority 2 but Priority scheduling"):
         e.add("r", 10, 4, 0.0, priority=2)
     e.add("r", 10, 4, 0.0, priority=0)  # vLLM's default: accepted
+
+
+def test_priority_preemption_takes_back_a_chunk_already_scheduled_in_the_step():
+    """vLLM v1: the victim (the lowest class) was scheduled earlier in this step; its chunk is
+    taken back and its budget goes to the requests after, and it waits at its place in
+    (priority, arrival) order, behind a waiting P1 request."""
+    e = Engine(replace(P, scheduling_policy="priority", num_gpu_blocks=6,
+                       max_num_batched_tokens=10, max_num_seqs=8))
+
+    def running(rid: str, priority: int, at: float, prompt: int, generated: int) -> None:
+        e.add(rid, prompt, 40, at, priority=priority)
+        seq = e.waiting.pop()
+        seq.generated, seq.computed = generated, prompt + generated - 1 if generated else 0
+        seq.blocks = -(-seq.computed // 4)
+        seq.first_scheduled = seq.first_token_at = seq.last_token_at = at if generated else None
+        e.used_blocks += seq.blocks
+        e.running.append(seq)
+
+    running("a", 0, 0.0, 5, 1)  # decoding, 2 blocks, room for its next token
+    running("b", 2, 0.1, 9, 1)  # decoding, 3 blocks, room for its next token
+    running("c", 0, 0.2, 4, 1)  # decoding, 1 block, full: needs a block
+    running("d", 0, 0.3, 20, 0)  # prefilling
+    e.add("w", 4, 4, 0.05, priority=1)
+    res = e.step(1.0)
+    assert res is not None and res.preempted == ("b",)
+    assert [s.req_id for s in e.running] == ["a", "c", "d"]
+    assert res.batch_size == 3
+    assert res.prefill_tokens == 8  # 10 - a's and c's tokens: b's came back
+    assert [s.req_id for s in e.waiting] == ["w", "b"]

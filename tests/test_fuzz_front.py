@@ -429,3 +429,33 @@ def test_a_reroute_with_a_cluster_goes_there_not_to_the_catch_all_pool():
                                   method="POST"), 1.0) for i in range(3)]
     assert verdicts[2].record.decision == "fallback_reroute"
     assert verdicts[2].cluster == "external" and verdicts[2].ticket is None
+
+
+def test_engine_priority_goes_upstream_only_for_a_pool_that_sends_it():
+    """The class's priority in `x-llmvalve-engine-priority` (Envoy writes it into the body) for
+    a pool with `enginePriority`, also into that pool after a reroute; never to the client,
+    never for another pool."""
+    text = BASE.replace("BODY", "true").replace("limit: 2", "limit: 1").replace(
+        "maxQueueSize: 3", "maxQueueSize: 1").replace(
+        "- {name: small, models: [tiny]}", "- {name: small, models: [tiny], enginePriority: true}")
+    front = Front(Admission(load_policy(text), random.Random(1), now=0.0))
+    body = json.dumps({"model": "big", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    tiny = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+    def check(cid: str, key: str, payload: bytes, **extra: str):
+        return front.check(Check(cid, {"authorization": f"Bearer {key}", **extra}, body=payload,
+                                 path="/v1/chat/completions", method="POST"), 1.0)
+
+    def engine(go) -> str | None:
+        assert isinstance(go, Go)
+        assert "x-llmvalve-engine-priority" not in dict(go.client_headers)
+        return dict(go.headers).get("x-llmvalve-engine-priority")
+
+    # P0's tenant lowering its own request to P2, into the small pool
+    assert engine(check("t0", "k0", tiny, **{"x-llmvalve-priority": "2"})) == "2"
+    assert engine(check("b0", "k0", body)) is None  # the default pool does not send it
+    front.access_log(LogEntry("t0", 200, ttft_s=0.1, upstream_s=0.5), 1.0)  # the small pool's slot
+    check("b1", "k0", body)  # queued
+    rerouted = check("b2", "k0", body, **{"x-llmvalve-feature": "summarize"})
+    assert rerouted.record.decision == "fallback_reroute"
+    assert engine(rerouted) == "0"

@@ -227,8 +227,8 @@ def _by_priority(name: str):
 def test_engines_run_by_priority_keep_p0_where_fcfs_engines_let_it_wait_inside(name):
     """The P0 misses these two keep with first-come-first-served engines (KNOWN_MISSES in
     test_generalisation.py) are P0 prompts waiting or preempted inside the engine; engines run
-    by priority prefill them first and preempt the lower classes: P0 is met at every seed, for
-    no less goodput."""
+    by priority prefill them first and preempt the lower classes: P0 is met at seeds 1-3, for
+    at least 0.98 of the goodput."""
     from llmvalve.sim.report import summarize
     from llmvalve.sim.runner import default_policy
 

@@ -61,6 +61,9 @@ class StackConfig:
     serve_args: tuple[str, ...] = ()
     workdir: Path | None = None
     failure_mode_allow: bool | None = None  # None: the policy's failureModeAllow
+    # A pool with `enginePriority` gets backends run with the priority policy (`llmvalve up`);
+    # False: `backend_args` alone say how they schedule (`bench`: as the scenario sets them)
+    engines_follow_policy: bool = True
 
 
 @dataclass
@@ -115,6 +118,7 @@ class Stack:
         """A sim-backend; `by_priority`: run as vLLM with `--scheduling-policy priority` (the
         engines of a pool with `enginePriority`)."""
         c = self.config
+        by_priority = by_priority and c.engines_follow_policy
         policy = ("--scheduling-policy", "priority") if by_priority else ()
         proc = Proc(name, self._py("sim-backend", "--host", c.host, "--port", "0",
                                    "--profile", profile, "--time-scale", str(c.time_scale),

@@ -19,9 +19,9 @@ PROFILE_FLAGS = {"max_num_seqs": "--max-num-seqs",
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     engine = parser.add_argument_group("engine settings (vLLM's flags of the same names; "
                                        "default: the profile's)")
-    engine.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+    engine.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default=None,
                         help="priority schedules and preempts by the body's `priority` (lower "
-                        "first); fcfs answers 400 to one other than 0")
+                        "first); fcfs (the profiles') answers 400 to one other than 0")
     for flag in ("--max-num-seqs", "--max-num-batched-tokens", "--num-gpu-blocks-override"):
         engine.add_argument(flag, type=int, default=None, metavar="N")
 
@@ -33,15 +33,14 @@ def profile_args(overrides: tuple[tuple[str, int | str], ...]) -> tuple[str, ...
 
 def profile_from(args: argparse.Namespace) -> EngineProfile:
     """`--profile` with the engine flags applied; ValueError for a value vLLM would refuse."""
-    overrides: dict[str, int | str] = {"scheduling_policy": args.scheduling_policy}
+    overrides: dict[str, int | str] = {}
     for attr, flag in PROFILE_FLAGS.items():
         value = getattr(args, flag[2:].replace("-", "_"))
-        if isinstance(value, int):
-            if value < 1:
-                raise ValueError(f"{flag} must be ≥ 1")
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"{flag} must be ≥ 1")
+        if value is not None:
             overrides[attr] = value
     profile = replace(get_profile(args.profile), **overrides)  # type: ignore[arg-type]
     if profile.kv_capacity_tokens < profile.max_model_len:
-        raise ValueError(f"{profile.num_gpu_blocks} KV blocks of {profile.block_size} tokens "
-                         f"hold less than one sequence of max_model_len {profile.max_model_len}")
+        raise ValueError(profile.too_small_for_one_sequence())
     return profile

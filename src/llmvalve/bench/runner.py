@@ -304,7 +304,8 @@ def _bench_stack(sc: Scenario, opts: BenchOptions, mode: str, policy_path: Path,
         # the engines as the scenario sets them (several pools: each pool's, at its start)
         backend_args=("--tokens-per-chunk", str(opts.tokens_per_chunk),
                       *(profile_args(sc.profile_overrides) if len(layout) <= 1 else ())),
-        fallback_backend=False, port=0, admin_port=0, grpc_port=0, envoy_admin_port=0,
+        fallback_backend=False, engines_follow_policy=False,
+        port=0, admin_port=0, grpc_port=0, envoy_admin_port=0,
         controller=None if mode == "none" else mode,
         envoy_concurrency=opts.envoy_concurrency,
         # each replica its share of the fleet, as the simulator gives it

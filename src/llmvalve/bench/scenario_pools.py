@@ -22,19 +22,23 @@ def served_model(pool: PoolDef) -> str:
     return pool.models[0] if pool.models else get_profile(pool.profile).model
 
 
+def backend_argv(stack: Any, pool: PoolDef) -> list[str]:
+    """The command of one of the pool's backends: its profile and overrides, its model."""
+    c = stack.config
+    return stack._py("sim-backend", "--host", c.host, "--port", "0", "--profile", pool.profile,
+                     "--model", served_model(pool), "--time-scale", str(c.time_scale),
+                     *c.backend_args, *profile_args(pool.profile_overrides))
+
+
 def start_pool_backends(stack: Any, layout: tuple[PoolDef, ...]) -> None:
     """Start every pool's backends on `stack` (a `Stack`): `pool_backends` by pool name, and
     `backends` the first pool's (as `Stack.start_backends` leaves them)."""
-    c = stack.config
     pending: list[tuple[str, Proc]] = []
     for pool in layout:
         for i in range(pool.backends):
             name = f"{pool.name}-{i}"
-            argv = stack._py("sim-backend", "--host", c.host, "--port", "0", "--profile",
-                             pool.profile, "--model", served_model(pool), "--time-scale",
-                             str(c.time_scale), *c.backend_args,
-                             *profile_args(pool.profile_overrides))
-            pending.append((pool.name, Proc(name, argv, stack.workdir / f"{name}.log")))
+            pending.append((pool.name, Proc(name, backend_argv(stack, pool),
+                                            stack.workdir / f"{name}.log")))
     ports: dict[int, int] = {}
 
     def ready() -> bool:

@@ -1,6 +1,7 @@
 """A sans-IO continuous-batching LLM engine, scheduled the way vLLM v1 schedules.
 
-Theory of operation. Requests wait in a FCFS queue and run in a batch of at most `max_num_seqs`.
+Theory of operation. Requests wait in a queue (first come first served, vLLM's default) and run
+in a batch of at most `max_num_seqs`.
 Every step has a token budget (`max_num_batched_tokens`): running requests go first (a decoding
 request needs one token, a prefilling one the rest of its prompt, chunked to what is left of the
 budget), then waiting requests are admitted in order while budget, sequence slots and KV blocks
@@ -214,8 +215,8 @@ class Engine:
 
     def _schedule_waiting(self, now: float, budget: int,
                           scheduled: list[tuple[_Seq, int]]) -> int:
-        """Waiting requests admitted first come first served while budget, KV and sequence
-        slots last; returns how many were scheduled for the first time."""
+        """Waiting requests admitted in queue order while budget, KV and sequence slots last;
+        returns how many were scheduled for the first time."""
         new = 0
         max_seqs = self.profile.max_num_seqs
         while self.waiting and budget > 0 and len(self.running) < max_seqs:

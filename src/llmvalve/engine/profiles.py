@@ -40,6 +40,12 @@ class EngineProfile:
     def kv_capacity_tokens(self) -> int:
         return self.num_gpu_blocks * self.block_size
 
+    def too_small_for_one_sequence(self) -> str:
+        """Why vLLM would not start with this KV cache (when it holds less than one sequence
+        of max_model_len)."""
+        return (f"{self.num_gpu_blocks} blocks of {self.block_size} tokens hold less than one "
+                f"sequence of max_model_len {self.max_model_len} (vLLM would not start)")
+
 
 # Llama-3-8B-Instruct, bf16, one H100 80GB SXM, vLLM defaults. The step-time terms are fitted to
 # published vLLM measurements (`python -m llmvalve.engine.calibrate`; sources in docs/engine.md).

@@ -118,9 +118,7 @@ def _profile(c: _Ctx, b: NodeFields) -> tuple[str, tuple[tuple[str, int | str], 
     if profile.kv_capacity_tokens < profile.max_model_len:
         # vLLM refuses to start so: no request of the longest length could ever run
         c.r.error(b.get("kvBlocks") or b.get("profile") or b.node, b.field("kvBlocks"),
-                  f"{profile.num_gpu_blocks} blocks of {profile.block_size} tokens hold less "
-                  f"than one sequence of max_model_len {profile.max_model_len} (vLLM would not "
-                  "start)")
+                  profile.too_small_for_one_sequence())
     return name, tuple(overrides)
 
 
@@ -433,15 +431,20 @@ def _class(c: _Ctx, node: Node, i: int) -> TrafficClass | None:
 
 
 def _priority_where_engines_take_it(policy: Policy | None, pools: tuple[PoolDef, ...],
-                                    profile: str, overrides: tuple) -> Policy | None:
+                                    overrides: tuple) -> Policy | None:
     """A scenario that names no policy runs the default one, whose pools send the class
     priority (`enginePriority`) to engines that schedule by it: the operator's setting that
     goes with `--scheduling-policy priority`. A named policy is taken as written."""
     from llmvalve.sim.runner import default_policy
 
     base = policy or default_policy()
-    fleets = pools or (PoolDef(base.pools[0].name, (), 1, profile, overrides),)
-    takes = {d.name for d in fleets if d.engine_profile().scheduling_policy == "priority"}
+    if pools:
+        takes = {d.name for d in pools if dict(d.profile_overrides).get("scheduling_policy")
+                 == "priority"}
+    elif dict(overrides).get("scheduling_policy") == "priority":
+        takes = {base.pools[0].name}
+    else:
+        takes = set()
     if not takes:
         return policy
     return replace(base, pools=tuple(replace(p, engine_priority=p.name in takes)
@@ -538,7 +541,7 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
         count, profile, overrides = (sum(p.backends for p in pools), pools[0].profile,
                                      pools[0].profile_overrides)
     if not named:
-        policy = _priority_where_engines_take_it(policy, pools, profile, overrides)
+        policy = _priority_where_engines_take_it(policy, pools, overrides)
     defaults = Scenario(name="", duration_s=0.0, classes=())
     duration_s = top.duration("duration", 120.0)
     if duration_s > MAX_DURATION_S:
