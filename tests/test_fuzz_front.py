@@ -459,3 +459,16 @@ def test_engine_priority_goes_upstream_only_for_a_pool_that_sends_it():
     rerouted = check("b2", "k0", body, **{"x-llmvalve-feature": "summarize"})
     assert rerouted.record.decision == "fallback_reroute"
     assert engine(rerouted) == "0"
+    # a body Envoy could not hold whole to write the priority: refused at the check
+    for cid, extra, complete in (("x0", {"x-llmvalve-content-length": "2000000"}, True),
+                                 ("x1", {"x-llmvalve-model": "tiny"}, False)):  # chunked, in part
+        big = front.check(Check(cid, {"authorization": "Bearer k0", **extra}, body=tiny,
+                                body_complete=complete, path="/v1/chat/completions",
+                                method="POST"), 1.0)
+        assert isinstance(big, Answer) and big.reply.status == 413, cid
+        assert big.record.reason == "body_too_large"
+    small = front.check(Check("x2", {"authorization": "Bearer k0",
+                                     "x-llmvalve-content-length": "2000000"}, body=body,
+                              body_complete=False, path="/v1/chat/completions",
+                              method="POST"), 1.0)
+    assert not (isinstance(small, Answer) and small.reply.status == 413)  # the default pool

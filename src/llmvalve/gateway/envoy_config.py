@@ -26,6 +26,9 @@ COMPOSE_NOTE = (
 
 
 ADMISSION_MODES = ("http", "grpc")
+# The listener's per-connection buffer: the most a filter can hold of a body (the Lua filter
+# reads an engine-priority request's body whole; the check refuses a larger one, front.py).
+BUFFER_LIMIT_BYTES = 1_048_576
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class EnvoyParams:
     als_flush_s: float = 0.02
     als_buffer_bytes: int = 16_384
     idle_timeout_s: float = 300.0
-    buffer_limit_bytes: int = 1_048_576
+    buffer_limit_bytes: int = BUFFER_LIMIT_BYTES
     max_body_bytes: int = 262_144  # the policy's requests.maxBodyBytes
     # Request header names the policy reads that do not start with x-llmvalve-.
     extra_headers: tuple[str, ...] = ()

@@ -57,6 +57,7 @@ from llmvalve.core.types import (
     Ticket,
 )
 from llmvalve.gateway import replies, request_facts
+from llmvalve.gateway.envoy_config import BUFFER_LIMIT_BYTES
 from llmvalve.gateway.reconcile import Reconciler
 from llmvalve.gateway.replies import Reply
 
@@ -255,7 +256,16 @@ class Front:
             return Answer(check.check_id, replies.model_not_allowed(model or ""),
                           Record("model_not_allowed", klass, "model_not_allowed",
                                  classified.tenant))
-        size = max(request_facts.content_length(headers), len(check.body or b""))
+        declared = request_facts.content_length(headers)
+        size = max(declared, len(check.body or b""))
+        unknown = not declared and check.body is not None and not check.body_complete
+        if pool.engine_priority and (size > BUFFER_LIMIT_BYTES or unknown):
+            # Envoy's Lua filter must hold the body whole to write its priority; past its
+            # buffer it would stall the request instead (refused here, before Envoy reads on;
+            # a chunked body seen only in part could be that large)
+            return Answer(check.check_id,
+                          replies.too_large_for_engine_priority(BUFFER_LIMIT_BYTES),
+                          Record("bad_request", klass, "body_too_large", classified.tenant))
         est = request_facts.estimate(spec, size, facts)
         deadline_ms = request_facts.deadline_ms(headers, spec.deadline_header)
         info = RequestInfo(

@@ -173,6 +173,17 @@ def body_too_large(max_bytes: int) -> Reply:
                  "llmvalve_body_too_large")
 
 
+def too_large_for_engine_priority(max_bytes: int) -> Reply:
+    """A body Envoy cannot hold whole to write the class's priority into it."""
+    return Reply(413, (("content-type", "application/json"),
+                       ("x-llmvalve-reason", "body_too_large")),
+                 _error_body(f"Request body larger than {max_bytes} bytes: this model's "
+                             "engines take the request's priority in its body, and a body this "
+                             "large is not rewritten.", "invalid_request_error",
+                             "body_too_large"),
+                 "llmvalve_body_too_large")
+
+
 def model_required() -> Reply:
     """A request without a `model` in its body from a tenant limited to some models."""
     return Reply(400, (("content-type", "application/json"),
