@@ -96,13 +96,6 @@ def test_admit_queue_and_dispatch_on_release():
     assert out[0].wait_s == 1.0 and out[0].ticket.admitted_at == 2.0
 
 
-def test_a_pool_with_engine_priority_tells_each_ticket_its_class():
-    a = Admission(dataclasses.replace(policy(), pools=(PoolSpec(engine_priority=True),)),
-                  random.Random(7), controller="static:4")
-    assert [admit(a, r(f"p{k}", k), 0.0).engine_priority for k in (2, 0, 1)] == [2, 0, 1]
-    assert admit(adm("static:4"), r("x", 2), 0.0).engine_priority is None
-
-
 def test_tail_queue_full_rejects_the_arrival():
     a = adm("static:1")
     admit(a, r("a"), 0.0)

@@ -9,11 +9,17 @@ the model was rewritten.
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 import pytest
-from e2e_support import HERE, P0_KEY, P2_KEY, cancel_all, headers
+from e2e_support import (
+    HERE,
+    P2_KEY,
+    batch_backlog,
+    cancel_all,
+    chat_body,
+    headers,
+    hold_slots,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -24,30 +30,10 @@ BACKEND_ARGS = ("--scheduling-policy", "fcfs")
 
 async def test_a_reroute_gets_both_its_model_and_its_priority(e2e):
     url = e2e.base_url + "/chat/completions"
-    body = {"model": "sim-small", "max_tokens": 4000, "stream": True, "ignore_eos": True,
-            "messages": [{"role": "user", "content": "hi"}]}
     async with aiohttp.ClientSession() as session:
-        started: asyncio.Queue = asyncio.Queue()
-
-        async def hold() -> None:
-            async with session.post(url, json=body, headers=headers(P0_KEY)) as r:
-                assert r.status == 200
-                await r.content.readline()
-                await started.put(1)
-                async for _ in r.content:
-                    pass
-
-        holders = [asyncio.create_task(hold()) for _ in range(4)]  # the large pool's limit
-        for _ in range(4):
-            await asyncio.wait_for(started.get(), 20)
-        batch = {**body, "stream": False, "max_tokens": 4}
-
-        async def waiting() -> None:  # a batch request queued behind the full pool …
-            async with session.post(url, json=batch, headers=headers(P2_KEY)) as r:
-                await r.read()
-
-        holders.append(asyncio.create_task(waiting()))
-        await asyncio.sleep(0.6)  # … past its class's 500 ms TTFT objective
+        # the large pool's fixed limit held, and batch past its TTFT objective behind it
+        holders = [*await hold_slots(session, url, 4), await batch_backlog(session, url)]
+        batch = chat_body(4)
         try:
             async with session.post(url, json=batch, headers=headers(
                     P2_KEY, **{"x-llmvalve-feature": "summarize"})) as r:

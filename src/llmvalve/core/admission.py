@@ -241,8 +241,7 @@ class Admission:
         backend = pool.picker.pick(now, self._ranks[req.priority] == 0, cost)
         pool.picker.add(backend, cost, req.prompt_tokens, now, self._ranks[req.priority] == 0)
         ticket = Ticket(req.request_id, pool.spec.name, req.priority, req.tenant, cost, now,
-                        pool.limit.epoch, backend, req.prompt_tokens, wait_s,
-                        req.priority if pool.spec.engine_priority else None)
+                        pool.limit.epoch, backend, req.prompt_tokens, wait_s)
         pool.inflight += cost
         pool.inflight_by_class[req.priority] = pool.inflight_by_class.get(req.priority, 0) + cost
         # Tickets are kept in the order of admission, oldest first (`expired_leases` relies on

@@ -68,8 +68,6 @@ class Ticket:
     backend: str = ""  # the backend picked for it ("" → Envoy's load balancer decides)
     prompt_tokens: int = 0  # the gateway's estimate, joined to the access-log sample
     wait_s: float = 0.0  # how long it waited in the queue before admission
-    # the priority its engine is told (the pool's `enginePriority`); None: none is sent
-    engine_priority: int | None = None
 
 
 @dataclass(frozen=True)

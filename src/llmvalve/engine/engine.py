@@ -134,7 +134,7 @@ class Engine:
         """Shrink or grow the KV cache; running requests over the new size get preempted."""
         self.num_blocks = max(1, num_blocks)
         while self.used_blocks > self.num_blocks and self.running:
-            self._preempt(self._pop_victim())
+            self._preempt(self.running.pop(self._victim_index()))
 
     # ---- observations ---------------------------------------------------------------------
     @property
@@ -291,9 +291,6 @@ class Engine:
         if not self.by_priority:
             return len(running) - 1
         return max(range(len(running)), key=lambda k: _order(running[k]))
-
-    def _pop_victim(self) -> _Seq:
-        return self.running.pop(self._victim_index())
 
     def _preempt(self, seq: _Seq) -> None:
         self._free(seq)

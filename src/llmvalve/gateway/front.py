@@ -61,6 +61,10 @@ from llmvalve.gateway.envoy_config import BUFFER_LIMIT_BYTES
 from llmvalve.gateway.reconcile import Reconciler
 from llmvalve.gateway.replies import Reply
 
+# For a pool with `enginePriority`: the class's priority, which Envoy's Lua filter writes into
+# the body (docs/envoy.md)
+ENGINE_PRIORITY_HEADER = "x-llmvalve-engine-priority"
+
 RECENT_MAX = 65_536
 RECENT_TTL_S = 600.0
 # The control plane's own overload: a check that reaches it this late (seconds since Envoy got
@@ -263,8 +267,9 @@ class Front:
             # Envoy's Lua filter must hold the body whole to write its priority; past its
             # buffer it would stall the request instead (refused here, before Envoy reads on;
             # a chunked body seen only in part could be that large)
-            return Answer(check.check_id,
-                          replies.too_large_for_engine_priority(BUFFER_LIMIT_BYTES),
+            return Answer(check.check_id, replies.body_too_large(
+                              BUFFER_LIMIT_BYTES, "this model's engines take the request's "
+                              "priority in its body, and a body this large is not rewritten"),
                           Record("bad_request", klass, "body_too_large", classified.tenant))
         est = request_facts.estimate(spec, size, facts)
         deadline_ms = request_facts.deadline_ms(headers, spec.deadline_header)
@@ -410,8 +415,8 @@ class Front:
             ticket.tenant, model, info.prompt_tokens
             + (info.max_tokens or self.policy.requests.default_max_tokens), now)
         upstream = (*self._identity(waiting, ticket.pool, wait_s), *extra)
-        if ticket.engine_priority is not None:  # Envoy's Lua filter writes it into the body
-            upstream = (*upstream, ("x-llmvalve-engine-priority", str(ticket.engine_priority)))
+        if pool is not None and pool.engine_priority:  # Envoy's Lua filter writes it in the body
+            upstream = (*upstream, (ENGINE_PRIORITY_HEADER, str(ticket.priority)))
         return Go(ticket.request_id, ticket, cluster, address, upstream,
                   (*self._client_headers(waiting.klass, wait_s, bool(extra)),
                    *replies.ratelimit_headers(limits)), record)

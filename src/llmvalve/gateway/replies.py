@@ -163,24 +163,15 @@ def method_not_allowed(method: str, path: str, allowed: frozenset[str]) -> Reply
                  "llmvalve_method_not_allowed")
 
 
-def body_too_large(max_bytes: int) -> Reply:
-    """A body cut at `requests.maxBodyBytes` whose model the gateway must read."""
+def body_too_large(max_bytes: int, why: str = "this API key's model is read from the body, "
+                   "and a body this large is not read") -> Reply:
+    """A body the gateway must see whole that is over `max_bytes`: cut at
+    `requests.maxBodyBytes` whose model it must read, or over Envoy's buffer where the engine
+    priority is written into it."""
     return Reply(413, (("content-type", "application/json"),
                        ("x-llmvalve-reason", "body_too_large")),
-                 _error_body(f"Request body larger than {max_bytes} bytes: this API key's "
-                             "model is read from the body, and a body this large is not read.",
+                 _error_body(f"Request body larger than {max_bytes} bytes: {why}.",
                              "invalid_request_error", "body_too_large"),
-                 "llmvalve_body_too_large")
-
-
-def too_large_for_engine_priority(max_bytes: int) -> Reply:
-    """A body Envoy cannot hold whole to write the class's priority into it."""
-    return Reply(413, (("content-type", "application/json"),
-                       ("x-llmvalve-reason", "body_too_large")),
-                 _error_body(f"Request body larger than {max_bytes} bytes: this model's "
-                             "engines take the request's priority in its body, and a body this "
-                             "large is not rewritten.", "invalid_request_error",
-                             "body_too_large"),
                  "llmvalve_body_too_large")
 
 

@@ -24,7 +24,7 @@ from llmvalve.core.signals import SignalReader
 from llmvalve.core.types import BackendSnapshot
 from llmvalve.engine.engine import Engine, PriorityNotEnabled, PromptTooLong, StepResult
 from llmvalve.engine.stepper import Advance, EventEngine
-from llmvalve.gateway.front import Answer, Front, Go, Verdict, Wait
+from llmvalve.gateway.front import ENGINE_PRIORITY_HEADER, Answer, Front, Go, Verdict, Wait
 from llmvalve.sim import gateway as sim_gateway
 from llmvalve.sim.scenario import Scenario
 from llmvalve.sim.workload import Job
@@ -309,8 +309,9 @@ class Simulation:
             self._end_on_backend(st, now, status=503, failed=True)
             self._retry_or_settle(st, None, "dropped", now)
             return
-        # Envoy alone (`none`) sends the body as the client wrote it
-        priority = (verdict.ticket.engine_priority or 0) if self.controller != "none" else 0
+        # the body as Envoy's Lua filter leaves it (Envoy alone, `none`: as the client wrote it)
+        written = dict(verdict.headers).get(ENGINE_PRIORITY_HEADER)
+        priority = int(written) if written is not None and self.controller != "none" else 0
         try:
             backend.engine.add(st.req_id, st.job.prompt_tokens, st.job.output_tokens, now,
                                st.job.max_tokens, priority)
