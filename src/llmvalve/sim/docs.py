@@ -128,7 +128,15 @@ slowed 3x for 40 s) also misses P0 (0.91–0.94): while the engines are slow, th
 inter-token latency reads 4–7x its target whenever prompts are being prefilled and 0.6x when
 admission stops, so the limit saws every 5–6 s, and each rise lets the queued prompts in
 together, ahead of the P0 prompts that follow. Four more changes were measured and not kept
-(the entries of `azure-conv` and `holdout-b43-fleet-slow3x-h100` give the figures).
+(the entries of `azure-conv` and `holdout-b43-fleet-slow3x-h100` give the figures). Stop 39
+traced the last cause: the backlog clock's prefill speed comes from the access log, whose
+entry for a prompt arrives when its answer ends, 10-20 s later here, so the clock kept the
+healthy speed through the whole slowdown and said the engines had nothing left to prefill
+while each held 5-12 waiting requests. vLLM's prompt-token counter, scraped every 0.5 s,
+shows the slowdown within seconds (its queue drained 3x slower, 0.9-1.2x outside it). Judging
+the lower classes by the clock stretched by that ratio met this workload's P0 at seeds 1-3
+(28 misses → 6) but not at seeds 4-6 (20 → 21), moved the code family's P0 misses between
+seeds, and was not kept (the same entry gives the figures of it and of three variants).
 
 ### Engine priority
 
