@@ -112,6 +112,32 @@ def test_overlay_keeps_the_base_unchanged(rendered, rendered_sim):
         assert sim[(d["kind"], d["metadata"]["name"])] == d
 
 
+def test_an_overlay_replaces_the_envoy_config_with_your_backends(tmp_path, capsys):
+    """docs/deployment.md: your vLLM Service goes into an Envoy config rendered with
+    `--cluster`, swapped in by an overlay's configMapGenerator, and the pods mount it."""
+    import shutil
+
+    from llmvalve.gateway.envoy_config import main
+
+    shutil.copytree(K8S, tmp_path / "base")
+    overlay = tmp_path / "mine"
+    overlay.mkdir()
+    assert main(["--cluster", "llm_backends=vllm.inference.svc.cluster.local:8000"]) == 0
+    (overlay / "envoy.yaml").write_text(capsys.readouterr().out)
+    (overlay / "kustomization.yaml").write_text(
+        "resources: [../base]\nconfigMapGenerator:\n  - name: llm-gateway-envoy\n"
+        "    behavior: replace\n    files: [envoy.yaml]\n")
+    docs = kustomize(overlay)
+    cm = next(d for d in docs if d["kind"] == "ConfigMap"
+              and d["metadata"]["name"].startswith("llm-gateway-envoy"))
+    import yaml
+
+    assert clusters(yaml.safe_load(cm["data"]["envoy.yaml"]))["llm_backends"] == [
+        ("vllm.inference.svc.cluster.local", 8000)]
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert cm["metadata"]["name"] in json.dumps(pod["volumes"])
+
+
 # -- what the schemas cannot see ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def deployment() -> dict:

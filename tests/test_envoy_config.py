@@ -108,3 +108,40 @@ def test_a_listen_port_another_envoy_holds_fails_to_bind(envoy_bin, tmp_path):
             second.stop()
     finally:
         first.stop()
+
+
+def test_the_command_line_renders_your_own_backends(envoy_bin, tmp_path, capsys):
+    """docs/deployment.md: a fleet at other addresses than compose's `backend:8000` gets its
+    Envoy config from the renderer's command line, not by editing the shipped file."""
+    from llmvalve.gateway.envoy_config import main
+
+    assert main(["--cluster", "llm_backends=10.0.0.5:8000,10.0.0.6:8000",
+                 "--cluster", "small_pool=vllm-small.inference.svc:8001",
+                 "--cluster", "fallback_model=[fd00::7]:8000"]) == 0
+    text = capsys.readouterr().out
+    import yaml
+
+    from deploy_support import clusters
+
+    cfg = yaml.safe_load(text)
+    assert clusters(cfg)["llm_backends"] == [("10.0.0.5", 8000), ("10.0.0.6", 8000)]
+    assert clusters(cfg)["small_pool"] == [("vllm-small.inference.svc", 8001)]
+    assert clusters(cfg)["fallback_model"] == [("fd00::7", 8000)]
+    kinds = {c["name"]: c["type"] for c in cfg["static_resources"]["clusters"]}
+    assert kinds["llm_backends"] == "STATIC" and kinds["small_pool"] == "STRICT_DNS"
+    assert "--cluster llm_backends=10.0.0.5:8000" in text.splitlines()[1]  # how it was made
+    path = tmp_path / "envoy.yaml"
+    path.write_text(text)
+    validate(envoy_bin, path)
+
+
+@pytest.mark.parametrize("bad", ["llm_backends", "=h:1", "llm_backends=host",
+                                 "llm_backends=host:0", "llm_backends=h:1,:80"])
+def test_a_bad_cluster_argument_is_a_usage_error(bad, capsys):
+    from llmvalve.gateway.envoy_config import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--cluster", bad])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--cluster" in err and "Traceback" not in err

@@ -76,10 +76,15 @@ def _discovery(endpoints: tuple[Endpoint, ...]) -> str:
     return "STATIC" if all(_is_ip(h) for h, _ in endpoints) else "STRICT_DNS"
 
 
+def _host(host: str) -> str:
+    return f'"{host}"' if ":" in host else host  # an IPv6 address, quoted for YAML
+
+
 def _endpoints_yaml(endpoints: tuple[Endpoint, ...], indent: int) -> str:
     pad = " " * indent
     return "\n".join(
-        f"{pad}- endpoint: {{address: {{socket_address: {{address: {host}, port_value: {port}}}}}}}"
+        f"{pad}- endpoint: {{address: {{socket_address: {{address: {_host(host)}, "
+        f"port_value: {port}}}}}}}"
         for host, port in endpoints
     )
 
@@ -177,6 +182,20 @@ def render(params: EnvoyParams) -> str:
     )
 
 
+def cluster_arg(text: str) -> tuple[str, tuple[Endpoint, ...]]:
+    """`NAME=HOST:PORT[,HOST:PORT...]` → (name, endpoints); ValueError says what is wrong."""
+    name, sep, rest = text.partition("=")
+    if not sep or not name or not rest:
+        raise ValueError(f"{text!r}: expected NAME=HOST:PORT[,HOST:PORT...]")
+    endpoints = []
+    for item in rest.split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{item!r} in {text!r}: expected HOST:PORT with a port 1-65535")
+        endpoints.append((host.strip("[]"), int(port)))
+    return name, tuple(endpoints)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--compose", action="store_true",
@@ -184,9 +203,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--failure-mode-allow", action="store_true")
     parser.add_argument("--admission", choices=ADMISSION_MODES, default="http",
                         help="ext_authz over HTTP (default) or gRPC")
+    parser.add_argument(
+        "--cluster", action="append", default=[], metavar="NAME=HOST:PORT[,HOST:PORT...]",
+        help="a backend cluster's endpoints (repeatable): llm_backends is the default pool's, "
+             "fallback_model the reroute target's; another name adds a cluster for a pool's "
+             "`cluster:` (a DNS name is resolved by Envoy, STRICT_DNS; IPs are STATIC)")
     args = parser.parse_args(argv)
+    clusters = dict(EnvoyParams().clusters)
+    for text in args.cluster:
+        try:
+            name, endpoints = cluster_arg(text)
+        except ValueError as e:
+            parser.error(f"--cluster {e}")
+        clusters[name] = endpoints
+    note = COMPOSE_NOTE if not args.cluster else (
+        "Generated: python -m llmvalve.gateway.envoy_config " + " ".join(argv or sys.argv[1:]))
     sys.stdout.write(render(EnvoyParams(failure_mode_allow=args.failure_mode_allow,
-                                        admission=args.admission)))
+                                        admission=args.admission, clusters=clusters,
+                                        note=note)))
     return 0
 
 
