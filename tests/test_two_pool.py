@@ -65,6 +65,9 @@ def test_pools_become_the_policys_pools_and_number_backends_in_order():
      "t.yaml:3: backends: a scenario with pools gives each pool its backends"),
     (("    backends: {count: 1, profile: tiny}", "    backend: 1"),
      "t.yaml:9: pools[1].backend: unknown key 'backend'; did you mean 'backends'?"),
+    # each pool under the cap, together over it (the docs' "more than 4,096 backends")
+    (("count: 2, profile: small", "count: 4096, profile: small"),
+     "t.yaml:4: pools: 4,097 backends in all; at most 4,096"),
 ])
 def test_pool_errors_are_one_line_with_file_line_and_key(edit, expect):
     msg = error_of(TWO.replace(*edit))

@@ -15,7 +15,8 @@ reading, the largest of
     - queue, while requests wait inside the engine (something binds: KV, its sequence cap or
       its token budget): (running + waiting) / (running + allowed), allowed = waitingTarget,
       less when the queue drains slower than queueTarget (engine queue time p90). An engine
-      at a sequence cap of 16 with 6 waiting reads 1.22 (22 % too much), not 6 / 2 = 3;
+      at a sequence cap of 16 with 6 waiting reads 22 / 17 = 1.29 with the default
+      waitingTarget of 1 (29 % too much), not waiting / allowed = 6;
   * inter-token latency / itlTarget, averaged over `latencyWindow` (a request's TPOT is a
     mean over seconds of decoding: one scrape window with a long prefill chunk in it is not a
     breach); unknown until the average covers a whole window begun after the last decrease

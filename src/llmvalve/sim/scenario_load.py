@@ -540,6 +540,9 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
     if pools:  # several fleets: the policy's pools are these
         count, profile, overrides = (sum(p.backends for p in pools), pools[0].profile,
                                      pools[0].profile_overrides)
+        if count > MAX_BACKENDS:
+            r.error(top.get("pools"), "pools", f"{count:,} backends in all; at most "
+                    f"{MAX_BACKENDS:,}")
     if not named:
         policy = _priority_where_engines_take_it(policy, pools, overrides)
     defaults = Scenario(name="", duration_s=0.0, classes=())
