@@ -54,7 +54,8 @@ Oracles (what hindsight could do on the exact same requests):
 - **best fixed** (`/fixed`): the better of the two, what a perfectly hand-tuned constant does;
 - **best fixed that keeps the top class** (`top_kept` in each seed's JSON, printed by
   `--oracle` for a single seed where it differs): the best of those fixed limits whose top
-  class meets its SLO at 0.99. The targets judge against the best fixed limit whatever it does to P0; where the goodput peaks
+  class meets its SLO at 0.99. The targets judge against the best fixed limit whatever it
+  does to P0; where the goodput peaks
   at a limit that gives P0 up (a tight P0 TPOT, P0 a sliver of the tokens:
   `holdout-voice-4class`), this is the yardstick a controller that keeps P0 can be read by;
 - **hindsight** (`/hindsi`): a fixed limit per 20 s window, searched greedily from the best
