@@ -157,3 +157,35 @@ def test_the_simulated_side_is_the_median_over_timing_draws():
     grid, _ = simulate_same(sc, ["adaptive"], BenchOptions(seed=1, sim_draws=0))
     assert "runs_goodput_tok_s" not in grid["controllers"]["adaptive"]
     assert grid["controllers"]["adaptive"]["timing_draw"] == 0
+
+
+def test_bench_overhead_passes_workdir_and_quiet_and_keeps_stdout_for_the_json(
+        monkeypatch, tmp_path, capsys):
+    """`bench --scenario overhead --json -`: stdout is the JSON alone, and --quiet and
+    --workdir reach the measurement (found by a review: the overhead path ignored both, and
+    printed its progress lines on stdout before the JSON; they go to stderr now)."""
+    from llmvalve.bench import overhead
+    from llmvalve.cli import main as cli_main
+
+    seen: dict = {}
+
+    def fake_run(args, workdir):
+        seen.update(quiet=args.quiet, workdir=workdir)
+        return {"modes": ["http"]}
+
+    monkeypatch.setattr(overhead, "run", fake_run)
+    keep = tmp_path / "wd"
+    assert cli_main(["bench", "--scenario", "overhead", "--json", "-", "--workdir", str(keep),
+                     "--quiet"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out) == {"modes": ["http"]}
+    assert seen == {"quiet": True, "workdir": keep} and keep.is_dir()
+
+
+def test_bench_refuses_a_load_scale_that_a_sweep_would_ignore(capsys):
+    """A scenario with sweepLoads runs each load in turn, each replacing --load-scale: asking
+    for both is an error, not a silently ignored option (found by a review)."""
+    from llmvalve.cli import main as cli_main
+
+    assert cli_main(["bench", "--scenario", "overload-sweep", "--load-scale", "2"]) == 2
+    assert "--sweep-loads" in capsys.readouterr().err

@@ -341,6 +341,10 @@ def cpu_s(pids: list[int]) -> float:
 
 # -- the run ---------------------------------------------------------------------------------
 def run(args: argparse.Namespace, workdir: Path) -> dict:
+    def say(line: str) -> None:  # progress, on stderr: stdout may be the JSON (`--json -`)
+        if not args.quiet:
+            print(line, file=sys.stderr, flush=True)
+
     modes = tuple(m for m in MODES if m in args.modes.split(","))
     gw = Gateways(workdir, args.backends, direct=args.upstream == "direct")
     try:
@@ -361,22 +365,21 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             r["cpu_per_request_us"] = _per_request_us(cpu_s(gw.pids(mode)) - cpu0,
                                                      time.monotonic() - t0, r)
             out["closed_loop"][mode] = r
-            print(f"closed loop {mode:>6}: {r['req_per_s']:8.0f} req/s, admitted "
-                  f"{r['admitted_per_s']:8.0f}/s, p50 {r['p50_ms']:.2f} ms, p99 "
-                  f"{r['p99_ms']:.2f} ms", flush=True)
+            say(f"closed loop {mode:>6}: {r['req_per_s']:8.0f} req/s, admitted "
+                f"{r['admitted_per_s']:8.0f}/s, p50 {r['p50_ms']:.2f} ms, p99 "
+                f"{r['p99_ms']:.2f} ms")
         for rate in [float(x) for x in args.rates.split(",") if x]:
             row = open_loop_row(gw, modes, rate, args)
             out["open_loop"].append(row)
-            print(f"open loop {rate:6.0f}/s: " + "  ".join(
+            say(f"open loop {rate:6.0f}/s: " + "  ".join(
                 f"{m} p50 {row[m]['p50_ms']:.2f} p99 {row[m]['p99_ms']:.2f} ms"
-                for m in modes), flush=True)
+                for m in modes))
         for n in [int(x) for x in args.bursts.split(",") if x]:
             for mode in modes:
                 if mode != "alone":
                     out["burst"].setdefault(str(n), {})[mode] = run_client(
                         burst(gw.url(mode), n))
-                    print(f"burst {n} {mode}: {out['burst'][str(n)][mode]['statuses']}",
-                          flush=True)
+                    say(f"burst {n} {mode}: {out['burst'][str(n)][mode]['statuses']}")
         out["control_plane"] = {m: json.loads(http_get(gw.admin[m] + "/status")[1])["gateway"]
                                 for m in modes if m in gw.admin}
         out["loadavg_1m"] = round(os.getloadavg()[0], 2)
@@ -442,9 +445,11 @@ def _sum_counts(items) -> dict[str, int]:  # type: ignore[no-untyped-def]
 
 
 def measure_to(out: Path, rates: str | None = None, duration: float | None = None,
-               modes: str | None = None) -> int:
+               modes: str | None = None, workdir: Path | None = None,
+               quiet: bool = False) -> int:
     """The admission hop's cost into `out` (JSON), as `llmvalve bench --scenario overhead`."""
-    argv = ["--json", str(out), *(["--modes", modes] if modes else [])]
+    argv = ["--json", str(out), *(["--modes", modes] if modes else []),
+            *(["--workdir", str(workdir)] if workdir else []), *(["--quiet"] if quiet else [])]
     if rates:
         argv += ["--rates", rates]
     if duration:
@@ -470,14 +475,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connections", type=int, default=32, help="closed-loop connections")
     p.add_argument("--bursts", default="2000,5000", help="simultaneous connections")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="keep logs and generated configs here (default: a temporary folder, "
+                   "removed after a run that succeeds)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (on stderr)")
     args = p.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="llmvalve-overhead-"))
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="llmvalve-overhead-"))
     try:
         out = run(args, workdir)
     except BaseException:
         print(f"logs: {workdir}", file=sys.stderr)
         raise
-    shutil.rmtree(workdir, ignore_errors=True)
+    if args.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, default=str))
     return 0

@@ -164,7 +164,8 @@ $ python -m llmvalve.bench.performance_doc overhead.json       # this page
 - Upstream: `{oh.get('upstream', 'direct')}` — {UPSTREAM[oh.get('upstream', 'direct')]}.
 - Each Envoy runs one worker (`--concurrency 1`); the load client runs on the same 2 cores.
 - Closed loop: `{oh['client']}` with {oh['closed_loop'].get('http', {}).get('connections', 32)}
-  connections for a few seconds per mode; only 200s count as admitted.
+  connections for a few seconds per mode (the Python client where `wrk` is not installed);
+  admitted are the 200s (only 200, 429 and 503 come back here).
 - Open loop: requests start on a fixed schedule and latency is measured from the scheduled
   start (no coordinated omission); the modes are interleaved and each figure is the median of
   the repetitions. Each run begins with a few seconds at its rate that are reported apart
@@ -177,7 +178,7 @@ $ python -m llmvalve.bench.performance_doc overhead.json       # this page
 
 FROM_IDLE_NOTE = """The step from idle. A mode idles while the others run; the first seconds of
 each of its runs are the step from nothing to the rate. With llmvalve the adaptive limit, which
-follows what is used while the pool idles (a limit nobody tests is no evidence: docs/design.md),
+follows what is used while the pool idles (a limit nobody tests is no evidence: `core/adaptive.py`),
 grows back to the new load over a few of its half-second windows, and the requests that arrive
 meanwhile may queue for up to a few milliseconds (the first seconds' p99 against Envoy alone's,
 below): that is admission at work, not the hop's cost, and it is why the steady state is

@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="scenario seconds to wait for answers after the traffic (default 120, "
                    "as simulate)")
     p.add_argument("--load-scale", type=float, default=1.0,
-                   help="multiply the scenario's request rates")
+                   help="multiply the scenario's request rates (a scenario with sweepLoads "
+                   "sweeps them: --sweep-loads)")
     p.add_argument("--sweep-loads", help="overload-sweep: comma list of load multiples "
                    "(default: the scenario's sweepLoads)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
@@ -73,7 +74,8 @@ def _run_overhead(args: argparse.Namespace) -> int:
     out = Path(args.json) if args.json and args.json != "-" else \
         Path(tempfile.mkdtemp(prefix="llmvalve-overhead-")) / "overhead.json"
     try:
-        code = measure_to(out, args.rates, args.duration, args.modes)
+        code = measure_to(out, args.rates, args.duration, args.modes, args.workdir,
+                          args.quiet)
     except ImportError as exc:
         print(f"llmvalve bench: the overhead measurement is not available: {exc}",
               file=sys.stderr)
@@ -155,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
         modes = resolve_modes(sc, args.modes.split(",") if args.modes else None)
         loads = ([float(x) for x in args.sweep_loads.split(",") if x]
                  if args.sweep_loads else list(sc.sweep_loads))
+        if loads and args.load_scale != 1.0:
+            raise ValueError(f"--load-scale {args.load_scale:g}: {sc.name} runs a sweep of "
+                             "loads; give them with --sweep-loads")
         envoy_binary()
     except (ScenarioError, OSError, ValueError) as exc:
         print(f"llmvalve bench: {exc}", file=sys.stderr)

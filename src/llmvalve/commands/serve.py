@@ -56,7 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="data plane, gRPC: Envoy's access log and ext_authz over gRPC "
                         f"(default {DEFAULT_GRPC})")
     parser.add_argument("--admin", default=DEFAULT_ADMIN, metavar="ADDR",
-                        help=f"admin HTTP: /metrics, probes, /status (default {DEFAULT_ADMIN})")
+                        help=f"admin HTTP: /metrics and probes, open; /status and the "
+                        f"dashboard, which need --admin-token-file unless bound to loopback "
+                        f"(default {DEFAULT_ADMIN})")
     parser.add_argument("--admin-grpc", default=DEFAULT_ADMIN_GRPC, metavar="ADDR",
                         help="admin gRPC API: status, overrides (default "
                         f"{DEFAULT_ADMIN_GRPC}; loopback only without a token)")
