@@ -136,7 +136,9 @@ def test_the_command_line_renders_your_own_backends(envoy_bin, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("bad", ["llm_backends", "=h:1", "llm_backends=host",
-                                 "llm_backends=host:0", "llm_backends=h:1,:80"])
+                                 "llm_backends=host:0", "llm_backends=h:1,:80",
+                                 "llm backends=h:1", "llm_backends=fd00::7:80",
+                                 "llm_backends={h}:80", "llm_backends=[nope]:80"])
 def test_a_bad_cluster_argument_is_a_usage_error(bad, capsys):
     from llmvalve.gateway.envoy_config import main
 

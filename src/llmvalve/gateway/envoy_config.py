@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import re
 import string
 import sys
 from dataclasses import dataclass, field
@@ -182,17 +183,27 @@ def render(params: EnvoyParams) -> str:
     )
 
 
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
 def cluster_arg(text: str) -> tuple[str, tuple[Endpoint, ...]]:
-    """`NAME=HOST:PORT[,HOST:PORT...]` → (name, endpoints); ValueError says what is wrong."""
+    """`NAME=HOST:PORT[,HOST:PORT...]` → (name, endpoints); ValueError says what is wrong.
+    A host is a DNS name or an IPv4 address, or an IPv6 address in brackets."""
     name, sep, rest = text.partition("=")
-    if not sep or not name or not rest:
-        raise ValueError(f"{text!r}: expected NAME=HOST:PORT[,HOST:PORT...]")
+    if not sep or not _NAME.fullmatch(name) or not rest:
+        raise ValueError(f"{text!r}: expected NAME=HOST:PORT[,HOST:PORT...] (a name of "
+                         "letters, digits, '_', '.' and '-')")
     endpoints = []
     for item in rest.split(","):
         host, _, port = item.rpartition(":")
+        if host.startswith("[") and host.endswith("]") and _is_ip(host[1:-1]):
+            host = host[1:-1]
+        elif not _NAME.fullmatch(host):
+            host = ""
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"{item!r} in {text!r}: expected HOST:PORT with a port 1-65535")
-        endpoints.append((host.strip("[]"), int(port)))
+            raise ValueError(f"{item!r} in {text!r}: expected HOST:PORT with a port 1-65535 "
+                             "(an IPv6 address in brackets)")
+        endpoints.append((host, int(port)))
     return name, tuple(endpoints)
 
 
