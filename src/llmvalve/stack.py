@@ -34,7 +34,8 @@ DEMO_KEYS = {
 }
 
 
-BIND_ATTEMPTS = 3  # Envoy started on freshly picked ports when one was taken meanwhile
+BIND_ATTEMPTS = 3  # Envoy or the control plane started on ports picked anew, one taken
+CONTROL_PLANE_PORTS = ("grpc_port", "http_port", "admin_port", "admin_grpc_port")
 
 
 @dataclass
@@ -80,6 +81,10 @@ class Stack:
         c = self.config
         self.workdir = c.workdir or Path(tempfile.mkdtemp(prefix="llmvalve-up-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # The control plane's ports, when all picked here, are picked again if another
+        # process takes one before it binds (start_control_plane), as Envoy's below
+        self._control_plane_ports_picked = all(getattr(c, name) == 0
+                                               for name in CONTROL_PLANE_PORTS)
         for name in ("grpc_port", "http_port", "admin_grpc_port"):
             if getattr(c, name) == 0:
                 setattr(c, name, free_port(c.host))
@@ -170,6 +175,24 @@ class Stack:
         self.backends = self.pool_backends[pools[0].name]
 
     def start_control_plane(self) -> None:
+        """At the stack's start, a port picked free may be taken before the control plane
+        binds it (two test suites side by side pick ports too: one run's control plane exited
+        with `address already in use` and its e2e module errored): it is started again on
+        ports picked anew. A restart keeps its ports, which Envoy is configured with."""
+        c = self.config
+        for attempt in range(BIND_ATTEMPTS):
+            try:
+                self._start_control_plane_once()
+                return
+            except RuntimeError as e:
+                if (not self._control_plane_ports_picked or self.envoy is not None
+                        or "address already in use" not in str(e)
+                        or attempt == BIND_ATTEMPTS - 1):
+                    raise
+                for name in CONTROL_PLANE_PORTS:
+                    setattr(c, name, free_port(c.host))
+
+    def _start_control_plane_once(self) -> None:
         c = self.config
         argv = self._py("serve", "--grpc", f"{c.host}:{c.grpc_port}",
                         "--http", f"{c.host}:{c.http_port}",
