@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,17 +180,23 @@ class Stack:
         binds it (two test suites side by side pick ports too: one run's control plane exited
         with `address already in use` and its e2e module errored): it is started again on
         ports picked anew. A restart keeps its ports, which Envoy is configured with."""
+        self._start_on_free_ports(self._start_control_plane_once, CONTROL_PLANE_PORTS,
+                                  self._control_plane_ports_picked and self.envoy is None)
+
+    def _start_on_free_ports(self, start: Callable[[], None], ports: tuple[str, ...],
+                             may_repick: bool) -> None:
+        """`start()`; should it fail on a port taken meanwhile, and the ports be this
+        stack's own picks (`may_repick`), pick them anew and start again."""
         c = self.config
         for attempt in range(BIND_ATTEMPTS):
             try:
-                self._start_control_plane_once()
+                start()
                 return
             except RuntimeError as e:
-                if (not self._control_plane_ports_picked or self.envoy is not None
-                        or "address already in use" not in str(e)
+                if (not may_repick or "address already in use" not in str(e).lower()
                         or attempt == BIND_ATTEMPTS - 1):
                     raise
-                for name in CONTROL_PLANE_PORTS:
+                for name in ports:
                     setattr(c, name, free_port(c.host))
 
     def _start_control_plane_once(self) -> None:
@@ -251,16 +258,8 @@ class Stack:
         """A port picked free may be taken before Envoy binds it (the backends and the control
         plane start first, and a test suite beside this one picks ports too): Envoy then exits
         at once, and is started again on ports picked anew."""
-        c = self.config
-        for attempt in range(BIND_ATTEMPTS):
-            try:
-                self._start_envoy_once()
-                return
-            except RuntimeError as e:
-                if (not self._envoy_ports_picked or "Address already in use" not in str(e)
-                        or attempt == BIND_ATTEMPTS - 1):
-                    raise
-                c.port, c.envoy_admin_port = free_port(c.host), free_port(c.host)
+        self._start_on_free_ports(self._start_envoy_once, ("port", "envoy_admin_port"),
+                                  self._envoy_ports_picked)
 
     def _start_envoy_once(self) -> None:
         c = self.config
