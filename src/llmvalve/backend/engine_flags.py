@@ -41,6 +41,6 @@ def profile_from(args: argparse.Namespace) -> EngineProfile:
         if value is not None:
             overrides[attr] = value
     profile = replace(get_profile(args.profile), **overrides)  # type: ignore[arg-type]
-    if profile.kv_capacity_tokens < profile.max_model_len:
-        raise ValueError(profile.too_small_for_one_sequence())
+    if why := profile.startup_error():
+        raise ValueError(why)
     return profile

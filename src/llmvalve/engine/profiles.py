@@ -40,9 +40,12 @@ class EngineProfile:
     def kv_capacity_tokens(self) -> int:
         return self.num_gpu_blocks * self.block_size
 
-    def too_small_for_one_sequence(self) -> str:
-        """Why vLLM would not start with this KV cache (when it holds less than one sequence
-        of max_model_len)."""
+    def startup_error(self) -> str | None:
+        """Why vLLM would not start with these settings (a KV cache that holds less than one
+        sequence of max_model_len: no request of the longest length could ever run); None
+        when it would."""
+        if self.kv_capacity_tokens >= self.max_model_len:
+            return None
         return (f"{self.num_gpu_blocks} blocks of {self.block_size} tokens hold less than one "
                 f"sequence of max_model_len {self.max_model_len} (vLLM would not start)")
 

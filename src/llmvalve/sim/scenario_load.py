@@ -115,10 +115,8 @@ def _profile(c: _Ctx, b: NodeFields) -> tuple[str, tuple[tuple[str, int | str], 
         if policy:
             overrides.append(("scheduling_policy", policy))
     profile = replace(PROFILES[name], **dict(overrides))
-    if profile.kv_capacity_tokens < profile.max_model_len:
-        # vLLM refuses to start so: no request of the longest length could ever run
-        c.r.error(b.get("kvBlocks") or b.get("profile") or b.node, b.field("kvBlocks"),
-                  profile.too_small_for_one_sequence())
+    if why := profile.startup_error():
+        c.r.error(b.get("kvBlocks") or b.get("profile") or b.node, b.field("kvBlocks"), why)
     return name, tuple(overrides)
 
 
