@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 from envoy.data.accesslog.v3 import accesslog_pb2
 
+from aio_support import serve_on_free_port
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy import (
     SEED_QUEUES,
@@ -353,8 +354,8 @@ async def test_driver_holds_a_check_until_its_slot_frees_and_a_cancelled_one_lea
 
 
 # -- scraper -----------------------------------------------------------------------------------
-async def metrics_page(port: int) -> tuple[web.AppRunner, str]:
-    """A backend's /metrics on 127.0.0.1:`port` (3 running, 1 waiting), and its URL."""
+async def metrics_page() -> tuple[web.AppRunner, str]:
+    """A backend's /metrics on 127.0.0.1 (3 running, 1 waiting), and its URL."""
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(text="vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n")
 
@@ -362,12 +363,12 @@ async def metrics_page(port: int) -> tuple[web.AppRunner, str]:
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    port = await serve_on_free_port(runner)
     return runner, f"http://127.0.0.1:{port}/metrics"
 
 
-async def test_scraper_feeds_snapshots_and_reports_failures(aiohttp_free_port):
-    runner, url = await metrics_page(aiohttp_free_port)
+async def test_scraper_feeds_snapshots_and_reports_failures():
+    runner, url = await metrics_page()
     policy = Policy(queues=SEED_QUEUES, pools=(PoolSpec(
         backends=(BackendSpec("b0", url), BackendSpec("dead", "http://127.0.0.1:1/metrics")),
         scrape_interval_s=0.05, scrape_timeout_s=0.5),))
@@ -395,12 +396,12 @@ async def test_scraper_feeds_snapshots_and_reports_failures(aiohttp_free_port):
     assert {p for p, _ in seen} == {"default"}
 
 
-async def test_a_backend_renamed_by_a_reload_is_scraped_under_its_new_name(aiohttp_free_port):
+async def test_a_backend_renamed_by_a_reload_is_scraped_under_its_new_name():
     """Found by a review: readers were kept by URL, so a backend renamed at the same URL was
     still reported under its old name (which the core had just forgotten) and the new name
     never got a snapshot (stale: saturated, never picked); and a backend a reload dropped
     stayed in the exported signals, `llmvalve_backend_up 1` for good."""
-    runner, url = await metrics_page(aiohttp_free_port)
+    runner, url = await metrics_page()
 
     def policy(name: str) -> Policy:
         return Policy(queues=SEED_QUEUES, pools=(PoolSpec(
@@ -433,15 +434,8 @@ async def test_a_backend_renamed_by_a_reload_is_scraped_under_its_new_name(aioht
     assert set(scraper.metrics.signals.backends(0.0)["default"]) == {"gpu-b"}
 
 
-@pytest.fixture
-def aiohttp_free_port():
-    from llmvalve.processes import free_port
-
-    return free_port()
-
-
 # -- admin -------------------------------------------------------------------------------------
-async def test_admin_endpoints(aiohttp_free_port):
+async def test_admin_endpoints():
     state = AdminState()
     metrics = GatewayMetrics()
     status = {"pools": {"default": {"limit": 8, "inflight": 2.0, "name": "x"}}}
@@ -449,8 +443,7 @@ async def test_admin_endpoints(aiohttp_free_port):
     metrics.record(Record("admitted", "realtime-interactive"))
     runner = web.AppRunner(build_app(state, metrics, lambda: {"ready": state.ready, **status}))
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", aiohttp_free_port).start()
-    base = f"http://127.0.0.1:{aiohttp_free_port}"
+    base = f"http://127.0.0.1:{await serve_on_free_port(runner)}"
     try:
         async with aiohttp.ClientSession() as session:
             async with session.get(base + "/readyz") as r:

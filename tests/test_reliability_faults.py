@@ -17,6 +17,7 @@ from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2
 from google.protobuf import wrappers_pb2
 
+from aio_support import serve_on_free_port
 from authz_support import ask
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy import hash_api_key, load_policy
@@ -27,7 +28,6 @@ from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.front import Front, Go, LogEntry
 from llmvalve.gateway.scraper import Scraper
-from llmvalve.processes import free_port
 
 GOOD = """vllm:num_requests_running{engine="0"} 2
 vllm:num_requests_waiting{engine="0"} 0
@@ -80,8 +80,6 @@ class MetricsServer:
     def __init__(self) -> None:
         self.bad: str | None = GOOD
         self.bad_hits = 0
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
 
     async def __aenter__(self) -> MetricsServer:
         async def good(_: web.Request) -> web.Response:
@@ -98,7 +96,7 @@ class MetricsServer:
         app.router.add_get("/bad", bad)
         self.runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        self.url = f"http://127.0.0.1:{await serve_on_free_port(self.runner)}"
         return self
 
     async def __aexit__(self, *exc) -> None:

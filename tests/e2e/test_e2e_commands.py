@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from e2e_support import HERE, P0_KEY
 from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
-from llmvalve.processes import free_port, http_get
+from llmvalve.processes import http_get
 
 pytestmark = pytest.mark.e2e
 
@@ -53,20 +54,29 @@ def wait_for(predicate, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def serve_argv(policy: Path) -> tuple[list[str], dict[str, int]]:
-    """`llmvalve serve` on free ports (never the defaults: tests run side by side)."""
-    ports = {name: free_port() for name in ("http", "grpc", "admin", "admin_grpc")}
-    return [sys.executable, "-m", "llmvalve.cli", "serve", "--policy", str(policy),
-            "--http", f"127.0.0.1:{ports['http']}", "--grpc", f"127.0.0.1:{ports['grpc']}",
-            "--admin", f"127.0.0.1:{ports['admin']}",
-            "--admin-grpc", f"127.0.0.1:{ports['admin_grpc']}"], ports
+def start_serve(policy: Path, log_path: Path, *args: str
+                ) -> tuple[subprocess.Popen, dict[str, int]]:
+    """`llmvalve serve` on ports the kernel picks as it binds (never the defaults: tests run
+    side by side; a port picked before the bind may be taken by then), read back from the
+    line it prints once it listens. Its output goes to `log_path`."""
+    log = open(log_path, "wb")  # noqa: SIM115 (the child holds it; closed below)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmvalve.cli", "serve", "--policy", str(policy),
+         "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--admin", "127.0.0.1:0",
+         "--admin-grpc", "127.0.0.1:0", *args],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    line = re.compile(rb"llmvalve serve: http :(\d+), grpc :(\d+), admin :(\d+)")
+    wait_for(lambda: line.search(log_path.read_bytes()) or proc.poll() is not None, 30,
+             "serve's ports")
+    match = line.search(log_path.read_bytes())
+    assert match, log_path.read_text()
+    return proc, dict(zip(("http", "grpc", "admin"), map(int, match.groups()), strict=True))
 
 
 async def test_serve_is_ready_then_drains_open_requests_on_sigterm(tmp_path):
-    argv, ports = serve_argv(HERE / "policy.yaml")
-    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([*argv, "--drain-timeout", "20"], stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc, ports = start_serve(HERE / "policy.yaml", tmp_path / "serve.log",
+                              "--drain-timeout", "20")
     admin = f"http://127.0.0.1:{ports['admin']}"
     try:
         wait_for(lambda: _status(admin + "/readyz") == 200, 30, "/readyz")
@@ -90,7 +100,6 @@ async def test_serve_is_ready_then_drains_open_requests_on_sigterm(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        log.close()
 
 
 def _status(url: str) -> int:
@@ -101,11 +110,10 @@ def _status(url: str) -> int:
 
 
 def test_up_starts_everything_serves_and_stops_everything(tmp_path):
-    port, admin_port = free_port(), free_port()
     out = open(tmp_path / "up.log", "wb")  # noqa: SIM115
-    up = subprocess.Popen(
-        [sys.executable, "-m", "llmvalve.cli", "up", "--port", str(port), "--admin-port",
-         str(admin_port), "--backends", "1", "--profile", "tiny", "--time-scale", "4"],
+    up = subprocess.Popen(  # port 0: free ports, picked again should one be taken meanwhile
+        [sys.executable, "-m", "llmvalve.cli", "up", "--port", "0", "--admin-port", "0",
+         "--admin-grpc-port", "0", "--backends", "1", "--profile", "tiny", "--time-scale", "4"],
         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     children: list[int] = []
     try:
@@ -114,6 +122,9 @@ def test_up_starts_everything_serves_and_stops_everything(tmp_path):
         banner = (tmp_path / "up.log").read_text()
         assert up.poll() is None, banner
         assert "sk-llmvalve-demo-p0" in banner and "curl" in banner and "OpenAI(" in banner
+        port = int(re.search(r"gateway \(OpenAI API\) +http://127.0.0.1:(\d+)/v1", banner)[1])
+        admin_port = int(re.search(r"dashboard +http://127.0.0.1:(\d+)/", banner)[1])
+        assert 0 not in (port, admin_port)
         children = children_of(up.pid)
         assert len(children) == 4  # backend, fallback model, control plane, Envoy
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=P0_KEY,
@@ -141,9 +152,7 @@ def test_serve_reloads_its_policy_on_sighup(tmp_path):
 
     policy = tmp_path / "policy.yaml"
     policy.write_text((HERE / "policy.yaml").read_text())
-    argv, ports = serve_argv(policy)
-    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc, ports = start_serve(policy, tmp_path / "serve.log")
     status_url = f"http://127.0.0.1:{ports['admin']}/status"
 
     def version() -> str:
@@ -170,4 +179,3 @@ def test_serve_reloads_its_policy_on_sighup(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        log.close()

@@ -21,11 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="small", help="engine profile (default small)")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="simulated engine speed-up (default 1)")
-    parser.add_argument("--port", type=int, default=8080, help="Envoy listener (default 8080)")
+    parser.add_argument("--port", type=int, default=8080,
+                        help="Envoy listener (default 8080; 0: a free port, in the banner)")
     parser.add_argument("--listen", default="127.0.0.1",
                         help="Envoy listener address (default 127.0.0.1)")
     parser.add_argument("--admin-port", type=int, default=9100,
-                        help="control plane admin HTTP (default 9100)")
+                        help="control plane admin HTTP (default 9100; 0: a free port)")
     parser.add_argument("--admin-grpc-port", type=int, default=9101,
                         help="control plane admin gRPC API: status, top, override (default "
                         "9101; a free port if it is taken)")
