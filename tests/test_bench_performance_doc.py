@@ -44,3 +44,16 @@ def test_a_json_without_the_step_from_idle_renders_without_its_table():
         del oh["open_loop"][0][mode]["from_idle"]
     assert from_idle_table(oh) == ""
     assert "The step from idle." not in render(oh)
+
+
+def test_the_page_names_the_machine_the_json_records():
+    """The machine line is read from the run, not written into the generator."""
+    oh = overhead(1.1)
+    assert "not recorded in this run's JSON" in render(oh)
+    oh["machine"] = {"cpus": 8, "cpu_model": "Some CPU", "python": "3.11.9",
+                     "platform": "Linux", "event_loop": "asyncio",
+                     "envoy": "9e5580933739/1.40.0/Clean/RELEASE/BoringSSL"}
+    page = render(oh)
+    assert ("(8 CPUs (Some CPU), Python 3.11.9, Envoy 1.40.0, the control plane on asyncio)"
+            in page)
+    assert "runs on the same 8 CPUs" in page and "event loop (asyncio)" in page

