@@ -59,13 +59,12 @@ def start_serve(policy: Path, log_path: Path, *args: str
     """`llmvalve serve` on ports the kernel picks as it binds (never the defaults: tests run
     side by side; a port picked before the bind may be taken by then), read back from the
     line it prints once it listens. Its output goes to `log_path`."""
-    log = open(log_path, "wb")  # noqa: SIM115 (the child holds it; closed below)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llmvalve.cli", "serve", "--policy", str(policy),
-         "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--admin", "127.0.0.1:0",
-         "--admin-grpc", "127.0.0.1:0", *args],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    log.close()
+    with open(log_path, "wb") as log:  # the child writes to its own copy
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llmvalve.cli", "serve", "--policy", str(policy),
+             "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--admin", "127.0.0.1:0",
+             "--admin-grpc", "127.0.0.1:0", *args],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     line = re.compile(rb"llmvalve serve: http :(\d+), grpc :(\d+), admin :(\d+)")
     wait_for(lambda: line.search(log_path.read_bytes()) or proc.poll() is not None, 30,
              "serve's ports")
