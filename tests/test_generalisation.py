@@ -107,7 +107,10 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # stop 27 (answers charged per class) seed 2 reads 0.945: at this edge a one-token change
     # to every cost moves it as much (P0 misses over seeds 4-11: 11 before, 7 after). Since
     # stop 30 seed 2 meets both, and seed 1 misses P0 by the same cause: answers of 15 and
-    # 5 tokens decoded beside prefill chunks (TPOT 0.152 and 0.185 s), 2 of ~150.
+    # 5 tokens decoded beside prefill chunks (TPOT 0.152 and 0.185 s), 2 of ~150. Measured at
+    # stop 40, not kept: lower-class prompts kept off an engine decoding P0 while another
+    # has none (P0 misses over all 357 runs 868 -> 878, goodput -0.9 %, do-no-harm class
+    # misses 18 -> 25; this one's P0 met at seed 1, missed at seeds 2 and 3).
     "code-bursty-medium": ("seed 1: P0 attainment",),
     # one P0 request of ~130, decoding on the engine as it slows 3x at 40 s (TPOT 0.194 s
     # against 0.15), since stop 27's run diverged: the place no admission decision reaches
