@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from importlib import resources
 from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
 import pytest
+import yaml
 
 from deploy_support import K8S, K8S_SIM, ROOT, clusters, kustomize, load, load_all, serve_args
 from llmvalve.cli import build_parser
+from llmvalve.gateway.envoy_config import main as render_envoy
 
 # ContainerResource metrics in the HPA are GA from 1.30 (beta, on by default, from 1.27).
 K8S_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
@@ -115,14 +118,10 @@ def test_overlay_keeps_the_base_unchanged(rendered, rendered_sim):
 def test_an_overlay_replaces_the_envoy_config_with_your_backends(tmp_path, capsys):
     """docs/deployment.md: your vLLM Service goes into an Envoy config rendered with
     `--cluster`, swapped in by an overlay's configMapGenerator, and the pods mount it."""
-    import shutil
-
-    from llmvalve.gateway.envoy_config import main
-
     shutil.copytree(K8S, tmp_path / "base")
     overlay = tmp_path / "mine"
     overlay.mkdir()
-    assert main(["--cluster", "llm_backends=vllm.inference.svc.cluster.local:8000"]) == 0
+    assert render_envoy(["--cluster", "llm_backends=vllm.inference.svc.cluster.local:8000"]) == 0
     (overlay / "envoy.yaml").write_text(capsys.readouterr().out)
     (overlay / "kustomization.yaml").write_text(
         "resources: [../base]\nconfigMapGenerator:\n  - name: llm-gateway-envoy\n"
@@ -130,8 +129,6 @@ def test_an_overlay_replaces_the_envoy_config_with_your_backends(tmp_path, capsy
     docs = kustomize(overlay)
     cm = next(d for d in docs if d["kind"] == "ConfigMap"
               and d["metadata"]["name"].startswith("llm-gateway-envoy"))
-    import yaml
-
     assert clusters(yaml.safe_load(cm["data"]["envoy.yaml"]))["llm_backends"] == [
         ("vllm.inference.svc.cluster.local", 8000)]
     pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]

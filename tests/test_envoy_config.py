@@ -6,8 +6,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
-from llmvalve.gateway.envoy_config import EnvoyParams, render
+from deploy_support import clusters
+from llmvalve.gateway.envoy_config import EnvoyParams, main, render
 from llmvalve.processes import Proc, free_port, http_get, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,8 +72,6 @@ def test_render_needs_a_backend_cluster_and_a_known_mode():
 def test_the_control_plane_is_reached_on_loopback_only():
     """Compose and Kubernetes run the control plane beside Envoy (one network namespace): the
     shipped config reaches its data-plane listeners on 127.0.0.1 (docs/deployment.md)."""
-    import yaml
-
     doc = yaml.safe_load(render(EnvoyParams()))
     for cluster in doc["static_resources"]["clusters"]:
         if cluster["name"].startswith("llmvalve"):
@@ -113,16 +113,10 @@ def test_a_listen_port_another_envoy_holds_fails_to_bind(envoy_bin, tmp_path):
 def test_the_command_line_renders_your_own_backends(envoy_bin, tmp_path, capsys):
     """docs/deployment.md: a fleet at other addresses than compose's `backend:8000` gets its
     Envoy config from the renderer's command line, not by editing the shipped file."""
-    from llmvalve.gateway.envoy_config import main
-
     assert main(["--cluster", "llm_backends=10.0.0.5:8000,10.0.0.6:8000",
                  "--cluster", "small_pool=vllm-small.inference.svc:8001",
                  "--cluster", "fallback_model=[fd00::7]:8000"]) == 0
     text = capsys.readouterr().out
-    import yaml
-
-    from deploy_support import clusters
-
     cfg = yaml.safe_load(text)
     assert clusters(cfg)["llm_backends"] == [("10.0.0.5", 8000), ("10.0.0.6", 8000)]
     assert clusters(cfg)["small_pool"] == [("vllm-small.inference.svc", 8001)]
@@ -140,8 +134,6 @@ def test_the_command_line_renders_your_own_backends(envoy_bin, tmp_path, capsys)
                                  "llm backends=h:1", "llm_backends=fd00::7:80",
                                  "llm_backends={h}:80", "llm_backends=[nope]:80"])
 def test_a_bad_cluster_argument_is_a_usage_error(bad, capsys):
-    from llmvalve.gateway.envoy_config import main
-
     with pytest.raises(SystemExit) as exit_:
         main(["--cluster", bad])
     assert exit_.value.code == 2
