@@ -1,7 +1,10 @@
 """The end-to-end stack: real Envoy, `llmvalve serve` and `llmvalve sim-backend` processes.
 
 One stack per test module (starting it costs a few seconds); each test leaves it idle and
-healthy for the next. Every process is stopped at the end, whatever happens.
+healthy for the next, and that is checked after every test that used it: no open ticket, no
+request counted in flight, no held check, no queued request, no request left in a backend, no
+lease reclaimed by the timeout (docs/reliability.md's "no slot leaks"). Every process is
+stopped at the end, whatever happens.
 """
 
 from __future__ import annotations
@@ -41,3 +44,11 @@ def e2e(request, tmp_path_factory):
         yield E2E(stack)
     finally:
         stack.stop()
+
+
+@pytest.fixture(autouse=True)
+def _nothing_leaked(request):
+    """After each test that used the stack: nothing it admitted is still held."""
+    yield
+    if "e2e" in request.fixturenames:
+        request.getfixturevalue("e2e").assert_nothing_leaked()

@@ -89,6 +89,12 @@ class E2E:
             time.sleep(0.05)
         raise AssertionError(f"not idle after {timeout_s} s: {json.dumps(self.status())[:3000]}")
 
+    def assert_nothing_leaked(self, timeout_s: float = 15.0) -> None:
+        """Idle (`wait_idle`), and no lease was reclaimed by the timeout: every slot was
+        released by its request's end (or reconciled), none waited out `leaseTimeout`."""
+        self.wait_idle(timeout_s)
+        assert self.status()["gateway"]["reclaimed"] == 0
+
 
 
 

@@ -30,3 +30,6 @@ async def test_control_plane_down_fails_open(e2e):
             assert not any(t.done() for t in holders), [t for t in holders if t.done()]
         finally:
             await cancel_all(holders)
+    # Back as it was for the check after each test (conftest.py): a fresh control plane holds
+    # nothing, and the backend must have nothing left of the streams cut by their clients.
+    await asyncio.to_thread(e2e.stack.start_control_plane)

@@ -40,13 +40,6 @@ def metric(e2e, name: str) -> float:
     return total
 
 
-def assert_nothing_leaked(e2e) -> None:
-    e2e.wait_idle(timeout_s=15)
-    s = e2e.status()
-    assert s["gateway"]["reclaimed"] == 0
-    assert all(b["in_flight"] == 0 for b in e2e.backend_stats())
-
-
 async def test_backend_that_hangs_holds_only_what_it_was_given(e2e):
     """A hung engine (requests accepted, no token ever comes; /metrics still answers): the
     requests on it keep their slots — a hang looks like a slow answer — new ones queue and are
@@ -83,7 +76,7 @@ async def test_backend_that_hangs_holds_only_what_it_was_given(e2e):
             e2e.set_faults(hang=False)
             for r in responses:
                 r.close()
-    assert_nothing_leaked(e2e)
+    e2e.assert_nothing_leaked()
 
 
 async def test_backend_that_resets_connections(e2e):
@@ -128,7 +121,7 @@ async def test_backend_that_resets_connections(e2e):
         finally:
             post_json(bad + "/admin/faults", {"down": False})
             await cancel_all(holders)
-    assert_nothing_leaked(e2e)
+    e2e.assert_nothing_leaked()
 
 
 async def test_envoy_crash_releases_everything_and_a_new_envoy_is_served(e2e):
@@ -158,7 +151,7 @@ async def test_envoy_crash_releases_everything_and_a_new_envoy_is_served(e2e):
         await r.read()
     await wait_until(lambda: metric(e2e, "llmvalve_access_log_entries_total") > logs_before,
                      5, "the access log of the new Envoy")
-    assert_nothing_leaked(e2e)
+    e2e.assert_nothing_leaked()
     assert e2e.status()["gateway"]["reconciled"] == 8
     assert metric(e2e, 'llmvalve_releases_total{by="reconciled",outcome="ignore"}') == 8
 
@@ -204,4 +197,4 @@ async def test_sigterm_drains_then_exits_0_and_a_restart_is_served(e2e):
         await r.read()
     await wait_until(lambda: e2e.status()["gateway"]["last_access_log"] is not None, 5,
                      "the access log on the new control plane")
-    assert_nothing_leaked(e2e)
+    e2e.assert_nothing_leaked()
