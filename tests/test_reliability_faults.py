@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import socket
 import time
 
 import aiohttp
@@ -25,6 +26,7 @@ from llmvalve.core.signals import SignalReader
 from llmvalve.core.types import Admit, BackendSnapshot, Outcome, RequestInfo
 from llmvalve.gateway.access_log import AccessLogServicer
 from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
+from llmvalve.gateway.dns import one_address
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.front import Front, Go, LogEntry
 from llmvalve.gateway.scraper import Scraper
@@ -151,6 +153,47 @@ async def test_a_bad_metrics_backend_is_stale_not_trusted(fault):
             assert picks == {"good", "bad"}
         finally:
             await scraper.stop()
+
+
+async def test_a_backend_listed_by_host_name_is_sent_to_where_its_scrape_went():
+    """Backends listed by a host name (a Kubernetes pod's DNS name, compose's service name):
+    the core's pick goes to the address their last good scrape reached, by Envoy's
+    ORIGINAL_DST cluster, as for a backend listed by address. Before, such a pool was left to
+    Envoy's load balancer: the core picked one engine and Envoy sent to another."""
+    async with MetricsServer() as server:
+        port = server.url.rsplit(":", 1)[1]
+        named = ADAPTIVE.replace("URL", f"http://localhost:{port}")
+        policy = load_policy(named)
+        front = Front(Admission(policy, random.Random(1)))
+        driver = Driver(front)
+        scraper = Scraper(driver)
+        await scraper.start(policy)
+        try:
+            await wait_for(lambda: front.address_of("good") is not None)
+            assert front.address_of("good") == front.address_of("bad") == f"127.0.0.1:{port}"
+            go = front.check(check("c1"), driver.clock())
+            assert isinstance(go, Go) and go.cluster == "llm_direct"
+            assert go.address == f"127.0.0.1:{port}"
+            # A reload that moves a backend to another URL forgets where the old one was; a
+            # scrape of the old URL that lands after the reload teaches nothing.
+            moved = load_policy(named.replace("/bad", "/bad2"))
+            driver.replace_policy(moved)
+            assert front.address_of("bad") is None and front.address_of("good") is not None
+            front.learn_address("bad", f"http://localhost:{port}/bad", "127.0.0.1")
+            assert front.address_of("bad") is None
+        finally:
+            await scraper.stop()
+    # A name that stands for several hosts (a Service, round-robin DNS) is not one engine: it
+    # is left to Envoy's load balancing. A dual-stack pod's one IPv4 address is taken.
+    v4 = [(socket.AF_INET, 1, 6, "", (ip, 0)) for ip in ("10.1.0.5", "10.1.0.6")]
+    v6 = [(socket.AF_INET6, 1, 6, "", ("fd00::5", 0, 0, 0))]
+    assert one_address(v4) is None and one_address(v4[:1] + v6) == "10.1.0.5"
+    assert one_address(v6) == "fd00::5" and one_address([]) is None
+    # Listed by address, the address is the URL's, and a scrape does not move it.
+    front = Front(Admission(load_policy(ADAPTIVE.replace("URL", "http://10.0.0.7:8000")),
+                            random.Random(1)))
+    front.learn_address("good", "http://10.0.0.7:8000/good", "10.9.9.9")
+    assert front.address_of("good") == "10.0.0.7:8000"
 
 
 # -- access log -------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ class StackConfig:
     # A backend for re-routes to a cluster no pool serves (the `fallback_model` cluster).
     fallback_backend: bool = True
     host: str = "127.0.0.1"
+    metrics_host: str = ""  # the name the control plane scrapes the backends by ("": `host`)
     listen_address: str = "127.0.0.1"
     port: int = 8080
     admin_port: int = 9100  # the control plane's admin HTTP
@@ -212,7 +213,8 @@ class Stack:
             argv += ["--controller", c.controller]
         for pool, backends in self.pool_backends.items():
             for _, port in backends:
-                argv += ["--metrics-url", f"{pool}=http://{c.host}:{port}/metrics"]
+                host = c.metrics_host or c.host
+                argv += ["--metrics-url", f"{pool}=http://{host}:{port}/metrics"]
         self.control_plane = Proc("control-plane", argv, self.workdir / "control-plane.log")
         wait_until(lambda: http_get(self.admin_url + "/readyz")[0] == 200, 30.0,
                    "the control plane's /readyz", self.control_plane)

@@ -23,8 +23,9 @@ HERE = Path(__file__).parent
 @pytest.fixture(scope="module")
 def e2e(request, tmp_path_factory):
     """The stack; a test module may set POLICY (a path), BACKENDS (a count),
-    FAILURE_MODE_ALLOW (overrides the policy's), ADMISSION ("http" or "grpc") and
-    BACKEND_ARGS (more `sim-backend` arguments)."""
+    FAILURE_MODE_ALLOW (overrides the policy's), ADMISSION ("http" or "grpc"),
+    BACKEND_ARGS (more `sim-backend` arguments) and METRICS_HOST (the name the backends are
+    scraped by)."""
     try:
         envoy_binary()
     except FileNotFoundError:
@@ -37,6 +38,7 @@ def e2e(request, tmp_path_factory):
         failure_mode_allow=getattr(request.module, "FAILURE_MODE_ALLOW", None),
         admission=getattr(request.module, "ADMISSION", "http"),
         backend_args=getattr(request.module, "BACKEND_ARGS", ()),
+        metrics_host=getattr(request.module, "METRICS_HOST", ""),
     )
     stack = Stack(config)
     stack.start()

@@ -220,6 +220,7 @@ class ControlPlane:
                             "open_tickets": front.open_tickets(),
                             "access_log_streams": self.access_log.streams,
                             "last_access_log": _entry_json(self.access_log.last),
+                            "routes": front.routes(),
                             **front.counts},
                 "policy": self.reloads.status(self.policy.version),
                 "replicas": {"share": front.admission.replica_share,

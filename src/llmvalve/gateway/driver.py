@@ -90,6 +90,9 @@ class Driver:
         self.front.on_snapshot(pool, snap, self.clock())
         self.kick()
 
+    def on_address(self, backend: str, metrics_url: str, ip: str) -> None:
+        self.front.learn_address(backend, metrics_url, ip)
+
     def replace_policy(self, policy: Policy) -> None:
         self.front.replace_policy(policy, self.clock())
         self.kick()

@@ -199,6 +199,10 @@ class Front:
         self.policy = admission.policy
         self.classifier = Classifier(self.policy)
         self.addresses = request_facts.backend_addresses(self.policy)
+        # backends listed by host name (a Kubernetes pod's DNS name, whose address changes as
+        # it restarts): name → (metrics URL, the address its last good scrape reached)
+        self.learned: dict[str, tuple[str, str]] = {}
+        self._named = request_facts.named_backends(self.policy)
         self.reconciler = Reconciler()
         self._waiting: dict[str, _Waiting] = {}
         self._ended: collections.OrderedDict[str, tuple[Ticket, float]] = (
@@ -364,6 +368,25 @@ class Front:
         self.admission.on_snapshot(pool, snap, now)
         self.reconciler.observe(pool, snap)
 
+    def learn_address(self, backend: str, metrics_url: str, ip: str) -> None:
+        """The address a scrape of a backend listed by host name reached: its picks go there,
+        by Envoy's ORIGINAL_DST cluster, as a backend listed by address does."""
+        if (backend, metrics_url) not in self._named:  # listed by address, or gone by a reload
+            return
+        address = request_facts.api_address(metrics_url, ip)
+        if address is not None:
+            self.learned[backend] = (metrics_url, address)
+
+    def address_of(self, backend: str | None) -> str | None:
+        if backend is None:
+            return None
+        return self.addresses.get(backend) or self.learned.get(backend, ("", None))[1]
+
+    def routes(self) -> dict[str, str]:
+        """Backend → the address its picks are sent to (none: Envoy's cluster balances)."""
+        return {**{name: address for name, (_, address) in self.learned.items()},
+                **self.addresses}
+
     def reconcile(self, now: float) -> list[Ticket]:
         """Release (IGNORE) the slots the backends say are not in flight any more."""
         lost = self.reconciler.lost(self.admission, now)
@@ -378,6 +401,8 @@ class Front:
         self.policy = policy
         self.classifier = Classifier(policy)
         self.addresses = request_facts.backend_addresses(policy)
+        self._named = request_facts.named_backends(policy)  # learnt: for its URL only
+        self.learned = {n: a for n, a in self.learned.items() if (n, a[0]) in self._named}
         # A waiting request whose class or pool left the policy was moved by the core: its
         # record here moves with it (a reroute resubmits it in the class it is in now).
         moved = {w.req.request_id: w.req for pool in self.admission.pools.values()
@@ -405,7 +430,7 @@ class Front:
             model: str | None, extra: Headers = ()) -> Go:
         pool = self.policy.pool(ticket.pool)
         cluster = pool.cluster if pool is not None else ""
-        address = self.addresses.get(ticket.backend)
+        address = self.address_of(ticket.backend)
         if address is not None:
             cluster = DIRECT_CLUSTER
         record = Record("fallback_reroute" if extra else "admitted", waiting.klass,

@@ -19,22 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import Awaitable, Callable
 
+from llmvalve.gateway.dns import LOOKUP_TIMEOUT_S, getaddrinfo
 from llmvalve.gateway.tasks import Background
 
 log = logging.getLogger("llmvalve.replicas")
 
 DEFAULT_INTERVAL_S = 10.0
-LOOKUP_TIMEOUT_S = 5.0
 
 Resolve = Callable[[str], Awaitable[list[tuple]]]  # getaddrinfo-shaped answers
-
-
-async def _getaddrinfo(name: str) -> list[tuple]:
-    loop = asyncio.get_running_loop()
-    return await loop.getaddrinfo(name, None, type=socket.SOCK_STREAM)
 
 
 def count_replicas(answers: list[tuple]) -> int:
@@ -50,7 +44,7 @@ class ReplicaCount:
 
     def __init__(self, name: str, on_count: Callable[[int], None],
                  interval_s: float = DEFAULT_INTERVAL_S,
-                 resolve: Resolve = _getaddrinfo) -> None:
+                 resolve: Resolve = getaddrinfo) -> None:
         self.name = name
         self.interval_s = interval_s
         self.replicas: int | None = None  # by the last answer that had addresses

@@ -201,16 +201,45 @@ def deadline_ms(headers: Mapping[str, str], name: str) -> float | None:
 
 def backend_addresses(policy: Policy) -> dict[str, str]:
     """Backend name → "IP:PORT" of its API, taken from its metrics URL (vLLM, SGLang and
-    TensorRT-LLM serve /metrics on the API port). Host names are left out: Envoy's
-    ORIGINAL_DST cluster needs an address, so those backends go through the pool's cluster."""
+    TensorRT-LLM serve /metrics on the API port). Host names are left out here: Envoy's
+    ORIGINAL_DST cluster needs an address, and theirs is the one their scrape reached
+    (`api_address`, kept by the front)."""
     out: dict[str, str] = {}
     for pool in policy.pools:
         for backend in pool.backends:
-            url = urlsplit(backend.metrics_url)
-            try:
-                ip = ipaddress.ip_address(url.hostname or "")
-                port = url.port or (443 if url.scheme == "https" else 80)
-            except ValueError:
-                continue
-            out[backend.name] = f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+            host = urlsplit(backend.metrics_url).hostname or ""
+            address = api_address(backend.metrics_url, host)
+            if address is not None:
+                out[backend.name] = address
     return out
+
+
+def api_address(metrics_url: str, ip: str) -> str | None:
+    """"IP:PORT" of a backend's API: `ip` (an address, not a name) with its metrics URL's port;
+    None if `ip` is not an address or the URL's port is not a number."""
+    url = urlsplit(metrics_url)
+    try:
+        address = ipaddress.ip_address(ip)
+        port = url.port or (443 if url.scheme == "https" else 80)
+    except ValueError:
+        return None
+    return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
+
+
+def host_name(url: str) -> str | None:
+    """The URL's host if it is a name, not an address."""
+    host = urlsplit(url).hostname
+    if not host:
+        return None
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    return None
+
+
+def named_backends(policy: Policy) -> set[tuple[str, str]]:
+    """(name, metrics URL) of the backends listed by host name: their address is learnt from
+    their scrapes' lookups (gateway/scraper.py)."""
+    return {(b.name, b.metrics_url) for pool in policy.pools for b in pool.backends
+            if host_name(b.metrics_url)}

@@ -8,22 +8,33 @@ core's rule (`limiter.adaptive.staleAfter`), not this module's.
 The interval (0.5 s by default) is a trade-off: vLLM updates its gauges every engine step, and
 a half-second window still holds enough inter-token samples for a p90 while costing each
 backend two small HTTP requests a second.
+
+A backend listed by host name (a StatefulSet pod's DNS name, a compose service) is looked up
+beside its scrapes, every `RESOLVE_EVERY_S` and at once when a scrape fails or first succeeds
+again (a restarted pod has a new address): when the name stands for one host, the front sends
+the core's picks there, by Envoy's ORIGINAL_DST cluster, as for a backend listed by address. A
+name that stands for several hosts is not one engine; Envoy's load balancing decides for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import aiohttp
 
 from llmvalve.core.policy import Policy
 from llmvalve.core.signals import SignalReader
+from llmvalve.gateway.dns import LOOKUP_TIMEOUT_S, getaddrinfo, one_address
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.metrics import GatewayMetrics
+from llmvalve.gateway.request_facts import host_name
 from llmvalve.gateway.tasks import Background
 
 log = logging.getLogger("llmvalve.scraper")
+
+RESOLVE_EVERY_S = 5.0  # CoreDNS's default TTL
 
 
 class Scraper:
@@ -76,12 +87,35 @@ class Scraper:
                     timeout_s: float) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
+        host = host_name(url)
+        wake = asyncio.Event()  # a failed scrape, or the first good one after: look up again
+        if host:
+            self._tasks.start(self._lookups(reader.backend, url, host, wake),
+                              f"lookup-{reader.backend}")
+        was_ok = True
         while True:
             snap = await self.scrape_once(url, reader, timeout_s)
             self.metrics.scraped(pool, snap)
+            if not (snap.ok and was_ok):
+                wake.set()
+            was_ok = snap.ok
             try:
                 self.driver.on_snapshot(pool, snap)
             except Exception:
                 log.exception("Admission.on_snapshot failed for %s", reader.backend)
             next_at = max(next_at + interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
+
+    async def _lookups(self, backend: str, url: str, host: str, wake: asyncio.Event) -> None:
+        """Beside the scrapes, not in their loop: a slow lookup must not make them late."""
+        while True:
+            wake.clear()
+            try:
+                answers = await asyncio.wait_for(getaddrinfo(host), LOOKUP_TIMEOUT_S)
+            except (TimeoutError, OSError):
+                answers = []  # the address learnt last stays; failing scrapes keep picks off it
+            address = one_address(answers)
+            if address is not None:
+                self.driver.on_address(backend, url, address)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), RESOLVE_EVERY_S)
