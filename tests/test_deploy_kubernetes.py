@@ -179,8 +179,10 @@ def test_pdb_leaves_room_to_evict_a_gateway_pod(deployment):
     pdb = load(K8S / "pdb.yaml")
     hpa = load(K8S / "hpa.yaml")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels(deployment).items()
-    # minAvailable at or above the smallest replica count would block every node drain.
-    assert pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]
+    # One pod at a time at any count: minAvailable: 1 let a drain evict nine of ten at once,
+    # and at or above the smallest replica count it would block every node drain.
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
+    assert hpa["spec"]["minReplicas"] > 1
 
 
 def test_networkpolicy_admits_callers_to_envoy_and_monitoring_to_metrics_only(deployment):

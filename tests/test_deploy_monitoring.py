@@ -305,6 +305,15 @@ def test_servicemonitor_selects_the_gateway_service_admin_port():
     assert monitor["spec"]["namespaceSelector"]["matchNames"] == [namespace]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= \
         service["metadata"]["labels"].items()
+    # Of the Services in the namespace, only that one: the headless llm-gateway-replicas has the
+    # same pods and port, and matching it too scraped each pod twice (the HPA's rate doubled).
+    services = [load(K8S / name) for name in load(K8S / "kustomization.yaml")["resources"]
+                if (K8S / name).is_file() and load(K8S / name).get("kind") == "Service"]
+    assert len(services) >= 2
+    matched = [s["metadata"]["name"] for s in services
+               if monitor["spec"]["selector"]["matchLabels"].items()
+               <= s["metadata"].get("labels", {}).items()]
+    assert matched == [service["metadata"]["name"]]
     [endpoint] = monitor["spec"]["endpoints"]
     [admin] = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
     assert admin["targetPort"] in port_names(gateway_pod())
