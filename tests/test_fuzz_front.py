@@ -372,6 +372,12 @@ def test_a_tenant_limited_to_some_models_names_its_model_in_a_body_read_whole():
     assert unnamed.reply.status == 400 and unnamed.record.reason == "model_required"
     assert check("c2", json.dumps({**doc, "model": "tiny"}).encode()).reply.status == 403
     assert isinstance(check("c3", json.dumps({**doc, "model": "big"}).encode()), Go)
+    # Whole as Envoy sent it, but over the policy's maxBodyBytes (1024 here; Envoy's own
+    # limit may be larger, as the shipped envoy.yaml's 262144 is): not read either. Before, the
+    # value only named the limit in this reply.
+    padded = json.dumps({**doc, "model": "big", "user": "x" * 2000}).encode()
+    over = check("c6", padded)
+    assert over.reply.status == 413 and over.record.reason == "body_too_large"
     # no body, no model run (a stored response retrieved): judged as before
     assert isinstance(check("c4", None), Go)
     # the other tenant may use every model: a cut body goes on, costed from its length

@@ -39,6 +39,22 @@ def test_override_caps_every_class_then_lapses_at_its_deadline():
     assert pool["override_expires_in_s"] is None
 
 
+def test_override_is_a_hard_cap_for_classes_under_their_reserved_share():
+    """Found by an audit: a class under its reserved share was admitted past an override (an
+    override of 20,000 tokens let 26,000 in). Nothing goes past an operator's limit now."""
+    policy = Policy(queues=(QueueSpec(0, "interactive", 10, 30.0, DropPolicy.TAIL,
+                                      reserved_share=0.5),
+                            QueueSpec(1, "batch", 10, 30.0, DropPolicy.TAIL,
+                                      reserved_share=0.5)))
+    a = Admission(policy, random.Random(1), controller="static:40")
+    a.set_override("default", 4, until=None, now=0.0)
+    admitted = [a.submit(req(i, priority=1), 0.0) for i in range(4)]
+    assert all(isinstance(x, Admit) for x in admitted)
+    # P0 holds none of its reserved half (2 of 4), and still waits: the cap is the override.
+    assert isinstance(a.submit(req(9, priority=0), 0.0), Queued)
+    assert a.status(0.0)["pools"]["default"]["inflight"] == 4
+
+
 def test_override_can_raise_the_limit_and_be_cleared():
     a = admission()
     a.set_override("default", 6, until=None, now=0.0)

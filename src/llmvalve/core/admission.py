@@ -176,9 +176,13 @@ class Admission:
             return True
         share = self.policy.queue(priority).reserved_share * (
             pool.limit.reserve_base() if pool.override is None else L)
-        return (share > 0 and pool.inflight_by_class.get(priority, 0.0) + cost <= share
-                and (pool.inflight + cost <= pool.limit.hard_cap(reserved=True)
-                     or (top and pool.override is None and pool.picker.can_start(now, cost))))
+        within_share = share > 0 and pool.inflight_by_class.get(priority, 0.0) + cost <= share
+        if pool.override is not None:
+            # An operator's limit is a hard cap: reserved shares are shares of it and take a
+            # class no further (before, a class under its share went past it to the KV cap).
+            return within_share and pool.inflight + cost <= L
+        return within_share and (pool.inflight + cost <= pool.limit.hard_cap(reserved=True)
+                                 or (top and pool.picker.can_start(now, cost)))
 
     def may_wait_s(self, priority: int) -> float:
         """How long a request of the class may wait in the queue and still be useful: its

@@ -238,7 +238,11 @@ class Front:
                           Record("unauthorized", "", "unauthorized"))
         klass = self._class_name(classified.priority)
         facts = None
-        if policy.inspects_bodies and check.body is not None and check.body_complete:
+        # Read whole: all of it reached the check (Envoy's max_request_bytes did not cut it)
+        # and it is within the policy's maxBodyBytes, which a reload may lower below Envoy's.
+        whole = (check.body is not None and check.body_complete
+                 and len(check.body) <= spec.max_body_bytes)
+        if policy.inspects_bodies and whole:
             facts = request_facts.parse_body(check.body, check.path)
             if isinstance(facts, str):
                 return Answer(check.check_id, replies.bad_request(facts),
@@ -248,7 +252,7 @@ class Front:
             # what it may use, or its budget per model, is judged on the model the backend
             # gets: the body's (a header could name another; a request without a body, such
             # as retrieving a stored response, runs no model)
-            reply = (replies.model_required() if check.body_complete
+            reply = (replies.model_required() if whole
                      else replies.body_too_large(spec.max_body_bytes))
             return Answer(check.check_id, reply, Record(
                 "bad_request", klass, reply.details.removeprefix("llmvalve_"),
