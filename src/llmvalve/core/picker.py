@@ -17,7 +17,8 @@ is past `room_s`, and when every engine within it is at its KV target while anot
 (`prefill_room`).
 
 A request of the top class (`first=True`) is not balanced but placed where it can start
-soonest and decode fast enough: a backend whose engine queues nothing; whose prompts sent
+soonest and decode fast enough: a backend whose engine queues nothing (nor runs as many
+sequences as its cap, where the limiter has seen that cap bind: `seq_cap`); whose prompts sent
 lately are prefilled within `late_after_s` (the backlog clock, core/backlog.py: each prompt
 adds its tokens at the pool's measured prefill speed, time drains it, and each first token in
 the access log pulls it back to the prompts sent since; one of R gateway replicas counts each
@@ -73,6 +74,8 @@ class Picker:
         # sent since that scrape (not in its numbers yet).
         self.kv: dict[str, float] = dict.fromkeys(names, 0.0)
         self.waiting: dict[str, float] = dict.fromkeys(names, 0.0)
+        self.running: dict[str, float] = dict.fromkeys(names, 0.0)
+        self.seq_cap: dict[str, float] = dict.fromkeys(names, inf)  # where seen binding
         self.capacity: dict[str, float] = dict.fromkeys(names, 0.0)
         self.sent: dict[str, float] = dict.fromkeys(names, 0.0)
         self.sent_n: dict[str, int] = dict.fromkeys(names, 0)  # requests sent since it
@@ -96,12 +99,14 @@ class Picker:
 
     def observe(self, name: str, ok: bool, at: float, kv_usage: float = 0.0,
                 waiting: float = 0.0, capacity_tokens: float = 0.0,
-                itl_s: float | None = None) -> None:
+                itl_s: float | None = None, running: float = 0.0,
+                seq_cap: float = inf) -> None:
         if name not in self.cost or ok != (name in self._healthy):
             self._oldest_ok = -inf  # its health changed (a fresher good scrape cannot)
         self.cost.setdefault(name, 0.0)
         self.count.setdefault(name, 0)
         self.kv[name], self.waiting[name], self.sent[name] = kv_usage, waiting, 0.0
+        self.running[name], self.seq_cap[name] = running, seq_cap
         self.sent_n[name] = self.done_n[name] = 0
         if itl_s is not None:
             self.itl[name] = itl_s
@@ -246,8 +251,16 @@ class Picker:
         return self.itl_target_s > 0 and self.itl.get(name, 0.0) > self.itl_target_s
 
     def _queue_now(self, name: str) -> float:
-        return (self.waiting.get(name, 0.0) + self.sent_n.get(name, 0)
-                - self.done_n.get(name, 0)) if self.waiting.get(name, 0.0) > 0 else 0.0
+        """Requests waiting in its engine, by its last scrape corrected for what was sent and
+        ended since; where its sequence cap binds (`seq_cap`), at least 1 once it runs as many
+        as its cap: a request sent there now would wait for one to end. Without the cap, a P0
+        request went to an engine running its 12 of 12 whose scrape showed none waiting while
+        another had a sequence free (TTFT 2-6 s)."""
+        now_in = self.sent_n.get(name, 0) - self.done_n.get(name, 0)
+        waiting = self.waiting.get(name, 0.0)
+        queued = waiting + now_in if waiting > 0 else 0.0
+        over = self.running.get(name, 0.0) + waiting + now_in - self.seq_cap.get(name, inf)
+        return queued if over < 0 else max(queued, over + 1.0)
 
     def _kv_now(self, name: str) -> float:
         """KV usage by the last scrape plus what was sent since (when the size is known)."""
