@@ -17,12 +17,13 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (96: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (104: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
 `holdout-gw2-agents`, `holdout-gw3-small-code` and `holdout-gw6-medium`, written at that stop,
-were judged again after its last change: these six are not unseen any more):
+were judged again after its last change: these six are not unseen any more, nor is
+`holdout-b44-seqcap-longanswer-medium3-uneq`, mended at the stop that added it):
     LLMVALVE_ISSUE10_FULL=1 pytest tests/test_generalisation.py
 """
 
@@ -365,9 +366,10 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # holdout-kv-regrow-retry -10 to -20 %: KV size is not speed). Since stop 30 lower
     # classes wait at the gateway while the only engines with prefill room are at their KV
     # target and another (busy prefilling) is not: P0 0.992 / 0.997 / 0.994, goodput 0.995
-    # / 0.923 / 0.987. Left: seed 2, where P1 agents wait for the large engine and miss
-    # their TTFT (P1 requests within SLO 620 before, 496 after; preemptions 24 and 68).
-    "holdout-p0-near-share-hetero": ("seed 2: adaptive",),
+    # / 0.923 / 0.987. Seed 2, where P1 agents waited for the large engine and missed their
+    # TTFT (P1 requests within SLO 620 before, 496 after; preemptions 24 and 68), is met
+    # since stop 41 (an engine running its sequence cap counts as queueing: 1,291 -> 1,320
+    # tok/s).
     # Batch 38 (nine files written at stop 34 by someone who had not read the controller,
     # judged as they stood, not tuned on; cron-herd, h100-summarise, p0-majority and
     # rack-heat-stack meet every target). Hard client timeouts the gateway is not told about
@@ -536,6 +538,52 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # limit, static:24 a replica, gives P0 up (0.934, 262 preemptions); no fixed limit of
     # the sweep keeps it. Adaptive keeps P0 at 1.000 with 61 preemptions.
     "holdout-b43-heavytail-small4-gw2": ("seed 2: adaptive",),
+    # Held out (written at stop 26, judged as it stood; met at every seed until stop 41): two
+    # of three small engines with a quarter of their KV until 70 and 100 s, under a retrying
+    # flood. Since stop 41 (no class waits inside an engine where sequences bind; the picker
+    # counts an engine at its cap as queueing) seed 2's run diverged (goodput +8.7 %) and
+    # one P0 request of 63 queued 3.97 s inside engine 1 while its KV was still cut.
+    "holdout-kv-regrow-retry": ("seed 2: P0 attainment",),
+    # Batch 44 (eight files written at stop 41 from the issue's families by a helper that had
+    # not read the controller, judged as they stood: six missed a target, two
+    # (heavytail-stopgen-medium-uneq, slow-pairs-medium4-gw3) met every one. The stop's
+    # sequence change was made for one of them (the seqcap entry); the others miss as
+    # before it. p1-flood-waves-tiny4-gw2 misses by 0.001.
+    # Do no harm with four replicas on three medium engines (one slowed 1.6x): the P1 misses
+    # are cancellations (a quiz generator's users cancel 10 % of requests after 3-20 s): more
+    # of its 400-token answers are still decoding when their cancel comes under adaptive
+    # (P1 0.923 / 0.912 against none's 0.942 / 0.940 at seeds 2 and 3).
+    "holdout-b44-calm-gw4-medium3-uneq": ("seed 2: P1 attainment", "seed 3: adaptive",
+                                          "seed 3: P1 attainment"),
+    # Do no harm on one H100 behind two replicas, 50-80 s busy spells of long prompts: one P1
+    # request of ~130 at seed 1 and one at seed 3 (0.985, 0.993 against 1.000), not traced.
+    "holdout-b44-calm-longprompt-minutes-h100-gw2": ("seed 1: P1 attainment",
+                                                     "seed 3: P1 attainment"),
+    # The code family at 3x behind two replicas on two small engines: no fixed limit of the
+    # sweep keeps P0 (the best, static:6 a replica, 126 tok/s; adaptive 112 with P0 0.987
+    # and 87 preemptions).
+    "holdout-b44-longprompt-3x-small-gw2": ("seed 1: adaptive", "seed 1: P0 attainment",
+                                            "seed 2: P0 attainment", "seed 3: P0 attainment"),
+    # The code family at 1x on two small engines (one 1.5x slower): P0's misses come in the
+    # first seconds of a burst after a silent minute (eight at t = 132-134 s at seed 1, each
+    # waiting 1.2-3.1 s at the gateway while the lower classes' 2,000-token prompts fill the
+    # KV); static:8 keeps P0 at 1.000 with adaptive's goodput (70 tok/s), static:12 serves 76.
+    "holdout-b44-longprompt-minutes-small-uneq": ("seed 1: adaptive", "seed 1: P0 attainment",
+                                                  "seed 3: P0 attainment"),
+    "holdout-b44-p1-flood-waves-tiny4-gw2": ("seed 1: adaptive",),
+    # Three medium engines capped at 12 sequences with ~400-token answers: a full batch holds
+    # a quarter of the KV. As written, P0 0.818 / 0.891 / 0.872: P0 requests were let in past
+    # the sequences the engines run (the top class could queue waitingTarget more in each)
+    # and placed on an engine whose scrape showed nothing waiting but that ran its 12 of 12,
+    # where they waited 2-6 s for its next sequence. Since then (stop 41) no class is sent to
+    # wait inside an engine and the picker counts an engine at its cap as queueing: P0 1.000
+    # / 0.984 / 0.979, one request at seeds 2 and 3 waiting ~2 s at the gateway for the first
+    # sequence to end at t = 28-30 s. Holding a sequence per engine free for the top class
+    # (while it had sent within 30 s) met seed 2 (1.000 / 1.000 / 0.979; two held: the
+    # same) but cost the tiny engines' workloads 5-10 % of goodput (holdout-b43-seqcap-tiny2,
+    # holdout-seqcap-small): not kept.
+    "holdout-b44-seqcap-longanswer-medium3-uneq": ("seed 2: P0 attainment",
+                                                   "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
