@@ -155,9 +155,9 @@ async def test_a_bad_metrics_backend_is_stale_not_trusted(fault):
             await scraper.stop()
 
 
-async def test_a_backend_listed_by_host_name_is_sent_to_where_its_scrape_went():
+async def test_a_backend_listed_by_host_name_is_sent_to_the_address_its_name_stands_for():
     """Backends listed by a host name (a Kubernetes pod's DNS name, compose's service name):
-    the core's pick goes to the address their last good scrape reached, by Envoy's
+    the core's pick goes to the address the scraper last looked the name up at, by Envoy's
     ORIGINAL_DST cluster, as for a backend listed by address. Before, such a pool was left to
     Envoy's load balancer: the core picked one engine and Envoy sent to another."""
     async with MetricsServer() as server:

@@ -129,6 +129,10 @@ def test_capacity_and_load_factor():
     m = measure(load_scenario("steady"), 1)
     assert 0.35 <= m["load_factor"] <= 0.6, m
     assert m["capacity_req_s"] > 4.0 and m["best_at"]
+    # --load-scale scales what is offered, not the capacity (it was ignored, without a word)
+    tripled = measure(load_scenario("steady"), 1, load_scale=3.0)
+    assert tripled["offered_req_s"] > 2.5 * m["offered_req_s"]
+    assert 2.5 * m["load_factor"] < tripled["load_factor"] < 3.5 * m["load_factor"], tripled
     out = subprocess.run([sys.executable, "-m", "llmvalve.cli", "simulate", "--list"],
                          capture_output=True, text=True, check=True)
     assert "code-bursty" in out.stdout.split()

@@ -34,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "the hindsight search (its runs dominate at fleet scale)")
     p.add_argument("--capacity", action="store_true",
                    help="measure what the backends can serve of this request mix and print "
-                   "the scenario's load factor (per seed)")
+                   "the scenario's load factor (per seed; with --load-scale, of the scaled "
+                   "traffic)")
     p.add_argument("--json", action="store_true", help="print the results JSON only")
     p.add_argument("--plot", metavar="PNG", help="write time series (and sweep) plots")
     p.add_argument("--list", action="store_true", help="list the built-in scenarios")
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--timing-draw must be >= 0")
     sc = replace(sc, timing_draw=args.timing_draw)
     if args.capacity:
-        return _capacity(sc, seeds, args.json)
+        return _capacity(sc, seeds, args.json, args.load_scale)
     t0 = time.perf_counter()
     try:
         result, runs = simulate_seeds(sc, ctrls, seeds, args.oracle, args.gateways,
@@ -146,10 +147,11 @@ def _print_extras(result: dict) -> None:
                 f"{row['controllers'][n]['goodput_tok_s']:>12.0f}" for n in names))
 
 
-def _capacity(sc, seeds: list[int], as_json: bool) -> int:  # type: ignore[no-untyped-def]
+def _capacity(sc, seeds: list[int], as_json: bool,  # type: ignore[no-untyped-def]
+              load_scale: float = 1.0) -> int:
     from llmvalve.sim.capacity import measure
 
-    out = {str(s): measure(sc, s) for s in seeds}
+    out = {str(s): measure(sc, s, load_scale=load_scale) for s in seeds}
     if as_json:
         print(json.dumps({"scenario": sc.name, "capacity": out}, indent=2))
         return 0

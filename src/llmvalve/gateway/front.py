@@ -200,7 +200,7 @@ class Front:
         self.classifier = Classifier(self.policy)
         self.addresses = request_facts.backend_addresses(self.policy)
         # backends listed by host name (a Kubernetes pod's DNS name, whose address changes as
-        # it restarts): name → (metrics URL, the address its last good scrape reached)
+        # it restarts): name → (metrics URL, the address the name was last found to stand for)
         self.learned: dict[str, tuple[str, str]] = {}
         self._named = request_facts.named_backends(self.policy)
         self.reconciler = Reconciler()
@@ -373,8 +373,9 @@ class Front:
         self.reconciler.observe(pool, snap)
 
     def learn_address(self, backend: str, metrics_url: str, ip: str) -> None:
-        """The address a scrape of a backend listed by host name reached: its picks go there,
-        by Envoy's ORIGINAL_DST cluster, as a backend listed by address does."""
+        """The address a backend listed by host name was last looked up at (gateway/scraper.py):
+        its picks go there, by Envoy's ORIGINAL_DST cluster, as a backend listed by address
+        does."""
         if (backend, metrics_url) not in self._named:  # listed by address, or gone by a reload
             return
         address = request_facts.api_address(metrics_url, ip)

@@ -202,8 +202,8 @@ def deadline_ms(headers: Mapping[str, str], name: str) -> float | None:
 def backend_addresses(policy: Policy) -> dict[str, str]:
     """Backend name → "IP:PORT" of its API, taken from its metrics URL (vLLM, SGLang and
     TensorRT-LLM serve /metrics on the API port). Host names are left out here: Envoy's
-    ORIGINAL_DST cluster needs an address, and theirs is the one their scrape reached
-    (`api_address`, kept by the front)."""
+    ORIGINAL_DST cluster needs an address, and theirs is looked up beside their scrapes
+    (gateway/scraper.py, kept by the front)."""
     out: dict[str, str] = {}
     for pool in policy.pools:
         for backend in pool.backends:

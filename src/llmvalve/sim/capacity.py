@@ -29,9 +29,12 @@ from llmvalve.sim.workload import Job, generate
 OVERLOAD = 4.0  # the replay's rate, in multiples of the scenario's mean rate
 
 
-def measure(sc: Scenario, seed: int | None = None, duration_s: float = 300.0) -> dict:
+def measure(sc: Scenario, seed: int | None = None, duration_s: float = 300.0,
+            load_scale: float = 1.0) -> dict:
+    """`load_scale` scales what is offered (`simulate --load-scale`), not the mix: the
+    capacity is the same, the load factor scales with it."""
     seed = sc.seed if seed is None else seed
-    jobs = generate(sc, 1.0, seed)
+    jobs = generate(sc, load_scale, seed)
     if not jobs:
         return {"offered_req_s": 0.0, "capacity_req_s": 0.0, "load_factor": 0.0}
     offered = len(jobs) / sc.duration_s

@@ -283,7 +283,9 @@ scenario (written at mean load at most 0.8x the measured capacity at every seed;
 built-ins read 0.81-0.93x by today's measure, which replays the mix as offered: a harder test
 than the family asks) where `adaptive` should reach 0.98x the goodput of `none` with no class
 worse than under `none`; `p0WithinShare` — P0's
-demand stays within its reserved share, so P0 should meet its SLO (attainment 0.99).
+demand stays within its reserved share, so P0 should meet its SLO (attainment 0.99). A
+request its client cancels (`cancel`) counts as a miss of its class, under every controller:
+with cancellations on P0, `p0WithinShare` asks for what no controller can give.
 """
 
 
