@@ -389,8 +389,8 @@ class Front:
 
     def routes(self) -> dict[str, str]:
         """Backend → the address its picks are sent to (none: Envoy's cluster balances)."""
-        return {**{name: address for name, (_, address) in self.learned.items()},
-                **self.addresses}
+        return {name: address for name in (*self.addresses, *self.learned)
+                if (address := self.address_of(name))}
 
     def reconcile(self, now: float) -> list[Ticket]:
         """Release (IGNORE) the slots the backends say are not in flight any more."""

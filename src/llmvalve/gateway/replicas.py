@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from llmvalve.gateway.dns import LOOKUP_TIMEOUT_S, getaddrinfo
+from llmvalve.gateway.dns import LOOKUP_TIMEOUT_S, by_family, getaddrinfo
 from llmvalve.gateway.tasks import Background
 
 log = logging.getLogger("llmvalve.replicas")
@@ -33,10 +33,7 @@ Resolve = Callable[[str], Awaitable[list[tuple]]]  # getaddrinfo-shaped answers
 
 def count_replicas(answers: list[tuple]) -> int:
     """Pods behind the answers to a getaddrinfo: distinct addresses of the larger family."""
-    by_family: dict[int, set[str]] = {}
-    for family, _type, _proto, _canon, sockaddr in answers:
-        by_family.setdefault(family, set()).add(sockaddr[0])
-    return max((len(addrs) for addrs in by_family.values()), default=0)
+    return max((len(addrs) for addrs in by_family(answers).values()), default=0)
 
 
 class ReplicaCount:
