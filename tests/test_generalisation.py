@@ -553,11 +553,26 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # are clients that left (P1 0.923 / 0.912 against none's 0.942 / 0.940 at seeds 2 and
     # 3). At seed 3, 24 grading-agent requests on the slowed engine passed their 20 s
     # deadline while decoding (none: 11, and 2 on another engine), with no wait at the
-    # gateway and as many P1 requests on that engine under both (72 and 69).
+    # gateway and as many grading-agent requests on that engine under both (72 and 69).
+    # Traced at stop 42: the slowed engine decodes at 0.06 s a token under both, so a
+    # 400-500-token answer there passes 20 s; P0 is placed where it prefills soonest, which
+    # is not the slowed card (35 P0 requests there against none's 53), and the lower classes,
+    # balanced by load, fill the room it leaves: 97 P1 requests there against 84, 25 of them
+    # cancelled against 15. Measured, not kept: P0 balanced by load like the lower classes
+    # among engines that prefill it within a quarter of its TTFT objective (41 P0 and 83 P1
+    # there; P1 0.932 / 0.937 at seeds 2 and 3, still below none's), which over every
+    # workload met 17 targets and lost 20 (P0 misses 889 -> 892 at seeds 1-3).
     "holdout-b44-calm-gw4-medium3-uneq": ("seed 2: P1 attainment", "seed 3: adaptive",
                                           "seed 3: P1 attainment"),
-    # Do no harm on one H100 behind two replicas, 50-80 s busy spells of long prompts: one P1
-    # request of ~130 at seed 1 and one at seed 3 (0.985, 0.993 against 1.000), not traced.
+    # Do no harm on one H100 behind two replicas, 50-80 s busy spells of long prompts: P1
+    # 0.985 / 0.993 against none's 1.000 at seeds 1 and 3. Traced at stop 42: each miss is a
+    # CI-pipeline request the early-drop forecast refused at the start of a busy spell
+    # (forecast 4.0-5.7 s against the 4 s it may wait) and that, retried, waited 1.8-5 s
+    # more: its TTFT counts from the first attempt (8.0-10.6 s against 8). The forecast
+    # was about right; the threshold is what refused them (as holdout-calm-h100-short).
+    # Measured, not kept: five eighths of the TTFT objective instead of half met this kind
+    # of miss on four workloads but lost P0 on five built-ins (azure-conv s1, code-bursty
+    # s1, code-bursty-3x s1 and s2, code-bursty-medium s2): 14 targets lost, 12 met.
     "holdout-b44-calm-longprompt-minutes-h100-gw2": ("seed 1: P1 attainment",
                                                      "seed 3: P1 attainment"),
     # The code family at 3x behind two replicas on two small engines: no fixed limit of the
@@ -569,6 +584,14 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # first seconds of a burst after a silent minute (eight at t = 132-134 s at seed 1, each
     # waiting 1.2-3.1 s at the gateway while the lower classes' 2,000-token prompts fill the
     # KV); static:8 keeps P0 at 1.000 with adaptive's goodput (70 tok/s), static:12 serves 76.
+    # Traced at stop 42 (t = 133 s): P0 then holds more than its reserved share (7,800 of
+    # 8,300 tokens, and a 3,100-token prompt arrives), so it stops at the KV ceiling, which
+    # the lower classes' requests below the limit and P0's own fill; an engine would have
+    # started it at once. Measured, not kept: the top class admitted past its share wherever
+    # an engine would start it at once (no queue, KV below the target with it, prompts ahead
+    # prefilled within its late bound): P0 here 0.906 -> 0.963 at seed 1; over every
+    # workload P0 misses 889 -> 879 at seeds 1-3 and 920 -> 905 at seeds 4-6, goodput the
+    # same, but the targets moved by chance (5 lost, 7 met), calm-steady s1 P1 among the lost.
     "holdout-b44-longprompt-minutes-small-uneq": ("seed 1: adaptive", "seed 1: P0 attainment",
                                                   "seed 3: P0 attainment"),
     "holdout-b44-p1-flood-waves-tiny4-gw2": ("seed 1: adaptive",),
