@@ -1,13 +1,8 @@
-"""Issue 10's acceptance targets, one test per built-in scenario, each judged at seeds 1, 2 and
-3 against the fixed-limit oracles (the best `static:N` of the scenario's sweep, and `none`),
-run with the same queues and policy:
-
-- `adaptive` ≥ 0.95 × max(best static, none) at every seed;
-- P0 SLO attainment ≥ 0.99 where P0's demand stays within its reserved share
-  (`expect.p0WithinShare`);
-- do no harm at low load (`expect.doNoHarm`): goodput ≥ 0.98 × `none`, and no class's
-  attainment below its attainment under `none`;
-- no old built-in's goodput more than 1 % below its baseline (`OLD_BASELINE`).
+"""Issue 10's acceptance targets (src/llmvalve/sim/targets.py, what `llmvalve simulate
+--judge` prints), one test per built-in scenario, each judged at seeds 1, 2 and 3 against the
+fixed-limit oracles (the best `static:N` of the scenario's sweep, and `none`), run with the same
+queues and policy; and one more, for the old built-ins: no goodput more than 1 % below its
+baseline (`OLD_BASELINE`).
 
 A target a scenario still misses is listed in `KNOWN_MISSES` (by seed and target, with its
 cause): the scenario must miss exactly those (reported as xfail), nothing else.
@@ -35,13 +30,11 @@ from pathlib import Path
 import pytest
 
 import oracle_cache
+from llmvalve.sim import targets
 from llmvalve.sim.runner import ratios, simulate, simulate_seeds
 from llmvalve.sim.scenario import Scenario, builtin_names, load_scenario
 
 SEEDS = [1, 2, 3]
-VS_BEST_FIXED = 0.95  # adaptive ≥ 0.95 × max(best static:N, none), at the worst seed
-P0_ATTAINMENT = 0.99  # where P0's demand stays within its reserved share (expect.p0WithinShare)
-NO_HARM_GOODPUT = 0.98  # low load (expect.doNoHarm): adaptive ≥ 0.98 × none, and no class worse
 OLD_REGRESSION = 0.01  # no old built-in's adaptive goodput worse than below by more than 1 %
 FLEET_SIZE = 32  # backends from which a built-in is fleet-scale: run on request only
 
@@ -622,11 +615,11 @@ def judged_runs(sc: Scenario, seeds: list[int]) -> dict[str, dict]:
     here (nine of each seed's eleven runs)."""
     fixed = oracle_cache.best_fixed(sc.name, seeds)
     if fixed is None:
-        res, _ = simulate_seeds(sc, ["none", "adaptive"], seeds, oracle=True, hindsight=False)
+        res, _ = simulate_seeds(sc, list(targets.JUDGED), seeds, oracle=True, hindsight=False)
         return res["seeds"]["runs"]
     runs = {}
     for seed in seeds:
-        r, _ = simulate(sc, ["none", "adaptive"], seed)
+        r, _ = simulate(sc, list(targets.JUDGED), seed)
         oracles = {"fixed": {"goodput_tok_s": fixed[str(seed)]},
                    "none": {"goodput_tok_s": r["controllers"]["none"]["goodput_tok_s"]}}
         r["vs_oracle"] = {c: ratios(v["goodput_tok_s"], oracles)
@@ -638,29 +631,17 @@ def judged_runs(sc: Scenario, seeds: list[int]) -> dict[str, dict]:
 def misses(scenario: str, seeds: list[int] = SEEDS) -> list[str]:
     """Every target the scenario misses, one line each (empty: all met)."""
     sc = load_scenario(scenario)
-    out = []
-    for seed, r in judged_runs(sc, seeds).items():
-        a, none = r["controllers"]["adaptive"], r["controllers"]["none"]
-        ratio = r["vs_oracle"]["adaptive"]["fixed"]
-        if ratio < VS_BEST_FIXED:
-            out.append(f"seed {seed}: adaptive {ratio:.3f} x best fixed (< {VS_BEST_FIXED})")
-        p0 = a["classes"]["0"]["slo_attainment"]
-        if sc.extra.get("p0WithinShare") and p0 < P0_ATTAINMENT:
-            out.append(f"seed {seed}: P0 attainment {p0:.3f} (< {P0_ATTAINMENT})")
-        if sc.extra.get("doNoHarm"):
-            vs_none = r["vs_oracle"]["adaptive"]["none"]
-            if vs_none < NO_HARM_GOODPUT:
-                out.append(f"seed {seed}: adaptive {vs_none:.3f} x none (< {NO_HARM_GOODPUT})")
-            for p, c in a["classes"].items():
-                if c["slo_attainment"] < none["classes"][p]["slo_attainment"]:
-                    out.append(f"seed {seed}: P{p} attainment {c['slo_attainment']:.3f} below "
-                               f"none's {none['classes'][p]['slo_attainment']:.3f}")
-        old = OLD_BASELINE.get(sc.name)
-        if old is not None:
-            before = old[SEEDS.index(int(seed))]
-            if a["goodput_tok_s"] < (1 - OLD_REGRESSION) * before:
-                out.append(f"seed {seed}: goodput {a['goodput_tok_s']:.0f} < baseline "
-                           f"{before:.0f} - {OLD_REGRESSION:.0%}")
+    runs = judged_runs(sc, seeds)
+    out = targets.misses(sc, runs)
+    old = OLD_BASELINE.get(sc.name)
+    if old is None:
+        return out
+    for seed, r in runs.items():
+        before = old[SEEDS.index(int(seed))]
+        goodput = r["controllers"]["adaptive"]["goodput_tok_s"]
+        if goodput < (1 - OLD_REGRESSION) * before:
+            out.append(f"seed {seed}: goodput {goodput:.0f} < baseline {before:.0f} - "
+                       f"{OLD_REGRESSION:.0%}")
     return out
 
 

@@ -229,3 +229,56 @@ def test_scenarios_page_opens_with_the_generators_text():
 
     page = (Path(__file__).parent.parent / "docs" / "scenarios.md").read_text()
     assert page.startswith(docs.HEAD)
+
+
+def _judged(fixed: float, vs_none: float, adaptive: dict, none: dict) -> dict:
+    cls = lambda att: {p: {"slo_attainment": v} for p, v in att.items()}  # noqa: E731
+    return {"vs_oracle": {"adaptive": {"fixed": fixed, "none": vs_none}},
+            "controllers": {"adaptive": {"goodput_tok_s": 1.0, "classes": cls(adaptive)},
+                            "none": {"goodput_tok_s": 1.0, "classes": cls(none)}}}
+
+
+def test_each_target_is_judged_only_where_the_scenario_expects_it():
+    from llmvalve.sim.targets import misses
+
+    sc = load_scenario("steady")
+    runs = {"1": _judged(0.94, 0.97, {"0": 0.98, "1": 0.90}, {"0": 1.0, "1": 0.95}),
+            "2": _judged(0.96, 1.00, {"0": 1.00, "1": 0.95}, {"0": 1.0, "1": 0.95})}
+    assert misses(replace(sc, extra={}), runs) == ["seed 1: adaptive 0.940 x best fixed (< 0.95)"]
+    both = misses(replace(sc, extra={"p0WithinShare": True, "doNoHarm": True}), runs)
+    assert both == ["seed 1: adaptive 0.940 x best fixed (< 0.95)",
+                    "seed 1: P0 attainment 0.980 (< 0.99)",
+                    "seed 1: adaptive 0.970 x none (< 0.98)",
+                    "seed 1: P0 attainment 0.980 below none's 1.000",
+                    "seed 1: P1 attainment 0.900 below none's 0.950"]
+
+
+def test_judge_prints_the_targets_missed_and_exits_1(tmp_path):
+    """Clients that cancel most P0 requests: no controller meets P0's 0.99, and the judge
+    says so at each seed."""
+    f = tmp_path / "cancels.yaml"
+    f.write_text("name: p0-cancels\nduration: 20s\nbackends: {count: 1, profile: small}\n"
+                 "oracleSweep: [4, 16]\nexpect: {p0WithinShare: true}\nclasses:\n"
+                 "  - {name: chat, priority: 0, tenant: app, rate: 2, prompt: {mean: 200},"
+                 " output: {mean: 100}, cancel: {prob: 0.8, after: [0.5s, 1s]}}\n"
+                 "  - {name: batch, priority: 2, tenant: etl, rate: 2, prompt: {mean: 200},"
+                 " output: {mean: 100}}\n")
+    cmd = [sys.executable, "-m", "llmvalve.cli", "simulate", "--scenario", str(f), "--judge"]
+    out = subprocess.run([*cmd, "--seeds", "1,2"], capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("targets of p0-cancels:") and "P0 attainment >= 0.99" in lines[0]
+    assert [ln.split(":")[0] for ln in lines[1:3]] == ["seed 1", "seed 2"]
+    missed = [ln for ln in lines if ln.startswith("missed: ")]
+    assert [m.split(": ", 2)[1] for m in missed if "P0 attainment" in m] == ["seed 1", "seed 2"]
+    res = json.loads(subprocess.run([*cmd, "--seed", "1", "--json"], capture_output=True,
+                                    text=True).stdout)
+    assert set(res["seeds"]) == {"1"} and res["misses"][0].startswith("seed 1: P0 attainment")
+    assert res["seeds"]["1"]["adaptive"]["slo_attainment"]["0"] < 0.5
+
+
+def test_judge_runs_its_own_controllers():
+    out = subprocess.run([sys.executable, "-m", "llmvalve.cli", "simulate", "--scenario",
+                          "steady", "--judge", "--controllers", "none"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "--judge runs its own controllers" in out.stderr

@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import replace
 
+JUDGE_SEEDS = (1, 2, 3)  # issue 10 judges every scenario at these
 _CONTROLLER_RE = re.compile(r"none|seed|adaptive|static(:[1-9][0-9]*)?|schedule:.+")
 
 
@@ -36,6 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measure what the backends can serve of this request mix and print "
                    "the scenario's load factor (per seed; with --load-scale, of the scaled "
                    "traffic)")
+    p.add_argument("--judge", action="store_true",
+                   help="judge issue 10's targets (docs/scenarios.md, `expect`): run none and "
+                   "adaptive with the fixed-limit oracles at --seeds (default 1,2,3), print "
+                   "each target missed, and exit 1 if any is")
     p.add_argument("--json", action="store_true", help="print the results JSON only")
     p.add_argument("--plot", metavar="PNG", help="write time series (and sweep) plots")
     p.add_argument("--list", action="store_true", help="list the built-in scenarios")
@@ -66,12 +71,19 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--scenario is required (--list names the built-ins)")
     try:
         sc = load_scenario(args.scenario)
-        seeds = parse_seeds(args.seeds) if args.seeds else [sc.seed if args.seed is None
-                                                             else args.seed]
+        if args.seeds:
+            seeds = parse_seeds(args.seeds)
+        elif args.seed is not None:
+            seeds = [args.seed]
+        else:
+            seeds = list(JUDGE_SEEDS) if args.judge else [sc.seed]
     except (ScenarioError, OSError, ValueError) as exc:
         return _fail(str(exc))
     if args.seeds and args.seed is not None:
         return _fail("give --seed or --seeds, not both")
+    if args.judge and (args.controllers or args.capacity):
+        return _fail("--judge runs its own controllers: give it without --controllers and "
+                     "--capacity")
     ctrls = args.controllers.split(",") if args.controllers else None
     bad = [c for c in ctrls or [] if not _CONTROLLER_RE.fullmatch(c)]
     if bad:
@@ -102,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
     sc = replace(sc, timing_draw=args.timing_draw)
     if args.capacity:
         return _capacity(sc, seeds, args.json, args.load_scale)
+    if args.judge:
+        return _judge(sc, seeds, args)
     t0 = time.perf_counter()
     try:
         result, runs = simulate_seeds(sc, ctrls, seeds, args.oracle, args.gateways,
@@ -122,6 +136,23 @@ def run(args: argparse.Namespace) -> int:
     _print_extras(result)
     print(f"\n(simulated in {elapsed:.1f} s of wall time)")
     return 0
+
+
+def _judge(sc, seeds: list[int], args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from llmvalve.sim.runner import simulate_seeds
+    from llmvalve.sim.targets import JUDGED, figures, misses, report
+
+    result, _ = simulate_seeds(sc, list(JUDGED), seeds, oracle=True, gateways=args.gateways,
+                               hindsight=False, load_scale=args.load_scale,
+                               stepping=args.stepping)
+    runs = result["seeds"]["runs"]
+    found = misses(sc, runs)
+    if args.json:
+        print(json.dumps({"scenario": sc.name, "expect": sc.extra, "misses": found,
+                          "seeds": figures(runs)}, indent=2))
+    else:
+        print(report(sc, runs))
+    return 1 if found else 0
 
 
 def _plot(plot: str, sc, seed: int, result: dict, runs) -> None:  # type: ignore[no-untyped-def]

@@ -286,6 +286,10 @@ worse than under `none`; `p0WithinShare` — P0's
 demand stays within its reserved share, so P0 should meet its SLO (attainment 0.99). A
 request its client cancels (`cancel`) counts as a miss of its class, under every controller:
 with cancellations on P0, `p0WithinShare` asks for what no controller can give.
+`simulate --scenario FILE --judge` runs `none` and `adaptive` with the fixed-limit oracles at
+seeds 1-3 (or `--seeds`), judges these targets and `adaptive` ≥ 0.95x the better of the best
+fixed limit and `none`, prints every target missed, by seed, and exits 1 if one is
+(`--json`: the same as JSON). tests/test_generalisation.py judges every built-in so.
 """
 
 

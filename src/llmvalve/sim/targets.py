@@ -1,0 +1,78 @@
+"""Issue 10's acceptance targets, judged on one scenario's runs at several seeds: what
+`llmvalve simulate --judge` prints and tests/test_generalisation.py asserts.
+
+At every seed, against the fixed-limit oracles of the scenario's sweep (the best `static:N`,
+and `none`), with the same queues and policy:
+
+- `adaptive` ≥ 0.95 × max(best static, none);
+- P0 SLO attainment ≥ 0.99 where the scenario says P0's demand stays within its reserved
+  share (`expect.p0WithinShare`);
+- do no harm at low load (`expect.doNoHarm`): goodput ≥ 0.98 × `none`, and no class's
+  attainment below its attainment under `none`.
+
+A request its client cancels counts as a miss of its class under every controller.
+"""
+
+from __future__ import annotations
+
+from llmvalve.sim.scenario import Scenario
+
+VS_BEST_FIXED = 0.95  # adaptive ≥ 0.95 × max(best static:N, none), at the worst seed
+P0_ATTAINMENT = 0.99  # where P0's demand stays within its reserved share (expect.p0WithinShare)
+NO_HARM_GOODPUT = 0.98  # low load (expect.doNoHarm): adaptive ≥ 0.98 × none, and no class worse
+JUDGED = ("none", "adaptive")  # the runs each seed needs, besides the oracle sweep
+
+
+def misses(sc: Scenario, runs: dict[str, dict]) -> list[str]:
+    """Every target missed, one line each, by seed (empty: all met). `runs`: per seed, a
+    `simulate` result with `none` and `adaptive` and their ratios to the fixed oracles."""
+    out = []
+    for seed, r in runs.items():
+        a, none = r["controllers"]["adaptive"], r["controllers"]["none"]
+        ratio = r["vs_oracle"]["adaptive"]["fixed"]
+        if ratio < VS_BEST_FIXED:
+            out.append(f"seed {seed}: adaptive {ratio:.3f} x best fixed (< {VS_BEST_FIXED})")
+        p0 = a["classes"]["0"]["slo_attainment"]
+        if sc.extra.get("p0WithinShare") and p0 < P0_ATTAINMENT:
+            out.append(f"seed {seed}: P0 attainment {p0:.3f} (< {P0_ATTAINMENT})")
+        if sc.extra.get("doNoHarm"):
+            vs_none = r["vs_oracle"]["adaptive"]["none"]
+            if vs_none < NO_HARM_GOODPUT:
+                out.append(f"seed {seed}: adaptive {vs_none:.3f} x none (< {NO_HARM_GOODPUT})")
+            for p, c in a["classes"].items():
+                if c["slo_attainment"] < none["classes"][p]["slo_attainment"]:
+                    out.append(f"seed {seed}: P{p} attainment {c['slo_attainment']:.3f} below "
+                               f"none's {none['classes'][p]['slo_attainment']:.3f}")
+    return out
+
+
+def figures(runs: dict[str, dict]) -> dict[str, dict]:
+    """Per seed, what the targets are judged on: adaptive's ratios to the oracles and each
+    controller's goodput and class attainment."""
+    out = {}
+    for seed, r in runs.items():
+        out[seed] = {
+            "best_fixed": r.get("oracles", {}).get("fixed", {}).get("controller"),
+            "adaptive_vs": {k: r["vs_oracle"]["adaptive"][k] for k in ("fixed", "none")},
+            **{c: {"goodput_tok_s": r["controllers"][c]["goodput_tok_s"],
+                   "slo_attainment": {p: v["slo_attainment"]
+                                      for p, v in r["controllers"][c]["classes"].items()}}
+               for c in JUDGED}}
+    return out
+
+
+def report(sc: Scenario, runs: dict[str, dict]) -> str:
+    """The judgement as `simulate --judge` prints it: the targets that apply, each seed's
+    figures, and every target missed."""
+    p0, harm = sc.extra.get("p0WithinShare"), sc.extra.get("doNoHarm")
+    lines = [f"targets of {sc.name}: adaptive >= {VS_BEST_FIXED} x max(best fixed limit, none)"
+             + (f"; P0 attainment >= {P0_ATTAINMENT} (p0WithinShare)" if p0 else "")
+             + (f"; >= {NO_HARM_GOODPUT} x none, no class below none's (doNoHarm)"
+                if harm else "")]
+    for seed, f in figures(runs).items():
+        attain = " ".join(f"P{p} {v:.3f}" for p, v in f["adaptive"]["slo_attainment"].items())
+        best = f" ({f['best_fixed']})" if f["best_fixed"] else ""
+        lines.append(f"seed {seed}: adaptive {f['adaptive_vs']['fixed']:.3f} x best fixed{best}"
+                     f", {f['adaptive_vs']['none']:.3f} x none; {attain}")
+    lines += [f"missed: {m}" for m in misses(sc, runs)] or ["every target met"]
+    return "\n".join(lines)
