@@ -12,7 +12,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (104: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (112: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -601,6 +601,36 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # holdout-seqcap-small): not kept.
     "holdout-b44-seqcap-longanswer-medium3-uneq": ("seed 2: P0 attainment",
                                                    "seed 3: P0 attainment"),
+    # Batch 45 (eight files written at stop 42 from the issue's families by a helper that had
+    # not read the controller, judged as they stood with `simulate --judge`): five met every
+    # target (calm-mixedgpu-small3, calm-rag-h100-gw2, flood-ramp-medium4-gw4,
+    # heavytail-medium3-mixed, seqcap-h100x2-ramp).
+    # Code completion at 1x on three medium engines behind two replicas: every P0 miss is an
+    # answer of 2-8 tokens decoded in steps shared with prefill chunks (TPOT 0.151-0.243 s
+    # against 0.15, no wait at the gateway, no preemption): 5 / 2 / 2 of ~180, as
+    # code-bursty-medium. The best fixed limit by goodput, static:32, has P0 0.98 at seed 1;
+    # static:16 keeps it (0.994) at 0.89 of that goodput.
+    "holdout-b45-code-medium3-gw2-1x": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                                        "seed 3: P0 attainment"),
+    # Code completion at ~3x on six tiny engines (4,096 KV tokens: two 1,800-token prompts
+    # fill one) run by priority, three replicas: 0.672 / 0.665 / 0.585 of static:4 (three
+    # replicas, 12 requests, about two an engine, 3,800 preemptions in 150 s). Traced at
+    # seed 1: an engine preempts in almost every window (two replicas' prompts land on one
+    # engine between scrapes, or one prompt of 3,800 tokens beside another), each preemption
+    # cuts the limit to 0.9 of what is in flight, and it sits at the minimum (2,048 tokens a
+    # replica): four or five requests on six engines, pool KV 0.2-0.4. Measured, not kept: a
+    # preemption while another engine that did not preempt has room (KV below half the
+    # target, nothing waiting) holds the limit instead of cutting it. Here 0.950 / 0.973 /
+    # 0.930 and P0 1.000 at seed 2; elsewhere it holds while one engine's answers grow into
+    # its KV (azure-conv s4: 28 -> 145 preemptions, -9 % goodput; holdout-reason-gw3-hetero
+    # s3 P0 1.000 -> 0.906): over every workload at seeds 1-3, 7 targets met and 6 lost.
+    # P0 at seed 2: two requests of 199 (0.9899).
+    "holdout-b45-code-tiny6-gw3-3x": ("seed 1: adaptive", "seed 2: adaptive",
+                                      "seed 2: P0 attainment", "seed 3: adaptive"),
+    # Half the fleet slowed 3x, then one engine of four leaves at 100 s: every P0 miss is a
+    # request decoding on it as it leaves, dropped with it (4 / 2 / 3 of ~170).
+    "holdout-b45-halfslow-leave-small4-gw2": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                                              "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
