@@ -132,6 +132,24 @@ def test_decrease_on_preemption_counter_increase():
     assert a.epoch == 1
 
 
+@pytest.mark.parametrize("running, other_kv, other_waiting, action", [
+    (2, 0.1, 0, "hold"),  # two sequences time-shared while another engine has room
+    (3, 0.1, 0, "drop"),  # preempting among more: its answers grow into its KV
+    (2, 0.5, 0, "drop"),  # the other engine is past half the KV target: no room
+    (2, 0.1, 1, "drop"),  # or has a request waiting
+])
+def test_preemptions_among_two_sequences_hold_the_limit_while_another_engine_has_room(
+        running, other_kv, other_waiting, action):
+    """An engine whose KV holds two of the requests time-shares them at any useful load:
+    cutting the pool's limit for it places nothing better."""
+    a = make()
+    for t in (0.0, 1.5):
+        a.on_snapshot(snap(t, "b0", preemptions_total=t, running=running, kv_usage=0.6), t)
+        a.on_snapshot(snap(t, "b1", kv_usage=other_kv, waiting=other_waiting, running=1), t)
+    assert a.update(2.0, 9_000.0) == pytest.approx(8_100.0 if action == "drop" else 16_000.0)
+    assert a.status()["last_action"] == action
+
+
 def test_cancellations_and_successes_are_not_drops():
     a = make()
     a.on_snapshot(snap(0.0), 0.0)
