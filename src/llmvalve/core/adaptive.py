@@ -578,7 +578,7 @@ class AdaptiveLimit:
         # Decreases aim at what is in flight now, and never compound: while admitted work
         # drains (seconds, for LLM requests) the signals stay high, and cutting L again for
         # the same excess would overshoot to starvation.
-        time_shared = self._preempted and self._time_shared(live)
+        time_shared = bool(self._preempted) and self._time_shared(live)
         if (self._drops or (self._preempted and not time_shared)) and fresh:
             self._decrease(min(L, inflight * s.decrease_on_drop), now, "drop")
         elif r > 1.0 + s.band / 2 and fresh:

@@ -79,8 +79,9 @@ best of `none` and the fixed limits of `oracleSweep` (a sweep that does not reac
 best limit understates it). The load factor is the scenario's mean offered output tokens per
 second over that capacity in output tokens per second (`--capacity` prints the request rates
 too, whose ratio can differ from it by a few percent: judge `doNoHarm`'s 0.8x by tokens); each
-built-in's description quotes the load factor it measures. Goodput and throughput count the drain after the traffic ends too (up to 120 s),
-so a controller's goodput over the scenario's duration can read above that capacity.
+built-in's description quotes the load factor it measures. Goodput and throughput count the
+drain after the traffic ends too (up to 120 s), so a controller's goodput over the
+scenario's duration can read above that capacity.
 The held-out files quote their writers' measurements: before stop 28 the replay kept the
 scenario's priorities and read up to a fifth more capacity where the classes' lengths differ
 (`calm-steady` at seed 2: 0.80x then, 0.90x now); before stop 29 it dropped the events at
