@@ -251,6 +251,10 @@ def test_each_target_is_judged_only_where_the_scenario_expects_it():
                     "seed 1: adaptive 0.970 x none (< 0.98)",
                     "seed 1: P0 attainment 0.980 below none's 1.000",
                     "seed 1: P1 attainment 0.900 below none's 0.950"]
+    # P0 is the policy's highest class, whatever its number
+    top1 = {"1": _judged(1.0, 1.0, {"1": 0.98, "5": 1.0}, {"1": 0.98, "5": 1.0})}
+    assert misses(replace(sc, extra={"p0WithinShare": True}), top1) == [
+        "seed 1: P1 attainment 0.980 (< 0.99)"]
 
 
 def test_judge_prints_the_targets_missed_and_exits_1(tmp_path):
