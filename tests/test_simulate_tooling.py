@@ -273,6 +273,8 @@ def test_judge_prints_the_targets_missed_and_exits_1(tmp_path):
     lines = out.stdout.splitlines()
     assert lines[0].startswith("targets of p0-cancels:") and "P0 attainment >= 0.99" in lines[0]
     assert [ln.split(":")[0] for ln in lines[1:3]] == ["seed 1", "seed 2"]
+    # the cancels defeat every fixed limit too, and the judge says so
+    assert all(ln.endswith("no fixed limit of the sweep keeps P0") for ln in lines[1:3])
     missed = [ln for ln in lines if ln.startswith("missed: ")]
     assert [m.split(": ", 2)[1] for m in missed if "P0 attainment" in m] == ["seed 1", "seed 2"]
     res = json.loads(subprocess.run([*cmd, "--seed", "1", "--json"], capture_output=True,
