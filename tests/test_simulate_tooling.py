@@ -232,10 +232,12 @@ def test_scenarios_page_opens_with_the_generators_text():
 
 
 def _judged(fixed: float, vs_none: float, adaptive: dict, none: dict) -> dict:
-    cls = lambda att: {p: {"slo_attainment": v} for p, v in att.items()}  # noqa: E731
+    """A seed's results as the targets read them: ratios and class attainment."""
+    def run(attainment: dict) -> dict:
+        return {"goodput_tok_s": 1.0,
+                "classes": {p: {"slo_attainment": v} for p, v in attainment.items()}}
     return {"vs_oracle": {"adaptive": {"fixed": fixed, "none": vs_none}},
-            "controllers": {"adaptive": {"goodput_tok_s": 1.0, "classes": cls(adaptive)},
-                            "none": {"goodput_tok_s": 1.0, "classes": cls(none)}}}
+            "controllers": {"adaptive": run(adaptive), "none": run(none)}}
 
 
 def test_each_target_is_judged_only_where_the_scenario_expects_it():
@@ -283,8 +285,9 @@ def test_judge_prints_the_targets_missed_and_exits_1(tmp_path):
     assert res["seeds"]["1"]["adaptive"]["slo_attainment"]["0"] < 0.5
 
 
-def test_judge_runs_its_own_controllers():
+@pytest.mark.parametrize("extra", [["--controllers", "none"], ["--capacity"],
+                                   ["--plot", "x.png"]])
+def test_judge_runs_its_own_controllers(extra):
     out = subprocess.run([sys.executable, "-m", "llmvalve.cli", "simulate", "--scenario",
-                          "steady", "--judge", "--controllers", "none"],
-                         capture_output=True, text=True)
+                          "steady", "--judge", *extra], capture_output=True, text=True)
     assert out.returncode == 2 and "--judge runs its own controllers" in out.stderr

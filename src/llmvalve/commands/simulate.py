@@ -10,7 +10,6 @@ import sys
 import time
 from dataclasses import replace
 
-JUDGE_SEEDS = (1, 2, 3)  # issue 10 judges every scenario at these
 _CONTROLLER_RE = re.compile(r"none|seed|adaptive|static(:[1-9][0-9]*)?|schedule:.+")
 
 
@@ -63,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from llmvalve.sim.runner import parse_seeds, simulate_seeds
     from llmvalve.sim.scenario import ScenarioError, builtin_names, load_scenario
     from llmvalve.sim.scenario_load import MAX_BACKENDS, MAX_REQUESTS
+    from llmvalve.sim.targets import SEEDS as JUDGE_SEEDS
 
     if args.list:
         print("\n".join(builtin_names()))
@@ -81,9 +81,9 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.seeds and args.seed is not None:
         return _fail("give --seed or --seeds, not both")
-    if args.judge and (args.controllers or args.capacity):
-        return _fail("--judge runs its own controllers: give it without --controllers and "
-                     "--capacity")
+    if args.judge and (args.controllers or args.capacity or args.plot):
+        return _fail("--judge runs its own controllers: give it without --controllers, "
+                     "--capacity and --plot")
     ctrls = args.controllers.split(",") if args.controllers else None
     bad = [c for c in ctrls or [] if not _CONTROLLER_RE.fullmatch(c)]
     if bad:
@@ -151,7 +151,7 @@ def _judge(sc, seeds: list[int], args: argparse.Namespace) -> int:  # type: igno
         print(json.dumps({"scenario": sc.name, "expect": sc.extra, "misses": found,
                           "seeds": figures(runs)}, indent=2))
     else:
-        print(report(sc, runs))
+        print(report(sc, runs, found))
     return 1 if found else 0
 
 

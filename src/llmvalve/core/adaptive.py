@@ -96,6 +96,9 @@ from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
 
 STALE_SIGMA = 1.5
 SEQ_CAP_HITS = 3  # scrapes that show the sequence cap binding before it is counted
+# An engine that preempts while running at most this many sequences time-shares requests its
+# KV cannot hold together: the pool's limit is not what fills it (`_time_shared`).
+TIME_SHARED_SEQS = 2
 SLOW_CARD_WINDOWS = 5  # latency windows an engine must stay slow to be read as a slow card
 FALLBACK_CAPACITY_TOKENS = 65_536.0
 # An unused limit decays no lower than this fraction of the KV ceiling: back to the ceiling
@@ -605,9 +608,10 @@ class AdaptiveLimit:
             self._last_action = "hold" if settled else "settling"
 
     def _time_shared(self, live: list[_Backend]) -> bool:
-        """Every engine that preempted runs at most two sequences, and one that did not has
-        room: KV below half the target and nothing waiting."""
-        if any(b.snap.running > 2 for b in live if b.snap.backend in self._preempted):
+        """Every engine that preempted runs at most `TIME_SHARED_SEQS` sequences, and one
+        that did not has room: KV below half the target and nothing waiting."""
+        if any(b.snap.running > TIME_SHARED_SEQS for b in live
+               if b.snap.backend in self._preempted):
             return False
         return any(b.snap.backend not in self._preempted and b.snap.waiting == 0
                    and b.snap.kv_usage < self.spec.kv_target / 2 for b in live)

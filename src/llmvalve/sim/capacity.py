@@ -10,9 +10,9 @@ would be another mix (tiny P2 requests shed, long P0 answers served: `holdout-ti
 read 5.6 req/s of capacity against 97 offered at a load factor of 2.1). The capacity is the
 highest rate of output tokens of requests completed while traffic flows (300 s, so that long
 answers finish inside the window). The load factor is the scenario's mean offered output
-tokens per second over that capacity (the mix served is the mix offered, so it is also the
-ratio of request rates): 1.0 means the backends could just keep up on average; bursts may
-still overload them.
+tokens per second over that capacity (the mix served is the mix offered, so the ratio of
+request rates is close to it: 0.711 against 0.721 on one held-out workload): 1.0 means the
+backends could just keep up on average; bursts may still overload them.
 `llmvalve simulate --capacity` prints it; scenario descriptions quote it.
 """
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from llmvalve.sim.scenario import Scenario
 
+SEEDS = (1, 2, 3)  # every scenario is judged at these
 VS_BEST_FIXED = 0.95  # adaptive ≥ 0.95 × max(best static:N, none), at the worst seed
 P0_ATTAINMENT = 0.99  # where P0's demand stays within its reserved share (expect.p0WithinShare)
 NO_HARM_GOODPUT = 0.98  # low load (expect.doNoHarm): adaptive ≥ 0.98 × none, and no class worse
@@ -48,17 +49,18 @@ def misses(sc: Scenario, runs: dict[str, dict]) -> list[str]:
 
 
 def figures(runs: dict[str, dict]) -> dict[str, dict]:
-    """Per seed, what the targets are judged on: adaptive's ratios to the oracles and each
-    controller's goodput and class attainment."""
+    """Per seed, what the targets are judged on: the fixed oracles, adaptive's ratios to them
+    and each controller's goodput and class attainment (`runs` as `simulate --oracle` gives
+    them)."""
     out = {}
     for seed, r in runs.items():
-        oracles = r.get("oracles", {})
+        oracles = r["oracles"]
         out[seed] = {
-            "best_fixed": oracles.get("fixed", {}).get("controller"),
-            "best_fixed_goodput_tok_s": oracles.get("fixed", {}).get("goodput_tok_s"),
+            "best_fixed": oracles["fixed"]["controller"],
+            "best_fixed_goodput_tok_s": oracles["fixed"]["goodput_tok_s"],
             # the best fixed limit that keeps P0 at 0.99 (None: none does): where it is not
             # the best by goodput, the two targets conflict for every fixed limit
-            "top_kept": oracles.get("top_kept"),
+            "top_kept": oracles["top_kept"],
             "adaptive_vs": {k: r["vs_oracle"]["adaptive"][k] for k in ("fixed", "none")},
             **{c: {"goodput_tok_s": r["controllers"][c]["goodput_tok_s"],
                    "slo_attainment": {p: v["slo_attainment"]
@@ -67,9 +69,9 @@ def figures(runs: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def report(sc: Scenario, runs: dict[str, dict]) -> str:
+def report(sc: Scenario, runs: dict[str, dict], found: list[str]) -> str:
     """The judgement as `simulate --judge` prints it: the targets that apply, each seed's
-    figures, and every target missed."""
+    figures, and every target missed (`found`, from `misses`)."""
     p0, harm = sc.extra.get("p0WithinShare"), sc.extra.get("doNoHarm")
     lines = [f"targets of {sc.name}: adaptive >= {VS_BEST_FIXED} x max(best fixed limit, none)"
              + (f"; P0 attainment >= {P0_ATTAINMENT} (p0WithinShare)" if p0 else "")
@@ -77,15 +79,14 @@ def report(sc: Scenario, runs: dict[str, dict]) -> str:
                 if harm else "")]
     for seed, f in figures(runs).items():
         attain = " ".join(f"P{p} {v:.3f}" for p, v in f["adaptive"]["slo_attainment"].items())
-        best = f" ({f['best_fixed']})" if f["best_fixed"] else ""
-        line = (f"seed {seed}: adaptive {f['adaptive_vs']['fixed']:.3f} x best fixed{best}"
-                f", {f['adaptive_vs']['none']:.3f} x none; {attain}")
+        line = (f"seed {seed}: adaptive {f['adaptive_vs']['fixed']:.3f} x best fixed "
+                f"({f['best_fixed']}), {f['adaptive_vs']['none']:.3f} x none; {attain}")
         kept, fixed_gp = f["top_kept"], f["best_fixed_goodput_tok_s"]
-        if kept and kept["controller"] != f["best_fixed"] and fixed_gp:
+        if kept is None:
+            line += "; no fixed limit of the sweep keeps P0"
+        elif kept["controller"] != f["best_fixed"] and fixed_gp:
             line += (f"; the best fixed limit keeping P0 is {kept['controller']}, at "
                      f"{kept['goodput_tok_s'] / fixed_gp:.3f} of the best's goodput")
-        elif kept is None and "top_kept" in runs[seed].get("oracles", {}):
-            line += "; no fixed limit of the sweep keeps P0"
         lines.append(line)
-    lines += [f"missed: {m}" for m in misses(sc, runs)] or ["every target met"]
+    lines += [f"missed: {m}" for m in found] or ["every target met"]
     return "\n".join(lines)
