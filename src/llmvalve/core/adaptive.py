@@ -80,8 +80,10 @@ request waits at the gateway for the first sequence that ends in the pool, not i
 engine for its next (with 12-sequence engines decoding 400-token answers that took 2-6 s).
 `saturation()` (σ, the fast gate the admission uses to stop lower classes first) is the same
 share-weighted fill without the latency terms, a stale or failing backend counting 1.5.
-After any decrease the epoch advances: access-log samples of requests admitted earlier are
-ignored. Cancellations (`Outcome.IGNORE`) are never samples.
+After a decrease by the control law the epoch advances: access-log samples of requests
+admitted earlier are ignored. The other ways down keep the epoch: the cut for a request a
+backend dropped, the clamp to a KV ceiling that shrank, and the decay of an unused limit.
+Cancellations (`Outcome.IGNORE`) are never samples.
 """
 
 from __future__ import annotations

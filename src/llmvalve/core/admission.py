@@ -37,9 +37,10 @@ The drop policies shed what cannot be served in time (core/waits.py forecasts th
   * fast-reject: the class is shed as a whole while it is not being served in time: an
     arrival is rejected at once when the class's oldest waiting request has waited past its
     TTFT objective or its queue timeout, whichever is shorter; otherwise it queues.
-Every rejection carries a Retry-After: the expected drain time of the requests ahead, clamped to
-[retryAfter.min, retryAfter.max] and spread by ±jitter/2 so rejected clients do not return
-together.
+Every rejection by the queues or the limit carries a Retry-After: the expected drain time of
+the requests ahead, clamped to [retryAfter.min, retryAfter.max] and spread by ±jitter/2 so
+rejected clients do not return together. A budget refusal carries the exact wait for the
+tenant's bucket (core/budgets.py), or none where the request can never fit it.
 """
 
 from __future__ import annotations

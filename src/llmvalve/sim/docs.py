@@ -106,7 +106,7 @@ measured and not kept: it lowered every controller's goodput (adaptive 1,009 →
 average; the best fixed limit 1,080–1,137 → 995–1,044), refusing requests that would have
 finished. Learning a timeout the client does not send, from its cancellations, is open.
 
-The latest two batches (eight `holdout-b41-*` and six `holdout-b42-*` files, written at stop 36,
+Batches 41 and 42 (eight `holdout-b41-*` and six `holdout-b42-*` files, written at stop 36,
 the second from the issue's own families) meet every target in nine files of fourteen. The
 misses:
 - P0 requests lost with an engine that leaves mid-stream (`b41-slow-then-leave`).
@@ -157,7 +157,8 @@ built-ins that still miss a target at a seed miss it so (`azure-conv`, `code-bur
 `enginePriority` (docs/policy.md), take the class into the engine: P0 prompts are prefilled
 first and the lowest class is preempted first. A scenario's
 `backends: {schedulingPolicy: priority}` runs it so. Measured with adaptive over every
-built-in but `fleet` and every held-out workload at seeds 1–3 (357 runs), the same
+built-in but `fleet` and every held-out workload then written (batches to 43) at seeds 1–3
+(357 runs), the same
 workloads with every engine run by priority:
 - P0 misses 868 → 806, goodput +0.1 %, do-no-harm class misses 18 → 17 (`none`, Envoy
   alone, sends no priority);
