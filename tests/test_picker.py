@@ -295,3 +295,17 @@ def test_top_class_stays_off_a_backend_that_keeps_dropping_out():
     assert p.pick(30.0, first=True, cost_tokens=100.0) == "a"
     scrape(311.0)  # the first return is over five minutes old
     assert p.pick(311.0, first=True, cost_tokens=100.0) == "a"
+
+
+def test_lower_classes_are_balanced_by_each_engines_share_of_the_kv():
+    """An engine with a quarter of its neighbour's KV takes a quarter of its load: equal
+    shares filled a KV-cut engine to preemption while the full one idled."""
+    p = Picker(("big", "small"), kv_target=0.8)
+    p.observe("big", ok=True, at=0.0, capacity_tokens=64_000.0)
+    p.observe("small", ok=True, at=0.0, capacity_tokens=16_000.0)
+    picks = []
+    for _ in range(10):
+        b = p.pick(0.0, cost_tokens=1_000.0)
+        p.add(b, 1_000.0)
+        picks.append(b)
+    assert picks.count("big") == 8 and picks.count("small") == 2

@@ -1,20 +1,24 @@
 """Endpoint picking: which backend of a pool gets the request.
 
-Theory of operation. Envoy's least-request balancing counts requests, but LLM requests differ
-a hundredfold in KV cache: two 7,000-token prompts on one small engine and none on its neighbour
+Theory of operation. Envoy's least-request balancing counts requests, but LLM requests differ a
+hundredfold in KV cache: two 7,000-token prompts on one small engine and none on its neighbour
 make the first preempt while the second idles; and an engine whose sequence cap binds first
-fills up in requests, whatever they cost. The picker sends each admitted request to the
-healthy backend with the least load admitted by this replica — its share of the in-flight
-cost (what fills KV) plus its share of the in-flight requests (what fills the sequence
-slots) — ties broken in turn, preferring backends that are not full: saturated by their last
-scrape (KV usage at or above the target, or requests waiting in the engine: costs are
-estimates, and what a backend really holds is what its own metrics say), or with more than
-`room_s` (half of `late_after_s`) of prompts ahead by the backlog clock (below). Without the
-clock, one request waiting on one engine sent every lower-class request of the next scrape
-interval to the other: on rag-h100, 18 prompts of 5,000 tokens, three seconds of prefill that
-a P0 prompt sent there waited behind. The admission stops the lower classes when every engine
-is past `room_s`, and when every engine within it is at its KV target while another is not
-(`prefill_room`).
+fills up in requests, whatever they cost. The picker sends each admitted request to the healthy
+backend with the least load admitted by this replica — its share of the in-flight cost (what
+fills KV) plus its share of the in-flight requests (what fills the sequence slots), over its
+share of the pool's KV (by the last scrapes) — ties broken in turn, preferring backends that
+are not full: saturated by their last scrape (KV usage at or above the target, or requests
+waiting in the engine: costs are estimates, and what a backend really holds is what its own
+metrics say), or with more than `room_s` (half of `late_after_s`) of prompts ahead by the
+backlog clock (below). Without the clock, one request waiting on one engine sent every
+lower-class request of the next scrape interval to the other: on rag-h100, 18 prompts of 5,000
+tokens, three seconds of prefill that a P0 prompt sent there waited behind. The admission stops
+the lower classes when every engine is past `room_s`, and when every engine within it is at its
+KV target while another is not (`prefill_room`). Over its KV share: an engine with a quarter of
+its neighbours' KV (a co-located model, a smaller card) takes a quarter of their load. Equal
+shares filled it to preemption while they idled (holdout-b46-kvdrop-medium4: two of four
+engines cut to 20,000 KV tokens preempted at 3-5 requests each while the others held KV
+0.05-0.3, and each preemption cut the pool's limit).
 
 A request of the top class (`first=True`) is not balanced but placed where it can start
 soonest and decode fast enough: a backend whose engine queues nothing (nor runs as many
@@ -177,11 +181,22 @@ class Picker:
         cost_total = sum([cost[b] for b in live_names]) or 1.0
         count_total = sum([count_of(b, 0) for b in live_names]) or 1
         saturated, full = self._saturated, now + self.room_s
-        # (full, load share, turn): the turn differs for every backend, so no two keys tie
+        sizes = self._kv_shares(live_names)
+        # (full, load share over KV share, turn): the turn differs for every backend, so no
+        # two keys tie
         keys = [(saturated[b] or done_at.get(b, 0.0) > full,
-                 cost[b] / cost_total + count_of(b, 0) / count_total,
-                 (i - turn) % n, i) for b, i in zip(live_names, live, strict=True)]
+                 (cost[b] / cost_total + count_of(b, 0) / count_total) / size,
+                 (i - turn) % n, i)
+                for b, i, size in zip(live_names, live, sizes, strict=True)]
         return names[min(keys)[3]]
+
+    def _kv_shares(self, names: list[str]) -> list[float]:
+        """Each backend's KV over the mean of `names`' (all 1 while a size is unknown)."""
+        caps = [self.capacity.get(b, 0.0) for b in names]
+        if min(caps, default=0.0) <= 0:
+            return [1.0] * len(names)
+        mean = sum(caps) / len(caps)
+        return [c / mean for c in caps]
 
     def prefill_room(self, now: float) -> bool:
         """A lower-class request may be sent now: some healthy backend has less than `room_s`
