@@ -239,3 +239,31 @@ def test_engines_run_by_priority_keep_p0_where_fcfs_engines_let_it_wait_inside(n
         b = summarize(run_one(fcfs, "adaptive", seed), default_policy())
         assert a["classes"]["0"]["slo_attainment"] >= 0.99, (seed, a["classes"]["0"])
         assert a["goodput_tok_s"] >= 0.98 * b["goodput_tok_s"], seed
+
+
+def test_a_rejoining_engine_starts_as_its_profile_with_the_rejoin_events_own_settings():
+    """An engine that rejoins is a fresh one of its profile; the rejoin event's own
+    `kvBlocks` and `slowdown` apply to it (they were applied to the dead engine, then lost)."""
+    from llmvalve.sim.harness import Simulation
+    from llmvalve.sim.runner import default_policy
+    from llmvalve.sim.scenario_load import parse_scenario
+    from llmvalve.sim.workload import generate
+
+    sc = parse_scenario("""\
+name: t
+duration: 20s
+backends: {count: 2, profile: small}
+events:
+  - {at: 0s, backend: 1, kvBlocks: 256, slowdown: 2}
+  - {at: 5s, backend: [0, 1], leave: true}
+  - {at: 10s, backend: 0, rejoin: true}
+  - {at: 10s, backend: 1, rejoin: true, kvBlocks: 512, slowdown: 3}
+classes:
+  - {name: chat, priority: 0, rate: 1.0}
+""", "t.yaml")
+    sim = Simulation(sc, default_policy(), "adaptive", generate(sc, 1.0, 1), 1, "event")
+    sim.run()
+    fresh, shaped = (b.engine for b in sim.backends)
+    profile = sc.engine_profile()
+    assert (fresh.num_blocks, fresh.slowdown) == (profile.num_gpu_blocks, 1.0)
+    assert (shaped.num_blocks, shaped.slowdown) == (512, 3.0)

@@ -66,26 +66,26 @@ Oracles (what hindsight could do on the exact same requests):
 
 `/fixed`, `/hindsi` and `/none` are the controller's goodput over each oracle's at that seed.
 Fleet-scale built-ins (32 backends or more) are run at seed 1 with the fixed oracles only: the
-hindsight search takes about four times as long as the fixed oracles there.
-The JSON (`--json`) also has per-tenant results in each class (classes of a scenario that share
-a tenant and a priority are counted together), per-second time series per
-controller (limit, in flight, per-class in flight and queue depth, KV usage, engine running and
-waiting, saturation, rejections) and, with `--seeds`, every seed's results and the mean and
-worst over seeds. `llmvalve simulate --capacity` measures what the backends serve of a
-scenario's request mix, replayed as offered (one class, first come first served: under its
-own priorities an overloaded gateway serves the top classes' mix and sheds the rest), on the
-fleet as it starts (events at `at: 0s`, which shape it, are kept; later ones are not), as the
-best of `none` and the fixed limits of `oracleSweep` (a sweep that does not reach past the
-best limit understates it). The load factor is the scenario's mean offered output tokens per
-second over that capacity in output tokens per second (`--capacity` prints the request rates
-too, whose ratio can differ from it by a few percent: judge `doNoHarm`'s 0.8x by tokens); each
-built-in's description quotes the load factor it measures. Goodput and throughput count the
-drain after the traffic ends too (up to 120 s), so a controller's goodput over the
-scenario's duration can read above that capacity.
-The held-out files quote their writers' measurements: before stop 28 the replay kept the
-scenario's priorities and read up to a fifth more capacity where the classes' lengths differ
-(`calm-steady` at seed 2: 0.80x then, 0.90x now); before stop 29 it dropped the events at
-0 s as well (`holdout-p0-near-share-hetero`: 2.14–2.26x then, 2.23–2.31x with them).
+hindsight search takes about four times as long as the fixed oracles there. The JSON (`--json`)
+also has per-tenant results in each class (classes of a scenario that share a tenant and a
+priority are counted together), per-second time series per controller (limit, in flight,
+per-class in flight and queue depth, KV usage, engine running and waiting, saturation,
+rejections) and, with `--seeds`, every seed's results and the mean and worst over seeds.
+`llmvalve simulate --capacity` measures what the backends serve of a scenario's request mix,
+replayed as offered (one class, first come first served: under its own priorities an overloaded
+gateway serves the top classes' mix and sheds the rest), on the fleet as it starts (events at
+`at: 0s`, which shape it, are kept; later ones are not), without retries or cancellations,
+behind the scenario's gateway replicas (`static:N` is N per replica), as the best of `none` and
+the fixed limits of `oracleSweep` (a sweep that does not reach past the best limit understates
+it). The load factor is the scenario's mean offered output tokens per second over that capacity
+in output tokens per second (`--capacity` prints the request rates too, whose ratio can differ
+from it by a few percent: judge `doNoHarm`'s 0.8x by tokens); each built-in's description quotes
+the load factor it measures. Goodput and throughput count the drain after the traffic ends too
+(up to 120 s), so a controller's goodput over the scenario's duration can read above that
+capacity. The held-out files quote their writers' measurements: before stop 28 the replay kept
+the scenario's priorities and read up to a fifth more capacity where the classes' lengths differ
+(`calm-steady` at seed 2: 0.80x then, 0.90x now); before stop 29 it dropped the events at 0 s as
+well (`holdout-p0-near-share-hetero`: 2.14–2.26x then, 2.23–2.31x with them).
 
 The built-ins were written beside the controller. What it was also judged on, by the same
 targets: the workloads of `tests/data/holdout/` (all but four written after its tuning and judged
@@ -182,13 +182,17 @@ description: what it is for
 duration: 120s          # traffic is generated for this long; then up to 120 s of drain
 seed: 1
 backends: {count: 2, profile: small}      # engine profiles: small, medium, tiny, llama3-8b-h100
-# profile overrides: maxNumSeqs, kvBlocks, maxBatchedTokens (e.g. {profile: medium, maxNumSeqs: 16})
-# and schedulingPolicy: fcfs | priority (vLLM's; with priority and no `policy`, the default
-# policy's pool sends each class's priority: enginePriority)
+# profile overrides: maxNumSeqs, kvBlocks, maxBatchedTokens (e.g. {profile: medium,
+# maxNumSeqs: 16}) and schedulingPolicy: fcfs | priority (vLLM's; with priority and no
+# `policy`, the default policy's pool sends each class's priority: enginePriority). The
+# context length (max_model_len) is the profile's: 4,096 tokens (tiny), 8,192 (small,
+# llama3-8b-h100), 16,384 (medium); a longer prompt is an error of the engine, as in vLLM
 events:                                   # capacity events; backend: an index or a list
   - {at: 30s, backend: 1, slowdown: 2.0}  # or leave: true, rejoin: true, kvBlocks: N
   # slowdown: step time × it (below 1: faster); kvBlocks: the KV size from then on (above
-  # the profile's too); at 0s they shape a fleet of unequal engines
+  # the profile's too); at 0s they shape a fleet of unequal engines. An engine that rejoins
+  # is a fresh one of its profile (earlier slowdown and kvBlocks do not carry over); the
+  # rejoin event may give its own: {at: 90s, backend: 1, rejoin: true, kvBlocks: 512}
   - {at: 40s, backend: [0, 1], slowdown: 3.0}
 gateways: 1                               # independent replicas, each with its own controller
                                           # (static:N is N per replica)
@@ -204,7 +208,8 @@ classes:
     priority: 0
     tenant: interactive-app
     rate: [[0, 1.0], [30, 8.0], [70, 1.0]]  # Poisson; each rate holds until the next point
-    prompt: {mean: 500, cv: 0.5, max: 4000} # lognormal lengths, tokens
+    prompt: {mean: 500, cv: 0.5, max: 4000} # lognormal lengths, tokens, clipped to
+                                            # [min, max] (min default 1)
     output: {mean: 150, cv: 0.5, max: 600}
     maxTokens: 300                          # default 2 × output mean
     cancel: {prob: 0.3, after: [0.5s, 5s]}  # with prob, the client leaves if its request
@@ -215,7 +220,11 @@ classes:
                                             # its first arrival, in the policy's deadline
                                             # header (x-llmvalve-deadline-ms) on each attempt,
                                             # and leaves when it passes (default: none)
-    retry: {mode: jitter, maxAttempts: 3, base: 1s, cap: 30s}  # or immediate, none
+    retry: {mode: jitter, maxAttempts: 3, base: 1s, cap: 30s}  # or immediate, none:
+                                            # after a refusal or a drop, up to maxAttempts
+                                            # retries; jitter waits the server's Retry-After
+                                            # (if any) plus a uniform draw in
+                                            # [0, min(cap, base × 2^retry)]; immediate: at once
   - name: ramped
     priority: 1
     rate: {ramp: [[0s, 1], [60s, 10], [60s, 2]]}  # linear between points; a repeated time jumps
@@ -289,7 +298,10 @@ scenario (written at mean load at most 0.8x the measured capacity at every seed;
 built-ins read 0.81-0.93x by today's measure, which replays the mix as offered: a harder test
 than the family asks) where `adaptive` should reach 0.98x the goodput of `none` with no class
 worse than under `none`; `p0WithinShare` — P0's
-demand stays within its reserved share, so P0 should meet its SLO (attainment 0.99). A
+demand stays within its reserved share, so P0 should meet its SLO (attainment 0.99). The share
+is of the pool's limit, whose unit is KV tokens with `adaptive` (what P0's requests in flight
+hold: prompt and answer) and requests with a fixed limit: a scenario's author checks both, P0's
+share of the capacity in requests and in tokens (the judge does not check the claim). A
 request its client cancels (`cancel`) counts as a miss of its class, under every controller:
 with cancellations on P0, `p0WithinShare` asks for what no controller can give.
 `simulate --scenario FILE --judge` runs `none` and `adaptive` with the fixed-limit oracles at

@@ -456,6 +456,10 @@ class Simulation:
             b.engine.cut(now)  # type: ignore[attr-defined]
             for req_id in b.requests:  # a drop's record carries the tokens streamed so far
                 self.by_req[req_id].output_tokens = b.engine.generated(req_id)  # type: ignore
+        if ev.rejoin and not b.alive:  # a fresh engine of its profile, then this event's
+            b.engine = self._engine(b.index)  # slowdown or KV size, if it gives them
+            b.alive = True
+            b.requests.clear()
         if ev.slowdown is not None:
             b.engine.set_slowdown(float(ev.slowdown))
         if ev.kv_blocks is not None:
@@ -470,10 +474,6 @@ class Simulation:
                 if st.status == "running":
                     self._end_on_backend(st, now, status=503, failed=True)
                     self._retry_or_settle(st, None, "dropped", now)
-        if ev.rejoin and not b.alive:
-            b.engine = self._engine(b.index)
-            b.alive = True
-            b.requests.clear()
 
     # ---- observation ----------------------------------------------------------------------
     def tick(self, now: float) -> None:
