@@ -698,3 +698,18 @@ def test_a_request_whose_backend_envoy_picked_counts_alone():
     for i in range(5):
         _batched(a, "", i / 1000, 0.020 - i / 1000)
     assert a._ttft_per_token.value() == pytest.approx(0.016 / 100)
+
+
+def test_reach_is_the_kv_ceiling_after_an_unused_limit_decayed_and_the_limit_after_a_cut():
+    """A limit that decayed while unused regrows to the KV ceiling within a few calm windows:
+    the wait forecast drains the queue at that. After a cut it is what the pool can take."""
+    a = make(initial_limit_tokens=8_000.0)
+    a.on_snapshot(snap(0.0), 0.0)
+    for t in (1.0, 2.0, 3.0):
+        a.update(t, 500.0)  # app-limited: 8,000 → 6,400 → 5,120 → 4,096
+    assert a.limit() == pytest.approx(4_096.0)
+    assert a.reach() == pytest.approx(8_000.0)  # the ceiling: 0.8 × 10,000
+    a.on_snapshot(snap(3.5, running=10.0, waiting=4.0), 3.5)
+    a.update(4.0, 4_000.0)  # pressure 14 / 12: a cut
+    assert a.status()["last_action"] == "pressure"
+    assert a.reach() == pytest.approx(a.limit())

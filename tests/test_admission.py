@@ -11,6 +11,7 @@ import random
 import pytest
 
 from llmvalve.core.admission import Admission
+from llmvalve.core.limiter import StaticLimit
 from llmvalve.core.policy import (
     AdaptiveLimitSpec,
     DropPolicy,
@@ -173,6 +174,28 @@ def test_early_drop_rejects_when_predicted_wait_exceeds_what_it_may_wait():
         assert a.submit(r(f"q{i}", 1), 1.0) == Queued(f"q{i}", i + 1)
     d = a.submit(r("q8", 1), 1.0)  # 9 / 4 = 2.25 s > 2 s
     assert isinstance(d, Reject) and d.reason is Reason.PREDICTED_WAIT
+
+
+def test_early_drop_drains_the_queue_at_the_limit_it_regrows_to():
+    """A limit that decayed while unused keeps the queue back only until it regrows: the
+    forecast drains the queue at what the limit reaches (here twice as many in flight), so
+    a synchronized burst after a lull is queued, not refused."""
+
+    class Regrowing(StaticLimit):
+        def reach(self) -> float:
+            return 2 * self.limit()
+
+    a = adm("static:4")
+    pool = next(iter(a.pools.values()))
+    learn_residence(a, 1.0)
+    for i in range(4):
+        admit(a, r(f"busy{i}", 1), 1.0)
+    for i in range(8):
+        assert a.submit(r(f"q{i}", 1), 1.0) == Queued(f"q{i}", i + 1)
+    pool.limit = Regrowing(4)
+    assert a.poll(1.0) == []  # the limit keeps the queue back
+    assert a.predicted_wait_s(pool, 1, 1.0) == pytest.approx(9 / 8)
+    assert isinstance(a.submit(r("q8", 1), 1.0), Queued)  # 9 / 8 s, not 9 / 4 s > 2 s
 
 
 def test_early_drop_uses_the_client_deadline():

@@ -230,6 +230,7 @@ class AdaptiveLimit:
         self._co_prefill = CoPrefill()
         self._last_pressure = 0.0
         self._last_action = "start"
+        self._idle_below = True  # below the ceiling only for lack of use: no cut since
         self._slow_cards: list[str] = []  # read at most 1 in latency (see the module doc)
         self._rho: float | None = None
         # Caches of the two per-call sums over backends (same loops, same order, so the same
@@ -315,6 +316,15 @@ class AdaptiveLimit:
     def capacity_ceiling(self) -> float:
         """What the backends hold, in cost units."""
         return self.kv_ceiling()
+
+    def reach(self) -> float:
+        """What the limit grows back to within a few windows while the pool stays calm: the
+        KV ceiling where it is below it only because it went unused (it decays to what is
+        used, and regrows by up to maxGrowth a window), the limit itself after a cut or under
+        pressure. The wait forecast drains the queue at it (core/admission.py)."""
+        L = self.limit()
+        calm = self._last_pressure < 1.0 - self.spec.band / 2
+        return max(L, self.capacity_ceiling()) if self._idle_below and calm else L
 
     def hard_cap(self, reserved: bool = False) -> float:
         """Nothing is admitted past this. A class inside its reserved share may use the
@@ -600,6 +610,7 @@ class AdaptiveLimit:
             idle_floor = min(L, IDLE_FLOOR * ceiling)
             self._set(max(L / s.max_growth, 2 * self._peak_inflight, idle_floor),
                       "app-limited")
+            self._idle_below = True
         elif time_shared:
             self._last_action = "hold"
         elif settled and (r_up := self.pressure(now, partial=True)) < 1.0 - s.band / 2:
@@ -645,6 +656,7 @@ class AdaptiveLimit:
 
     def _decrease(self, limit: float, now: float, why: str) -> None:
         self._set(limit, why)
+        self._idle_below = False
         self.epoch += 1
         self._decreased_at = now
         for b in self.backends.values():

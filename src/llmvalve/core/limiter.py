@@ -53,6 +53,8 @@ class PoolLimit(Limit, Protocol):
 
     def reserve_base(self) -> float: ...
 
+    def reach(self) -> float: ...
+
     def hard_cap(self, reserved: bool = False) -> float: ...
 
     def max_requests(self) -> float: ...
@@ -103,6 +105,9 @@ class LimitBase:
         raise NotImplementedError
 
     def reserve_base(self) -> float:
+        return self.limit()
+
+    def reach(self) -> float:
         return self.limit()
 
     def hard_cap(self, reserved: bool = False) -> float:

@@ -10,12 +10,13 @@ which higher classes arrive (they go first). So
 
 (∞ when the higher classes alone take all the pool releases). The release rate is Little's
 law's: requests in flight over their mean time in flight (learned from every release), right
-from the first second of a burst, when few requests have finished yet; none is known before
-the first release. The arrival rate of the classes above is forecast twice, from the last few
-seconds (a ramp) and from a window as long as the class may wait (bursts average out over
-it); the lower of the two is used, so a request is refused only when both forecasts say it
-cannot be served in time — refusing what could have been served is the harm a controller
-must not do at low mean load.
+from the first second of a burst, when few requests have finished yet; none is known before the
+first release. The caller counts the requests in flight at the level the limit regrows to where
+it is lower only for having gone unused (`PoolLimit.reach`). The arrival rate of the classes
+above is forecast twice, from the last few seconds (a ramp) and from a window as long as the
+class may wait (bursts average out over it); the lower of the two is used, so a request is
+refused only when both forecasts say it cannot be served in time — refusing what could have
+been served is the harm a controller must not do at low mean load.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class WaitForecast:
         horizons = (SHORT_HORIZON_S, max(SHORT_HORIZON_S, may_wait_s))
         return min(sum(a.rate(now, h) for a in above) for h in horizons)
 
-    def wait_s(self, scheduler: Scheduler, in_flight: int, priority: int, now: float,
+    def wait_s(self, scheduler: Scheduler, in_flight: float, priority: int, now: float,
                may_wait_s: float, tenant: str | None = None) -> float:
         """Seconds until an arrival of class `priority` (of `tenant`: its round-robin turn;
         None: behind the whole class) is dispatched."""
