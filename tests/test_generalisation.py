@@ -306,7 +306,12 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # answers ends at ~140 s the replicas refill the freed KV together, each counting only
     # what it sent since the scrape; the reasoning answers grow back into it and P0 requests
     # decode in preempting engines (TPOT 0.3-0.4 s) or wait behind them.
-    "holdout-reason-gw3-hetero": ("seed 2: P0 attainment",),
+    # Since stop 43 (the picker by KV share sends the half-size engine half the load) seed 2
+    # is met and seeds 1 and 3 miss: at seed 1 five P0 requests in the last 26 s decode on
+    # preempting engines (TPOT 0.18-0.39 s) or wait 26-27 s on the half-size one; seed 3
+    # reads 0.924 of the best fixed limit with one P0 miss.
+    "holdout-reason-gw3-hetero": ("seed 1: P0 attainment", "seed 3: adaptive",
+                                  "seed 3: P0 attainment"),
     # held out (written at stop 28 by someone who had not read the controller, judged as it
     # stood): its own four-class policy with a 50 ms TPOT for P0 (voice) on three medium
     # engines at ~2.3x: 0.824 / 0.819 / 0.773 of the best fixed limit, P0 1.000 / 1.000 /
@@ -432,8 +437,10 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # prompt fits below the KV target to one that starts it sooner: seed 1 met, but P0
     # misses over the 315 runs 809 -> 829 (code-bursty-3x seed 2 +4, prompt-shift seed 2
     # +4, holdout-diurnal seed 3 +6): not kept.
+    # Seed 2's P1 met since stop 43 (the wait forecast drains a decayed limit's queue at the
+    # KV ceiling).
     "holdout-b41-calm-longprompt-small": ("seed 1: adaptive", "seed 1: P0 attainment",
-                                          "seed 1: P1 attainment", "seed 2: P1 attainment"),
+                                          "seed 1: P1 attainment"),
     # batch 41: a P1 tenant looping at 8x its share behind two replicas on three small
     # engines: 0.906 of the best fixed limit at seed 2 (static:20 per replica, 546 tok/s;
     # 1.0 P0 under both). When the loop starts each replica's limit stands near the whole
@@ -489,7 +496,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # tokens) prefilled behind others inside their engine, TTFT 2.98 and 2.45 s with no
     # gateway wait (the cause listed for code-bursty); its goodput is 1.05-1.08 of the best
     # fixed limit's at seeds 1-2.
-    "holdout-b43-code-onoff-small4-3x": ("seed 2: P0 attainment",),
+    # Since stop 43 (wait forecast, picker by KV share) seed 2 is met and seed 1 misses P0 by
+    # three of ~115 the same way; seed 3 reads 0.949 of the best fixed limit.
+    "holdout-b43-code-onoff-small4-3x": ("seed 1: P0 attainment", "seed 3: adaptive"),
     # Both H100s slowed 3x for 40 s at 1.5x load. The best fixed limit, static:256, gives P0
     # up (0.838 at seed 2); against the best that keeps it (static:128, 2,656 tok/s) adaptive
     # reads 1.07. P0 0.932 / 0.941 / 0.911: prompts sent at once that wait 2.0-2.8 s inside
@@ -571,8 +580,10 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # The code family at 3x behind two replicas on two small engines: no fixed limit of the
     # sweep keeps P0 (the best, static:6 a replica, 126 tok/s; adaptive 112 with P0 0.987
     # and 87 preemptions).
-    "holdout-b44-longprompt-3x-small-gw2": ("seed 1: adaptive", "seed 1: P0 attainment",
-                                            "seed 2: P0 attainment", "seed 3: P0 attainment"),
+    # Since stop 43 (wait forecast) P0 is met at seeds 1-2 and missed at seed 3 (0.980); seed
+    # 3 reads 0.926 of the best fixed limit.
+    "holdout-b44-longprompt-3x-small-gw2": ("seed 1: adaptive", "seed 3: adaptive",
+                                            "seed 3: P0 attainment"),
     # The code family at 1x on two small engines (one 1.5x slower): P0's misses come in the
     # first seconds of a burst after a silent minute (eight at t = 132-134 s at seed 1, each
     # waiting 1.2-3.1 s at the gateway while the lower classes' 2,000-token prompts fill the
@@ -585,8 +596,10 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # prefilled within its late bound): P0 here 0.906 -> 0.963 at seed 1; over every
     # workload P0 misses 889 -> 879 at seeds 1-3 and 920 -> 905 at seeds 4-6, goodput the
     # same, but the targets moved by chance (6 lost, 7 met), calm-steady s1 P1 among the lost.
-    "holdout-b44-longprompt-minutes-small-uneq": ("seed 1: adaptive", "seed 1: P0 attainment",
-                                                  "seed 3: P0 attainment"),
+    # Since stop 43 (wait forecast, picker by KV share: its engines are unequal) seeds 1 and 3
+    # meet P0 and seed 1 the goodput target; seed 2 misses P0 (0.950) and seed 3 reads 0.925
+    # of the best fixed limit.
+    "holdout-b44-longprompt-minutes-small-uneq": ("seed 2: P0 attainment", "seed 3: adaptive"),
     "holdout-b44-p1-flood-waves-tiny4-gw2": ("seed 1: adaptive",),
     # Three medium engines capped at 12 sequences with ~400-token answers: a full batch holds
     # a quarter of the KV. As written, P0 0.818 / 0.891 / 0.872: P0 requests were let in past
@@ -625,11 +638,51 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # it held while one engine's growing answers preempted: azure-conv s4 28 -> 145
     # preemptions and -9 % goodput, holdout-reason-gw3-hetero s3 P0 1.000 -> 0.906; 7
     # targets met and 6 lost over every workload at seeds 1-3).
-    "holdout-b45-code-tiny6-gw3-3x": ("seed 1: adaptive", "seed 3: adaptive"),
+    # Since stop 43 seed 1's P0 reads 0.990 (3 of ~200 missed with the wait forecast's change).
+    "holdout-b45-code-tiny6-gw3-3x": ("seed 1: adaptive", "seed 1: P0 attainment",
+                                      "seed 3: adaptive"),
     # Half the fleet slowed 3x, then one engine of four leaves at 100 s: every P0 miss is a
     # request decoding on it as it leaves, dropped with it (4 / 2 / 3 of ~170).
     "holdout-b45-halfslow-leave-small4-gw2": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                                               "seed 3: P0 attainment"),
+    # batch 46 (written at stop 43 by a helper who had not read the controller; judged as it
+    # stood, three of eight met every target). Code completion at 1x on two small engines,
+    # from batch 42: since stop 43 seed 3 misses P0 by one (0.985).
+    "holdout-b42-code-onoff-small-1x": ("seed 3: P0 attainment",),
+    # Agent steps with 4-8k-token prompts on two H100s behind two replicas. The engines are
+    # prefill-bound: prompts wait for the token budget at 15-20 running and KV 0.15-0.2, each
+    # engine's fill reads its waiting requests against the queue target (a quarter of P0's
+    # TTFT objective), about 1.0-1.2, and the limit holds about 36 running where static:32 a
+    # replica runs about 60 for +6 % goodput; at seeds 1 and 3 that limit gives P0 up (0.982,
+    # 0.969). The queue target is the trade.
+    "holdout-b46-agent-tools-h100-gw2": ("seed 2: adaptive", "seed 3: adaptive"),
+    # Do no harm with cancellations (30 % of clients leave after 2-8 s): two or three P1
+    # requests of ~260 a seed finish just after their client left under adaptive and just
+    # before under `none` (e.g. e2e 2.84 s under `none`, cancelled under adaptive, same
+    # engine), or the other way round. As calm-steady seed 2.
+    "holdout-b46-calm-chat-cancel-medium2-gw2": ("seed 1: P1 attainment", "seed 2: P1 attainment",
+                                                 "seed 3: P1 attainment"),
+    # Do no harm: one tenant's 3 s bursts at 28 req/s every 20 s at 0.64x mean load. As
+    # written: P1 0.879 / 0.832 / 0.846 against `none`'s 1.000, 0.88-0.91x `none`: every miss
+    # an early-drop refusal. Between bursts the unused limit decayed to a quarter of the KV
+    # ceiling and the forecast drained the queue at its release rate; since stop 43 it drains
+    # at the ceiling the limit regrows to (core/admission.py): P1 0.902 / 0.931 / 0.915,
+    # 0.927-0.953x `none`. Left: refusals at forecasts of 4.0-4.1 s against the 4 s it may wait
+    # (half of its 8 s TTFT objective) with the limit at the ceiling; the threshold at 5/8 of
+    # the objective was measured at stop 42 and not kept.
+    "holdout-b46-calm-syncburst-small3": ("seed 1: adaptive", "seed 1: P1 attainment",
+                                          "seed 2: adaptive", "seed 2: P1 attainment",
+                                          "seed 3: adaptive", "seed 3: P1 attainment"),
+    # Two of four medium engines cut to 20,000 KV tokens at 50 s. As written 0.941 / 1.008 /
+    # 0.877 of the best fixed limit: the cut engines, sent as much as the full ones, preempted
+    # at 3-5 requests each and every preemption cut the pool's limit. Since stop 43 the picker
+    # balances by each engine's share of the KV: 1.005 / 1.12 / 1.013. Left: P0 at seed 1
+    # (0.978).
+    "holdout-b46-kvdrop-medium4": ("seed 1: P0 attainment",),
+    # Answers of 1-3k tokens on engines run by priority: the limit holds KV at 0.8-0.9 where
+    # static:144 runs at 0.95 with 141 preemptions, cheap when the lowest class is the one
+    # preempted (0.912 at seed 3). The KV target is the trade, as on b41-h100-heavytail.
+    "holdout-b46-longgen-medium3-prio": ("seed 3: adaptive",),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"

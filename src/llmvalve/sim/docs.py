@@ -147,6 +147,17 @@ First tokens reported within a second instead (what Envoy's periodic access-log 
 send), simulated as each pulling the clock back a second after it, did worse: P0 misses over
 every workload 868 → 898, this one's 28 → 30.
 
+Batch 46 (eight `holdout-b46-*` files, written at stop 43 by a helper who had not read the
+controller) met every target in three as written. Two misses were wrong mechanisms, fixed
+since: `kvdrop-medium4` (two of four engines cut to 20,000 KV tokens were sent as much as the
+full ones, preempted, and each preemption cut the pool's limit: the picker now balances by
+each engine's share of the KV) and `calm-syncburst-small3` (a burst after a lull was refused
+at the release rate of a limit that had decayed while unused: the wait forecast now drains
+the queue at the KV ceiling the limit regrows to). The others are trades: a prefill-bound
+pool held at the engines' queue target (`agent-tools-h100-gw2`), the KV target where
+preemption is cheap on engines run by priority (`longgen-medium3-prio`), and requests that
+finish just before or just after their client leaves (`calm-chat-cancel-medium2-gw2`).
+
 ### Engine priority
 
 Every table on this page runs its engines as vLLM runs by default, first come first served:
