@@ -12,8 +12,12 @@ from dataclasses import replace
 
 import pytest
 
-from llmvalve.sim.runner import run_one, simulate, sweep
+from llmvalve.sim.harness import Simulation
+from llmvalve.sim.report import summarize
+from llmvalve.sim.runner import default_policy, run_one, simulate, sweep
 from llmvalve.sim.scenario import builtin_names, load_scenario
+from llmvalve.sim.scenario_load import parse_scenario
+from llmvalve.sim.workload import generate
 
 BUILTINS = ["steady", "burst", "prompt-shift", "capacity-drop", "overload-sweep", "retry-storm",
             "cancel-heavy", "multi-gateway", "noise", "azure-conv",
@@ -229,9 +233,6 @@ def test_engines_run_by_priority_keep_p0_where_fcfs_engines_let_it_wait_inside(n
     test_generalisation.py) are P0 prompts waiting or preempted inside the engine; engines run
     by priority prefill them first and preempt the lower classes: P0 is met at seeds 1-3, for
     at least 0.98 of the goodput."""
-    from llmvalve.sim.report import summarize
-    from llmvalve.sim.runner import default_policy
-
     fcfs, prio = load_scenario(name), _by_priority(name)
     assert prio.policy is not None and prio.policy.pools[0].engine_priority
     for seed in (1, 2, 3):
@@ -244,11 +245,6 @@ def test_engines_run_by_priority_keep_p0_where_fcfs_engines_let_it_wait_inside(n
 def test_a_rejoining_engine_starts_as_its_profile_with_the_rejoin_events_own_settings():
     """An engine that rejoins is a fresh one of its profile; the rejoin event's own
     `kvBlocks` and `slowdown` apply to it (they were applied to the dead engine, then lost)."""
-    from llmvalve.sim.harness import Simulation
-    from llmvalve.sim.runner import default_policy
-    from llmvalve.sim.scenario_load import parse_scenario
-    from llmvalve.sim.workload import generate
-
     sc = parse_scenario("""\
 name: t
 duration: 20s
