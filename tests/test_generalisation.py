@@ -677,8 +677,8 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # Two of four medium engines cut to 20,000 KV tokens at 50 s. As written 0.941 / 1.008 /
     # 0.877 of the best fixed limit: the cut engines, sent as much as the full ones, preempted
     # at 3-5 requests each and every preemption cut the pool's limit. Since stop 43 the picker
-    # balances by each engine's share of the KV: 1.005 / 1.12 / 1.013. Left: P0 at seed 1
-    # (0.978).
+    # balances by each engine's share of the KV: 1.034 / 1.078 / 0.983 (the fixed limits,
+    # placed by the same picker, gain too). Left: P0 at seed 1 (0.978).
     "holdout-b46-kvdrop-medium4": ("seed 1: P0 attainment",),
     # Answers of 1-3k tokens on engines run by priority: the limit holds KV at 0.8-0.9 where
     # static:144 runs at 0.95 with 141 preemptions, cheap when the lowest class is the one
