@@ -181,22 +181,17 @@ class Picker:
         cost_total = sum([cost[b] for b in live_names]) or 1.0
         count_total = sum([count_of(b, 0) for b in live_names]) or 1
         saturated, full = self._saturated, now + self.room_s
-        sizes = self._kv_shares(live_names)
-        # (full, load share over KV share, turn): the turn differs for every backend, so no
+        caps = [self.capacity.get(b, 0.0) for b in live_names]
+        if min(caps) <= 0:  # a size not known yet: all alike
+            caps = [1.0] * len(caps)
+        # (full, load share over KV size, turn): over its KV size is over its share of the
+        # pool's KV up to a factor common to all; the turn differs for every backend, so no
         # two keys tie
         keys = [(saturated[b] or done_at.get(b, 0.0) > full,
-                 (cost[b] / cost_total + count_of(b, 0) / count_total) / size,
+                 (cost[b] / cost_total + count_of(b, 0) / count_total) / cap,
                  (i - turn) % n, i)
-                for b, i, size in zip(live_names, live, sizes, strict=True)]
+                for b, i, cap in zip(live_names, live, caps, strict=True)]
         return names[min(keys)[3]]
-
-    def _kv_shares(self, names: list[str]) -> list[float]:
-        """Each backend's KV over the mean of `names`' (all 1 while a size is unknown)."""
-        caps = [self.capacity.get(b, 0.0) for b in names]
-        if min(caps, default=0.0) <= 0:
-            return [1.0] * len(names)
-        mean = sum(caps) / len(caps)
-        return [c / mean for c in caps]
 
     def prefill_room(self, now: float) -> bool:
         """A lower-class request may be sent now: some healthy backend has less than `room_s`

@@ -11,12 +11,13 @@ which higher classes arrive (they go first). So
 (∞ when the higher classes alone take all the pool releases). The release rate is Little's
 law's: requests in flight over their mean time in flight (learned from every release), right
 from the first second of a burst, when few requests have finished yet; none is known before the
-first release. The caller counts the requests in flight at the level the limit regrows to where
-it is lower only for having gone unused (`PoolLimit.reach`). The arrival rate of the classes
-above is forecast twice, from the last few seconds (a ramp) and from a window as long as the
-class may wait (bursts average out over it); the lower of the two is used, so a request is
-refused only when both forecasts say it cannot be served in time — refusing what could have
-been served is the harm a controller must not do at low mean load.
+first release. Where the limit is what keeps the queue back and it is lower only for having
+gone unused, the caller counts the requests in flight at the level it regrows to
+(`PoolLimit.reach`). The arrival rate of the classes above is forecast twice, from the last few
+seconds (a ramp) and from a window as long as the class may wait (bursts average out over it);
+the lower of the two is used, so a request is refused only when both forecasts say it cannot be
+served in time — refusing what could have been served is the harm a controller must not do at
+low mean load.
 """
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ backends: {count: 2, profile: small}      # engine profiles: small, medium, tiny
 # maxNumSeqs: 16}) and schedulingPolicy: fcfs | priority (vLLM's; with priority and no
 # `policy`, the default policy's pool sends each class's priority: enginePriority). The
 # context length (max_model_len) is the profile's: 4,096 tokens (tiny), 8,192 (small,
-# llama3-8b-h100), 16,384 (medium); a longer prompt is an error of the engine, as in vLLM
+# llama3-8b-h100), 16,384 (medium); a longer prompt is answered 400, as vLLM does
 events:                                   # capacity events; backend: an index or a list
   - {at: 30s, backend: 1, slowdown: 2.0}  # or leave: true, rejoin: true, kvBlocks: N
   # slowdown: step time × it (below 1: faster); kvBlocks: the KV size from then on (above
