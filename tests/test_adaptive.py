@@ -193,6 +193,19 @@ def test_queue_time_shrinks_the_queue_an_engine_may_hold():
     assert a.pressure(0.5) == pytest.approx(12 / 11)
 
 
+def test_requests_that_arrived_during_the_engines_step_are_not_a_queue():
+    """An engine finishing 150 requests a second at 40 ms steps takes about six new ones in
+    at each step: up to six waiting read no queue (the KV term alone), seven read as before
+    (waitingTarget 2)."""
+    for waiting, expected in ((6.0, 0.1), (7.0, 222 / 217)):
+        a = make()
+        a.on_snapshot(snap(0.0, running=200.0, itl_mean_s=0.04), 0.0)
+        a.on_snapshot(snap(0.5, running=215.0, waiting=waiting, kv_usage=0.08,
+                           itl_mean_s=0.04, finished_in_window=75.0), 0.5)
+        assert a.pressure(0.6) == pytest.approx(expected), waiting
+        assert a.saturation(0.6) == pytest.approx(expected), waiting
+
+
 def test_no_waiting_no_queue_reading():
     a = make()
     a.on_snapshot(snap(0.0, running=30.0, kv_usage=0.4), 0.0)

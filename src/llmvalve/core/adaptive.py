@@ -16,7 +16,11 @@ reading, the largest of
       its token budget): (running + waiting) / (running + allowed), allowed = waitingTarget,
       less when the queue drains slower than queueTarget (engine queue time p90). An engine
       at a sequence cap of 16 with 6 waiting reads 22 / 17 = 1.29 with the default
-      waitingTarget of 1 (29 % too much), not waiting / allowed = 6;
+      waitingTarget of 1 (29 % too much), not waiting / allowed = 6. Requests that arrived
+      during the engine's current step wait only for its next one: no more waiting than its
+      finish rate × its inter-token latency reads no queue (one H100 running 215 short chats
+      at 150 requests/s shows 1-7 waiting at any scrape; read as a queue at target, they held
+      the limit at a tenth of its KV through every burst: holdout-calm-h100-short);
   * inter-token latency / itlTarget, averaged over `latencyWindow` (a request's TPOT is a
     mean over seconds of decoding: one scrape window with a long prefill chunk in it is not a
     breach); unknown until the average covers a whole window begun after the last decrease
@@ -116,6 +120,9 @@ class _Backend:
     preemptions_seen: float
     since: float  # when the scrape before `snap` was taken: its histogram deltas start there
     max_running: float = 0.0  # the most requests it was seen running at once
+    # requests that arrive during one of its steps (finish rate x inter-token latency): as
+    # many waiting at a scrape wait only for its next step
+    per_step: float = 0.0
     itl_s: float | None = None  # inter-token latency, averaged over `latency_window_s`
     itl_since: float = -math.inf  # when the average began (it restarts at each decrease)
     cap_hits: int = 0  # scrapes at max_running with requests waiting and KV to spare
@@ -342,15 +349,17 @@ class AdaptiveLimit:
         return max(self.limit(), self.capacity_ceiling())
 
     # ---- the signal -----------------------------------------------------------------------
-    def _fill(self, snap: BackendSnapshot, sent_kv: float = 0.0) -> float:
+    def _fill(self, b: _Backend, sent_kv: float = 0.0) -> float:
         """How full one engine is against its targets, in proportion to its load. While it
-        has requests waiting, something binds (KV, its sequence cap, its token budget): it
-        holds running + waiting where it should hold running plus the queue it drains within
-        the queue target (at most waitingTarget requests). `sent_kv`: the KV fraction sent
-        to it since the scrape (not in its numbers yet)."""
+        has more requests waiting than arrive during one of its steps, something binds (KV,
+        its sequence cap, its token budget): it holds running + waiting where it should hold
+        running plus the queue it drains within the queue target (at most waitingTarget
+        requests). `sent_kv`: the KV fraction sent to it since the scrape (not in its
+        numbers yet)."""
         s = self.spec
+        snap = b.snap
         queue = 0.0
-        if snap.waiting > 0:
+        if snap.waiting > b.per_step:
             allowed = s.waiting_target
             qt = snap.queue_time_p90_s
             if qt is not None and qt > 0:
@@ -429,7 +438,7 @@ class AdaptiveLimit:
                 total += w * STALE_SIGMA
                 lo = max(lo, b.snap.at + stale_after)
             else:
-                total += w * self._fill(b.snap)
+                total += w * self._fill(b)
                 hi = min(hi, b.snap.at + stale_after)
         # cached until a snapshot arrives or a backend's freshness changes (same floats)
         self._sat_cache = (lo + 1e-9, hi - 1e-9, total)
@@ -449,7 +458,7 @@ class AdaptiveLimit:
             lat = self._latencies(live, weights, partial)
             for w, b, lb in zip(weights, live, lat, strict=True):
                 sent = (self._inflight_latest - b.inflight_at) / per_kv
-                r += w * max(self._fill(b.snap, sent), lb)
+                r += w * max(self._fill(b, sent), lb)
         if len(self._ttft_queue) >= self.spec.min_samples:
             r = max(r, _p90(self._ttft_queue) / self.queue_target_s)
         return r
@@ -508,6 +517,9 @@ class AdaptiveLimit:
             if snap.preemptions_total > prev.preemptions_seen:
                 self._preempted.add(snap.backend)
             prev.preemptions_seen = snap.preemptions_total
+            prev.per_step = 0.0
+            if snap.itl_mean_s is not None and snap.at > prev.snap.at:
+                prev.per_step = snap.finished_in_window / (snap.at - prev.snap.at) * snap.itl_mean_s
             prev.since = prev.snap.at
             prev.snap = snap
             prev.inflight_at = self._inflight_latest
