@@ -12,7 +12,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (120: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (128: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -20,7 +20,7 @@ and others were traced and mended at a later stop (their entries below say so), 
 were judged again after its last change: these six are not unseen any more, nor are
 `holdout-b44-seqcap-longanswer-medium3-uneq`, `holdout-b45-code-tiny6-gw3-3x`,
 `holdout-b46-kvdrop-medium4` and `holdout-b46-calm-syncburst-small3`, mended at the stops that
-added them):
+added them, and `holdout-calm-h100-short`, met since stop 44):
     LLMVALVE_ISSUE10_FULL=1 pytest tests/test_generalisation.py
 """
 
@@ -195,8 +195,11 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # stop 26's prefill bound (which leaves the clock's speed here at 35 us a token, as
     # before) moved it to 0.961 / 0.947 / 0.936 of `static:64`, P0 0.969 / 0.986 / 1.000.
     # Stop 27's per-class answer lengths: ≥ 0.95 of `static:64` at each seed, P0 misses
-    # 5 / 6 / 2 of ~300.
-    "holdout-code-h100-onoff": ("seed 1: P0 attainment", "seed 2: P0 attainment"),
+    # 5 / 6 / 2 of ~300. Since stop 44 (one engine step's arrivals are not a queue) the limit
+    # holds a little more between bursts and seed 3 misses too: 3 of 278 (0.989), TPOT
+    # misses of 2-8-token answers as before.
+    "holdout-code-h100-onoff": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                                "seed 3: P0 attainment"),
     # held out (written at stop 25, judged as it stood: P1 0.996 / 0.956 / 0.960 against
     # `none`'s 1.000, goodput 0.967 x none at seed 3): heavy-tailed prompts and answers at
     # 0.55-0.75x behind three replicas. A replica at low load held its limit at the idle
@@ -236,45 +239,6 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # no longer sent to a pool whose breaker is open)
     "holdout-outage-retry-storm": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                                    "seed 3: P0 attainment"),
-    # held out (written at the end of stop 25, judged as it stood, mended at stop 26): do no
-    # harm on one H100 with 100-token prompts and 50-token answers, bursts to ~180 requests/s
-    # at 1.2x: P1 0.80 / 0.79 / 0.81 against `none`'s 1.000, 0.85-0.87 x none. Traced at seed 1:
-    # the picker's prefill backlog clock says the engine has more than half P0's TTFT
-    # objective of prompts to prefill (`prefill_room` False) during each burst and for up to
-    # 20 s after, while the engine has 0-3 requests waiting and KV at 0.05, so P1 waits at
-    # the gateway (p99 12.7 s) and is refused. The clock's prefill speed is bounded by the
-    # least TTFT per prompt token; for 100-token prompts batched many to a step that bound
-    # is one step's time over 100 tokens, several times the engine's real cost per token.
-    # The bound now counts every prompt the TTFT is known to hold (core/coprefill.py):
-    # 0.991 / 0.997 / 0.997 x none. Left: P1 0.988 / 0.993 / 0.994, arrivals refused by the
-    # early-drop forecast at the start of bursts, when the backlog clock (at ~50 us a token,
-    # a step's time over the prompts it prefills, where a token of a full step costs ~35)
-    # or the engine's momentary queue holds P1 at the gateway. Since stop 27's run, seed 2
-    # refuses ~40 P1 arrivals in the first burst (7.7-10 s) and reads 0.975 x none.
-    # Stop 32: the backlog clock closes its loop on first tokens (core/backlog.py; open loop
-    # it drifted a second ahead of the engine in every burst at that speed): 0.998 / 0.995 /
-    # 0.997 x none, P1 0.995 / 0.992 / 0.995 (78 / 433 / 80 refused, now 53 / 101 / 57). Left:
-    # arrivals refused in bursts while the limit holds at P0's ITL target and the engine's
-    # sequence cap (256 running, the rest waiting in it, where `none` lets them wait).
-    # Stop 36 traced seed 2: the refused arrivals are the bursting tenant's, whose
-    # round-robin turn the forecast puts at 4.0-4.9 s (its admitted requests waited ~5 s and
-    # met the 8 s objective; the steady tenant's waited 0.1 s): the forecast is right, the
-    # threshold (half the objective) refuses them. Letting a class wait its objective less
-    # its measured p90 time from dispatch to first token (0.75x or 1x of that) met
-    # `calm-steady` and `holdout-calm-onoff-h100` and halved these refusals, but P0 misses
-    # over the 264 runs rose 204 -> 242 / 246 (the queue fills every gap the limit leaves in
-    # overload: `holdout-longgen-kv` s1 0 -> 15); applied only while the classes at and above
-    # offered less over the last minute than the pool released, it never fired where it was
-    # needed (the refusals themselves make the offered rate exceed the released). Not kept.
-    # Stop 34: the margin measured instead of halved — the objective less the class's p90
-    # time from dispatch to first token and less the p90 of the forecast's own error (waited
-    # minus forecast, last 64 queued requests of the class; never below half the objective):
-    # in overload the error is large and the rule is today's. Refusals here 53 / 101 / 57 ->
-    # 20 / 0 / 31, do-no-harm misses over the 264 runs 9 -> 6, but P0 misses 204 -> 228 and
-    # goodput -0.4 % (holdout-gw3-small-code s3 3 -> 10, holdout-code-h100-onoff s2 6 -> 11,
-    # holdout-answer-spread-gw2 s2 -6 %). Not kept.
-    "holdout-calm-h100-short": ("seed 1: P1 attainment", "seed 2: P1 attainment",
-                                "seed 3: P1 attainment"),
     # held out: a diurnal curve; since stop 27's run, at seed 1 three P0 requests at the
     # day's peaks (115 and 222 s) waited ~2 s at the gateway (0.984; P0 misses over seeds
     # 4-6: 5 / 3 / 2 before stop 27, 6 / 1 / 2 after)
@@ -457,11 +421,6 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # the best fixed limit's), but over the 57 multi-replica runs P0 misses 81 -> 94
     # (holdout-flap seed 3 5 -> 12) and goodput -0.3 % (holdout-budgets-gw2 -4 %).
     "holdout-b41-gw2-p1-flood-small": ("seed 2: adaptive",),
-    # batch 41: answers with cv 2.5 on two H100s at 2.5x: 0.946 of the best fixed limit at
-    # seed 2 (static:512 serves 11,692 tok/s with P0 0.959 and 35 preemptions; static:384
-    # 11,185 with P0 0.976); adaptive 11,061 with P0 1.000, 1.13 x the best fixed limit that
-    # keeps P0 (static:192): the KV target's trade, as holdout-longgen-kv.
-    "holdout-b41-h100-heavytail": ("seed 2: adaptive",),
     # batch 41: one of four medium engines slowed 2x for 30 s, then another leaving for
     # 20 s: every P0 miss (6 of 190 at seed 2, 2 of 176 at seed 3) is a request decoding on
     # the engine as it left at 75 s, retried (TTFT counted from the first attempt); without
@@ -491,8 +450,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # p1-flood-h100-gw3 and both do-no-harm files meet every target). Three goodput misses
     # are the KV target's trade again: the best fixed limit by goodput gives P0 up. Code
     # completion at 1x on one H100, seed 3: static:48 (P0 0.957); against the best that
-    # keeps P0 (static:32, 273 tok/s) adaptive reads 0.956, P0 0.995.
-    "holdout-b43-code-onoff-h100-1x": ("seed 3: adaptive",),
+    # keeps P0 (static:32, 273 tok/s) adaptive reads 0.956, P0 0.995. Since stop 44 seed 2
+    # misses P0 by one request (193 of 195): TPOT of short answers beside prefill chunks.
+    "holdout-b43-code-onoff-h100-1x": ("seed 2: P0 attainment", "seed 3: adaptive"),
     # The code family at 3x on four small engines: two of ~115 P0 prompts (3,792 and 2,558
     # tokens) prefilled behind others inside their engine, TTFT 2.98 and 2.45 s with no
     # gateway wait (the cause listed for code-bursty); its goodput is 1.05-1.08 of the best
@@ -539,9 +499,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # first token pulling the clock back at the next 1 s tick after it: this one's P0 misses
     # 28 -> 30 (20 / 9 / 1), over all 357 runs 868 -> 898, goodput -0.07 %, azure-conv s1
     # and s3 and code-bursty-3x s2 lost P0. Not built.
-    "holdout-b43-fleet-slow3x-h100": ("seed 1: P0 attainment", "seed 2: adaptive",
-                                      "seed 2: P0 attainment", "seed 3: adaptive",
-                                      "seed 3: P0 attainment"),
+    # Since stop 44 seed 2 meets the goodput target and seed 3 P0's.
+    "holdout-b43-fleet-slow3x-h100": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                                      "seed 3: adaptive"),
     # Heavy-tailed answers behind two replicas on four small engines, seed 2: the best fixed
     # limit, static:24 a replica, gives P0 up (0.934, 262 preemptions); no fixed limit of
     # the sweep keeps it. Adaptive keeps P0 at 1.000 with 61 preemptions.
@@ -670,7 +630,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # at the ceiling the limit regrows to (core/admission.py): P1 0.902 / 0.931 / 0.915,
     # 0.927-0.953x `none`. Left: refusals at forecasts of 4.0-4.1 s against the 4 s it may wait
     # (half of its 8 s TTFT objective) with the limit at the ceiling; the threshold at 5/8 of
-    # the objective was measured at stop 42 and not kept.
+    # the objective was measured at stop 42 and not kept, nor were two measured margins at
+    # stops 34 and 36 (the objective less the class's p90 time from dispatch to first token,
+    # and less the forecast's own error besides): P0 misses +12 to +20 % in overload.
     "holdout-b46-calm-syncburst-small3": ("seed 1: adaptive", "seed 1: P1 attainment",
                                           "seed 2: adaptive", "seed 2: P1 attainment",
                                           "seed 3: adaptive", "seed 3: P1 attainment"),
@@ -682,8 +644,26 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     "holdout-b46-kvdrop-medium4": ("seed 1: P0 attainment",),
     # Answers of 1-3k tokens on engines run by priority: the limit holds KV at 0.8-0.9 where
     # static:144 runs at 0.95 with 141 preemptions, cheap when the lowest class is the one
-    # preempted (0.912 at seed 3). The KV target is the trade, as on b41-h100-heavytail.
+    # preempted (0.912 at seed 3). The KV target is the trade, as on holdout-longgen-kv.
     "holdout-b46-longgen-medium3-prio": ("seed 3: adaptive",),
+    # Batch 47 (eight files written at stop 44 by a helper who had not read the controller,
+    # judged as they stood at af0ca2e; five meet every target). A 4x flash crowd for 35 s
+    # on four small engines behind three replicas: through the crowd the limit holds KV at
+    # its 0.8 target (fill 0.95-1.1), where static:32 a replica runs fuller: 0.922 of it at
+    # seed 3 (static:24 a replica, the best that keeps P0 at every seed, 0.986 of it). The
+    # KV target's trade.
+    "holdout-b47-flashcrowd-4x-small4-gw3": ("seed 3: adaptive",),
+    # An engine leaves at 70 s and rejoins at 100 s under 1.5x with retries: one P0 request
+    # of ~190 at seed 3 (0.989); every fixed limit of 32-64 misses P0 at seed 1.
+    "holdout-b47-outage-rejoin-retry-medium4-gw2": ("seed 3: P0 attainment",),
+    # Two H100s slowed 1.5x, 2x, 2.5x in steps under 1.2x load (prompts of 600-1,500
+    # tokens): 0.885-0.887 of the best fixed limit (static:192-256 a replica, which give P0
+    # up to 0.50-0.80), 0.92 of the best that keeps P0 (static:128). Each engine's 0.5 s
+    # inter-token latency swings 30-600 ms at the same running count: the steps that carry
+    # prefill chunks set it, not the batch. The latency term reads 1.0-1.5 and holds or cuts
+    # the limit to ~95 running a engine where 128 keeps P0's TPOT within its objective.
+    "holdout-b47-thermal-steps-h100x2-gw2": ("seed 1: adaptive", "seed 2: adaptive",
+                                             "seed 3: adaptive"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"

@@ -19,8 +19,8 @@ reading, the largest of
       waitingTarget of 1 (29 % too much), not waiting / allowed = 6. Requests that arrived
       during the engine's current step wait only for its next one: no more waiting than its
       finish rate × its inter-token latency reads no queue (one H100 running 215 short chats
-      at 150 requests/s shows 1-7 waiting at any scrape; read as a queue at target, they held
-      the limit at a tenth of its KV through every burst: holdout-calm-h100-short);
+      at 150-180 requests/s shows 1-7 waiting at any scrape; read as a queue at target, they
+      held the limit at a tenth of its KV through every burst: holdout-calm-h100-short);
   * inter-token latency / itlTarget, averaged over `latencyWindow` (a request's TPOT is a
     mean over seconds of decoding: one scrape window with a long prefill chunk in it is not a
     breach); unknown until the average covers a whole window begun after the last decrease
