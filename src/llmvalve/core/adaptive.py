@@ -121,7 +121,8 @@ class _Backend:
     since: float  # when the scrape before `snap` was taken: its histogram deltas start there
     max_running: float = 0.0  # the most requests it was seen running at once
     # requests that arrive during one of its steps (finish rate x inter-token latency): as
-    # many waiting at a scrape wait only for its next step
+    # many waiting at a scrape wait only for its next step (0 where the engine exports no
+    # finish count: every waiting request reads as a queue)
     per_step: float = 0.0
     itl_s: float | None = None  # inter-token latency, averaged over `latency_window_s`
     itl_since: float = -math.inf  # when the average began (it restarts at each decrease)
