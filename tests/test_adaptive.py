@@ -726,3 +726,17 @@ def test_reach_is_the_kv_ceiling_after_an_unused_limit_decayed_and_the_limit_aft
     a.update(4.0, 4_000.0)  # pressure 14 / 12: a cut
     assert a.status()["last_action"] == "pressure"
     assert a.reach() == pytest.approx(a.limit())
+
+
+def test_reach_is_the_limit_while_the_pool_reads_at_its_target():
+    """A decayed limit regrows only while the pool is calm: inside the dead band it holds,
+    and the forecast drains the queue at the limit itself."""
+    a = make(initial_limit_tokens=8_000.0)
+    a.on_snapshot(snap(0.0), 0.0)
+    for t in (1.0, 2.0, 3.0):
+        a.update(t, 500.0)  # app-limited down to 4,096
+    a.update(3.4, 4_000.0)  # before the window's end: only what is in flight is noted
+    a.on_snapshot(snap(3.5, kv_usage=0.8), 3.5)  # r = 0.8 / 0.8: at the target
+    a.update(4.0, 4_000.0)
+    assert a.status()["last_action"] == "hold"
+    assert a.reach() == pytest.approx(a.limit()) == pytest.approx(4_096.0)
