@@ -21,24 +21,12 @@ reading, the largest of
       finish rate × its inter-token latency reads no queue (one H100 running 215 short chats
       at 150-180 requests/s shows 1-7 waiting at any scrape; read as a queue at target, they
       held the limit at a tenth of its KV through every burst: holdout-calm-h100-short);
-  * inter-token latency / itlTarget: what a request decoding through the last
-    `latencyWindow` sees (its TPOT is a mean over seconds of decoding: one scrape window with
-    a long prefill chunk in it is not a breach), one standard deviation up. The window's mean
-    weighs the scrapes' means by the tokens each counts, not by time: a scrape window that
-    holds one 700 ms prefill step counts one token a sequence, where twelve 40 ms decode
-    steps count twelve. (Weighted by time, two H100s slowed 2.5x read 147 ms on average, p90
-    230, where 84-330 ms swung from scrape to scrape at the same running count, and the
-    limit held about 85 running an engine where 128 kept P0: 0.885 of the best fixed limit
-    on holdout-b47-thermal-steps-h100x2-gw2.) The standard deviation is that mean's, as it
-    varied over the last `SPREAD_WINDOWS` windows (as TCP's retransmit timeout adds the round
-    trip's deviation to its mean): where latency comes in waves, a request that decodes
-    through the next one sees more than the mean, and the limit keeps room for it (read by
-    the mean alone, prefill waves on two H100s under a 40 ms TPOT took P0 from 0.99 to
-    0.96-0.98 on holdout-b38-calm-tight-slo); where latency is steady the reading is its
-    mean. Unknown until the average covers a whole window begun after the last decrease (a
-    lone replica restarts it at its cut; one of several keeps it, and a cut still waits a
-    whole window: its cut moves the engines by its share only, and restarting would make
-    each replica's reading depend on its own history).
+  * inter-token latency / itlTarget, averaged over `latencyWindow` (a request's TPOT is a
+    mean over seconds of decoding: one scrape window with a long prefill chunk in it is not a
+    breach); unknown until the average covers a whole window begun after the last decrease
+    (a lone replica restarts it at its cut; one of several keeps it, and a cut still waits a
+    whole window: its cut moves the engines by its share only, and restarting would make each
+    replica's reading depend on its own history).
 The pool's r is the mean of the backends' readings weighted by each backend's share of the
 capacity: one backend's long prefill chunk moves r by its share, not the whole pool by its
 worst member. While most of the pool's capacity decodes within the target, a backend that has
@@ -118,11 +106,6 @@ SEQ_CAP_HITS = 3  # scrapes that show the sequence cap binding before it is coun
 # KV cannot hold together: the pool's limit is not what fills it (`_time_shared`).
 TIME_SHARED_SEQS = 2
 SLOW_CARD_WINDOWS = 5  # latency windows an engine must stay slow to be read as a slow card
-# The latency windows over which an engine's latency reading takes how its window mean varied
-# (`_Backend.itl_s`): 20 s with the default window, a few waves of prefill. Five read P0
-# 0.97 at three cells of the code-completion built-ins (code-bursty s1 and s3,
-# code-bursty-3x s3), where ten read 0.98-1.00.
-SPREAD_WINDOWS = 10
 FALLBACK_CAPACITY_TOKENS = 65_536.0
 # An unused limit decays no lower than this fraction of the KV ceiling: back to the ceiling
 # in log(16) / log(maxGrowth) windows (about 6 s by default) on a fleet of any size, and
@@ -141,16 +124,8 @@ class _Backend:
     # many waiting at a scrape wait only for its next step (0 where the engine exports no
     # finish count: every waiting request reads as a queue)
     per_step: float = 0.0
-    itl_s: float | None = None  # inter-token latency as read over `latency_window_s`
+    itl_s: float | None = None  # inter-token latency, averaged over `latency_window_s`
     itl_since: float = -math.inf  # when the average began (it restarts at each decrease)
-    # (`_average_itl`) the window's mean: Σn, Σn·x of the scrapes' mean latencies x over n
-    # tokens, decayed over the latency window; how it varied: Σdt, Σdt·m, Σdt·m² of that
-    # mean m, decayed over SPREAD_WINDOWS latency windows
-    itl_n: float = 0.0
-    itl_nx: float = 0.0
-    spread_t: float = 0.0
-    spread_tm: float = 0.0
-    spread_tmm: float = 0.0
     cap_hits: int = 0  # scrapes at max_running with requests waiting and KV to spare
     inflight_at: float = 0.0  # our in-flight cost when `snap` arrived
     slow_since: float | None = None  # first of the scrapes in a row with ITL above target
@@ -429,28 +404,14 @@ class AdaptiveLimit:
         return b.snap.at - b.itl_since >= self.spec.latency_window_s
 
     def _average_itl(self, b: _Backend, snap: BackendSnapshot) -> None:
-        """The latency window's mean (the scrapes' means weighted by their tokens, by time
-        where the engine does not say how many), one standard deviation up as that mean
-        varied over the last `SPREAD_WINDOWS` windows."""
-        x, window = snap.itl_mean_s, self.spec.latency_window_s
-        dt = snap.at - b.since
-        n = snap.itl_count if snap.itl_count > 0 else dt
-        if x is None or n <= 0:
+        if snap.itl_mean_s is None:
             return
-        keep = math.exp(-dt / window)
         if b.itl_s is None or (b.since < self._decreased_at and self._cut_restarts_latency):
-            if b.since < self._decreased_at:
-                return  # wait for the first window wholly after the decrease
-            keep, b.itl_since = 0.0, b.since
-        b.itl_n = b.itl_n * keep + n
-        b.itl_nx = b.itl_nx * keep + n * x
-        m = b.itl_nx / b.itl_n
-        keep = math.exp(-dt / (SPREAD_WINDOWS * window))
-        b.spread_t = b.spread_t * keep + dt
-        b.spread_tm = b.spread_tm * keep + dt * m
-        b.spread_tmm = b.spread_tmm * keep + dt * m * m
-        mean = b.spread_tm / b.spread_t
-        b.itl_s = m + math.sqrt(max(0.0, b.spread_tmm / b.spread_t - mean * mean))
+            if b.since >= self._decreased_at:  # the first window wholly after the decrease
+                b.itl_s, b.itl_since = snap.itl_mean_s, b.since
+            return
+        gain = 1.0 - math.exp(-(snap.at - b.since) / self.spec.latency_window_s)
+        b.itl_s += gain * (snap.itl_mean_s - b.itl_s)
 
     def _weights(self, backends: list[_Backend]) -> list[float]:
         """Each backend's share of the pool (by KV capacity; equal when unknown)."""
