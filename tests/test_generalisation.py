@@ -112,7 +112,7 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # has none (P0 misses over all 357 runs 868 -> 878, goodput -0.9 %, do-no-harm class
     # misses 18 -> 25; this one's P0 met at seed 1, missed at seeds 2 and 3).
     "code-bursty-medium": ("seed 1: P0 attainment",),
-    # one P0 request of ~130, decoding on the engine as it slows 3x at 40 s (TPOT 0.194 s
+    # one P0 request of ~130, decoding on the engine as it slows 4x at 40 s (TPOT 0.194 s
     # against 0.15), since stop 27's run diverged: the place no admission decision reaches
     "slowdown-one": ("seed 3: P0 attainment",),
     # the first seconds, before the engines' sequence cap has been seen: the limit admits
