@@ -328,16 +328,38 @@ def test_one_of_several_replicas_keeps_its_latency_average_through_its_own_cut(s
     assert a.epoch == 1  # no cut on less than a whole window
 
 
+def itl_snap(t: float, itl: float, running: float = 10.0) -> BackendSnapshot:
+    """A scrape 0.5 s after the last of an engine decoding `running` sequences: each got one
+    token a step, 0.5 s / itl steps in the window."""
+    return snap(t, running=running, itl_mean_s=itl, itl_count=running * 0.5 / itl)
+
+
 def test_latency_is_averaged_over_the_latency_window():
     """One scrape window with a long prefill chunk in it (ITL 0.3 s against 0.1) among calm
     ones is not a breach: the average over 2 s is what a request's TPOT sees."""
     a = make()
     for t, itl in ((0.0, 0.05), (0.5, 0.05), (1.0, 0.05), (1.5, 0.05), (2.0, 0.05),
                    (2.5, 0.3), (3.0, 0.05)):
-        a.on_snapshot(snap(t, itl_mean_s=itl), t)
+        a.on_snapshot(itl_snap(t, itl), t)
     r = a.pressure(3.0)
     assert 0.5 < r < 1.0  # the spike is in the average, with its weight, not alone
     assert r == pytest.approx(a.backends["b0"].itl_s / 0.1)
+
+
+def test_a_scrape_weighs_its_tokens_not_its_time():
+    """One scrape window in four holds a 700 ms prefill step, the others 40 ms decode steps:
+    the requests decoded 1.5 / 0.04 + 0.5 / 0.7 tokens in 2 s, about 53 ms a token, within
+    the 100 ms target. Weighted by time the same scrapes read about 200 ms, a breach: two
+    H100s read so held about 85 sequences an engine where 128 kept P0
+    (holdout-b47-thermal-steps-h100x2-gw2). An engine that gives no token counts has its
+    scrapes weighed alike, which for scrapes at a steady interval is by time."""
+    by_tokens, by_time = make(), make()
+    for i in range(8):
+        t, itl = 0.5 * i, (0.7 if i % 4 == 3 else 0.04)
+        by_tokens.on_snapshot(itl_snap(t, itl), t)
+        by_time.on_snapshot(snap(t, running=10.0, itl_mean_s=itl), t)
+    assert by_tokens.pressure(3.5) < 1.0
+    assert by_time.pressure(3.5) > 1.5
 
 
 @pytest.mark.parametrize(("itl", "action"), [(0.05, "increase"), (0.3, "hold")])

@@ -57,6 +57,7 @@ def test_windowed_p90_comes_from_the_difference_of_two_scrapes():
     second = reader.read(vllm_text(100, 100, 110, 110, s=1.3), now=0.5)
     assert abs(second.itl_p90_s - (0.025 + 0.025 * 0.9)) < 1e-9
     assert abs(second.itl_mean_s - 0.03) < 1e-9  # (1.3 - 1.0) / 10
+    assert second.itl_count == 10  # the tokens it averages: it weighs its scrape by them
     # Nothing new: no sample in the window.
     third = reader.read(vllm_text(100, 100, 110, 110, s=1.3), now=1.0)
     assert third.itl_p90_s is None

@@ -126,6 +126,8 @@ class _Backend:
     per_step: float = 0.0
     itl_s: float | None = None  # inter-token latency, averaged over `latency_window_s`
     itl_since: float = -math.inf  # when the average began (it restarts at each decrease)
+    itl_sum: float = 0.0  # decayed sums of the latencies and of their tokens
+    itl_n: float = 0.0
     cap_hits: int = 0  # scrapes at max_running with requests waiting and KV to spare
     inflight_at: float = 0.0  # our in-flight cost when `snap` arrived
     slow_since: float | None = None  # first of the scrapes in a row with ITL above target
@@ -404,14 +406,23 @@ class AdaptiveLimit:
         return b.snap.at - b.itl_since >= self.spec.latency_window_s
 
     def _average_itl(self, b: _Backend, snap: BackendSnapshot) -> None:
+        """A decaying average over `latency_window_s` of the scrapes' mean inter-token
+        latency, each weighted by the tokens it counts, as a request's TPOT weighs them: a
+        scrape of one 700 ms prefill step holds one token a sequence, one of twelve 40 ms
+        decode steps twelve (two such scrapes read 91 ms a token; weighted by time, 370)."""
         if snap.itl_mean_s is None:
             return
         if b.itl_s is None or (b.since < self._decreased_at and self._cut_restarts_latency):
             if b.since >= self._decreased_at:  # the first window wholly after the decrease
                 b.itl_s, b.itl_since = snap.itl_mean_s, b.since
+                n = snap.itl_count or 1.0
+                b.itl_sum, b.itl_n = snap.itl_mean_s * n, n
             return
-        gain = 1.0 - math.exp(-(snap.at - b.since) / self.spec.latency_window_s)
-        b.itl_s += gain * (snap.itl_mean_s - b.itl_s)
+        keep = math.exp(-(snap.at - b.since) / self.spec.latency_window_s)
+        n = snap.itl_count or 1.0
+        b.itl_sum = b.itl_sum * keep + snap.itl_mean_s * n
+        b.itl_n = b.itl_n * keep + n
+        b.itl_s = b.itl_sum / b.itl_n
 
     def _weights(self, backends: list[_Backend]) -> list[float]:
         """Each backend's share of the pool (by KV capacity; equal when unknown)."""

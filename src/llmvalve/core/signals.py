@@ -226,7 +226,7 @@ class SignalReader:
             # No new observation (the +Inf bucket holds the count): an empty window.
             if previous is not None and current.counts[-1] != previous.counts[-1]:
                 windowed[name] = quantile(delta(current, previous), QUANTILE)
-        itl_mean, _ = self._windowed_mean(ITL, parsed.totals.get(ITL))
+        itl_mean, itl_count = self._windowed_mean(ITL, parsed.totals.get(ITL))
         output_mean, finished = self._windowed_mean(OUTPUT_TOKENS,
                                                     parsed.totals.get(OUTPUT_TOKENS))
         kv = parsed.kv_usage if parsed.kv_usage is not None else 0.0
@@ -241,6 +241,7 @@ class SignalReader:
             kv_capacity_tokens=parsed.kv_capacity_tokens,
             itl_p90_s=windowed[ITL],
             itl_mean_s=itl_mean,
+            itl_count=itl_count,
             queue_time_p90_s=windowed[QUEUE_TIME],
             ttft_p90_s=windowed[TTFT],
             requests_finished_total=_first(parsed.gauges, FINISHED) or 0.0,

@@ -151,6 +151,7 @@ class BackendSnapshot(NamedTuple):
     # Windowed latency since the previous scrape (from histogram deltas); None if no samples.
     itl_p90_s: float | None = None
     itl_mean_s: float | None = None  # exact: delta(sum) / delta(count)
+    itl_count: float = 0.0  # delta(count): the tokens whose inter-token latency it averages
     queue_time_p90_s: float | None = None
     ttft_p90_s: float | None = None
     requests_finished_total: float = 0.0
