@@ -2,9 +2,11 @@
 was computed from, so that `make test` judges `adaptive` without running the oracle sweep again.
 
 The sweep is nine of the eleven runs of each seed (tests/test_generalisation.py), and its result
-changes only when the package does: the key is a hash of every file of `llmvalve`. A stale or
-missing entry is not an error: the test runs the sweep itself, as it always did (correct, only
-slower). After changing anything under src/, refresh it (about four minutes on 2 cores):
+changes only when the package does: the key is a hash of every file of `llmvalve` but the docs
+generators (`DOCS_ONLY`: their prose is not simulated; a test checks that a simulation never
+imports them). A stale or missing entry is not an error: the test runs the sweep itself, as it
+always did (correct, only slower). After changing anything else under src/, refresh it (about
+two minutes on 2 cores):
 
     .venv/bin/python tests/oracle_cache.py
 """
@@ -22,16 +24,21 @@ from llmvalve.sim.runner import simulate_seeds
 from llmvalve.sim.scenario import load_scenario
 
 PATH = Path(__file__).parent / "data" / "oracle-cache.json"
+# Modules that write docs from results and are never imported by a simulation: editing their
+# prose keeps the cache.
+DOCS_ONLY = ("llmvalve.sim.docs", "llmvalve.bench.docs", "llmvalve.bench.docs_sections",
+             "llmvalve.bench.performance_doc", "llmvalve.readme_section")
 
 
 @cache
 def source_key() -> str:
-    """A hash of every file of the package (paths and contents; compiled files aside) and of
-    the Python version (the workloads are drawn with its `random`)."""
+    """A hash of every file of the package (paths and contents; compiled files and
+    `DOCS_ONLY` aside) and of the Python version (the workloads are drawn with its `random`)."""
     root = Path(llmvalve.__file__).parent
+    skip = {root.joinpath(*m.split(".")[1:]).with_suffix(".py") for m in DOCS_ONLY}
     digest = hashlib.sha256(f"python {sys.version_info[0]}.{sys.version_info[1]}".encode())
     for path in sorted(root.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
+        if path.is_file() and "__pycache__" not in path.parts and path not in skip:
             digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

@@ -27,6 +27,8 @@ added them, and `holdout-calm-h100-short`, met since stop 44):
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,7 +89,10 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 3 is met (0.992) and seed 2, whose run diverged, misses by four of ~137: three answers of
     # 4-11 tokens decoded in steps shared with prefill chunks (TPOT 0.15-0.2 s) and a TTFT of
     # 2.4 s, none with a gateway wait.
-    "code-bursty-3x": ("seed 2: P0 attainment",),
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seed 2 is met and seed 3 misses by two: answers of 2 and 5 tokens decoded in steps
+    # shared with prefill chunks (TPOT 0.24 and 0.175 s).
+    "code-bursty-3x": ("seed 3: P0 attainment",),
     # the same at 1x, since stop 27 (one request more at seed 2 in a run that diverged from
     # the start): a 3,251- and a 3,965-token P0 prompt prefilled behind others inside the
     # engine (TTFT 2.4 and 2.5 s, no gateway wait): 2 of ~110. Since stop 30 (lower classes
@@ -98,20 +103,10 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # Since stop 33 (P0 goes where its KV fits first) seed 1 is met (0.990) and seed 2
     # misses again by two of ~110: a 3,251- and a 3,698-token prompt sent while no engine's
     # KV held them (each at 0.84-0.99 with what was sent since), TTFT 2.41 and 2.17 s.
-    "code-bursty": ("seed 2: P0 attainment",),
-    # 3,000-token prompts on two engines (each request holds ~5 % of an engine's KV for a
-    # second or two): two P0 answers of 2 and 4 tokens decoded in steps shared with
-    # 4,096-token prefill chunks (TPOT 0.25 and 0.19 s against 0.15), 2 of ~140 at seed 2.
-    # Its goodput (0.933 and 0.934 x best fixed at seeds 2 and 3 before) reaches 0.955 and
-    # 0.971 since the limit grows one latency window after a cut instead of a whole one; at
-    # stop 27 (answers charged per class) seed 2 reads 0.945: at this edge a one-token change
-    # to every cost moves it as much (P0 misses over seeds 4-11: 11 before, 7 after). Since
-    # stop 30 seed 2 meets both, and seed 1 misses P0 by the same cause: answers of 15 and
-    # 5 tokens decoded beside prefill chunks (TPOT 0.152 and 0.185 s), 2 of ~150. Measured at
-    # stop 40, not kept: lower-class prompts kept off an engine decoding P0 while another
-    # has none (P0 misses over all 357 runs 868 -> 878, goodput -0.9 %, do-no-harm class
-    # misses 18 -> 25; this one's P0 met at seed 1, missed at seeds 2 and 3).
-    "code-bursty-medium": ("seed 1: P0 attainment",),
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seed 2 is met and seed 3 misses by one of 58: a 1,625-token prompt prefilled
+    # behind others inside its engine (TTFT 2.25 s, no gateway wait).
+    "code-bursty": ("seed 3: P0 attainment",),
     # one P0 request of ~130, decoding on the engine as it slows 4x at 40 s (TPOT 0.194 s
     # against 0.15), since stop 27's run diverged: the place no admission decision reaches
     "slowdown-one": ("seed 3: P0 attainment",),
@@ -155,14 +150,6 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # others (TTFT 2.3-5.8 s against 2), as code-bursty-3x.
     "holdout-gw3-small-code": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                                "seed 3: P0 attainment"),
-    # held out (written at stop 24 after the controller's changes, judged as it stood): P0
-    # requests still decoding on the engine that leaves at 70 s, dropped with it (2 or 3 of
-    # ~150 at each seed; no admission decision saves a request its backend drops mid-stream),
-    # and one at seed 1 decoding on the engine that slows 3x at 40 s (TPOT 0.159 s against
-    # 0.15): 0.981 / 0.978 / 0.986; since stop 27's run seed 3 has four dropped with the
-    # leaving engine and one decoding on the slowed one (TPOT 0.153 s)
-    "holdout-slow-gw3": ("seed 1: P0 attainment", "seed 2: P0 attainment",
-                         "seed 3: P0 attainment"),
     # held out (written at stop 25, judged as it stood: P0 0.870 / 0.867 / 0.926, goodput
     # 0.917 / 0.964 / 0.945 x best fixed): a rolling restart of four engines. The queue
     # refilled the places of the requests a leaving engine dropped on the three left before
@@ -170,20 +157,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # now takes its place in the limit with it (goodput 0.991 / 1.058 / 1.016). Left: the P0
     # requests decoding on each engine as it leaves, dropped with it and retried (TTFT counts
     # from the first attempt): 10 or 11 of ~120 at each seed, 0.924 / 0.917 / 0.901.
-    "holdout-rolling-upgrade": ("seed 1: P0 attainment", "seed 2: P0 attainment",
-                                "seed 3: P0 attainment"),
-    # held out (written at stop 25, judged as it stood): chat and agents in 8-25 s bursts at
-    # about 1.1x two H100s' capacity, 0.55x on average. During a burst the limit binds at the
-    # KV target and P1 queues at the gateway for ~3.5 s (`none` lets the engines take it, KV
-    # 0.79-0.90, no preemption); the early-drop forecast, accurate here (4.1 s predicted
-    # where the queue waited 3-3.8 s), refuses the arrivals it puts past half the 8 s TTFT
-    # objective: 7 and 3 P1 requests of ~1,700 at seeds 1 and 2 (0.996, 0.999; seed 2 met
-    # since stop 26's prefill bound moved the run). A threshold of the objective less the
-    # class's measured p90 time from dispatch to first token met it, and `calm-steady` s1,
-    # but took `heavy-tail` s3 to 0.944 of the best fixed limit. Since stop 27 (answers
-    # charged per class) seed 1 is met and seed 2 misses: six P1 arrivals refused in the
-    # first 0.2 s of a burst at 57 s (0.997).
-    "holdout-calm-onoff-h100": ("seed 2: P1 attainment",),
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seeds 2 and 3 are met.
+    "holdout-rolling-upgrade": ("seed 1: P0 attainment",),
     # held out (written at stop 25, judged as it stood): code completion on two H100s,
     # 4,000-token prompts and 40-token answers in bursts at ~3.7x; prefill binds and a step
     # with an 8,192-token chunk takes 0.29 s against P0's 0.15 s TPOT. Inter-token latency
@@ -198,8 +174,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 5 / 6 / 2 of ~300. Since stop 44 (one engine step's arrivals are not a queue) the limit
     # holds a little more between bursts and seed 3 misses too: 3 of 278 (0.989), TPOT
     # misses of 2-8-token answers as before.
-    "holdout-code-h100-onoff": ("seed 1: P0 attainment", "seed 2: P0 attainment",
-                                "seed 3: P0 attainment"),
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seed 3 is met.
+    "holdout-code-h100-onoff": ("seed 1: P0 attainment", "seed 2: P0 attainment"),
     # held out (written at stop 25, judged as it stood: P1 0.996 / 0.956 / 0.960 against
     # `none`'s 1.000, goodput 0.967 x none at seed 3): heavy-tailed prompts and answers at
     # 0.55-0.75x behind three replicas. A replica at low load held its limit at the idle
@@ -217,8 +194,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 3) is a request decoding on it when it leaves, retried: 0.951 / 0.954 / 0.941. Since
     # P0 stays off a backend back from failing twice (stop 34): 4 / 5 / 5 of ~240, every one
     # lost at the first two departures (20 and 50 s) and retried: 0.985 / 0.979 / 0.977.
-    "holdout-flap": ("seed 1: P0 attainment", "seed 2: P0 attainment",
-                     "seed 3: P0 attainment"),
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seed 1 is met.
+    "holdout-flap": ("seed 2: P0 attainment", "seed 3: P0 attainment"),
     # held out (written at stop 25, judged as it stood: 0.931 / 0.966 / 0.992 of the best
     # fixed limit, P0 0.915 / 0.967 / 0.915; seed 1 0.948, P0 1.000 since a request waiting
     # for the limit counts as use): 8,000-15,500-token prompts on four medium engines at
@@ -230,7 +208,11 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # KV fits (stop 33): seed 1 and seed 2's goodput met; P0 1.000 / 0.983 / 0.966: a
     # 9,211-token prompt at seed 2 (TTFT 2.96 s), an 8,260- and a 13,282-token one at seed 3
     # (2.63 s; 7.53 s, 0.48 s of it at the gateway).
-    "holdout-longctx16k": ("seed 2: P0 attainment", "seed 3: P0 attainment"),
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seed 1 misses as well (0.966): 10,325- and 11,939-token prompts prefilled behind
+    # others (TTFT 4.4 and 3.9 s).
+    "holdout-longctx16k": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                           "seed 3: P0 attainment"),
     # held out (written at stop 25, judged as it stood): two of three small engines leave for
     # 20 s and clients retry at once: the P0 misses are requests decoding on the two as they
     # leave, retried (3-7 per seed), and at seed 1 one that waited for the engine left:
@@ -369,9 +351,14 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # arrivals are refused by the early-drop forecast (4 of 724 at seed 1): P1 0.995 against
     # 0.997, P2 0.990 against 1.000. The best fixed limit for P0 (static:24) does the same
     # trade harder (P0 0.989, P1 0.928); goodput 1.006-1.010 x none.
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seed 1's P2 is met and P0 misses at seeds 2 and 3 as well (0.982, 0.971): TPOT of
+    # 41-55 ms against 40 and TTFT of 0.53-0.59 s against 0.5, none with a gateway wait:
+    # the engines' own steps with prefill chunks in them, which the reading by time
+    # overweighted and so kept room for.
     "holdout-b38-calm-tight-slo": ("seed 1: P0 attainment", "seed 1: P1 attainment",
-                                   "seed 1: P2 attainment", "seed 2: P1 attainment",
-                                   "seed 3: P1 attainment"),
+                                   "seed 2: P0 attainment", "seed 2: P1 attainment",
+                                   "seed 3: P0 attainment", "seed 3: P1 attainment"),
     # batch 38: do no harm where the editor cancels 60 % of P0 completions 0.3-1.5 s after
     # sending; every P0 request that completes meets its SLO under both controllers. Seed 3:
     # two more P0 answers are overtaken by their cancel than under `none` (155 completed
@@ -383,10 +370,6 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # (0.981), static:96 serves 1,200 tok/s against adaptive's 1,295 with P0 1.000: the
     # KV target trades the last 8 % of goodput for P0, as on holdout-longgen-kv.
     "holdout-b38-maxtokens-overstated": ("seed 2: adaptive", "seed 3: adaptive"),
-    # batch 38: one small engine is the whole pool (1.7x load): one P0 request of ~55 waited
-    # 2.1 s for a slot at t = 221 s (no fixed limit keeps P0 above 0.86 here; adaptive 0.982
-    # / 1.000 / 1.000, 1.08-1.14 x the best fixed limit).
-    "holdout-b38-solo-small": ("seed 1: P0 attainment",),
     # Batch 41 (eight files written at stop 36 by someone who had not read the controller,
     # judged as they stood, not tuned on; calm-rag-chat-3t, ramp-surge-small,
     # seqcap-tiny-requests and chat-vs-summarise-medium meet every target). Do no harm with
@@ -425,7 +408,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 20 s: every P0 miss (6 of 190 at seed 2, 2 of 176 at seed 3) is a request decoding on
     # the engine as it left at 75 s, retried (TTFT counted from the first attempt); without
     # the departure P0 is 1.000 at both seeds.
-    "holdout-b41-slow-then-leave": ("seed 2: P0 attainment", "seed 3: P0 attainment"),
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seed 3 is met.
+    "holdout-b41-slow-then-leave": ("seed 2: P0 attainment",),
     # Batch 42 (six files written at stop 36 from the issue's own families by someone who
     # had not read the controller, judged as they stood; code-onoff-small-1x, heavytail-
     # medium, p1-flood-10x-medium, fleet-slow3x-small and calm-onoff-h100-4t meet every
@@ -452,14 +437,22 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # completion at 1x on one H100, seed 3: static:48 (P0 0.957); against the best that
     # keeps P0 (static:32, 273 tok/s) adaptive reads 0.956, P0 0.995. Since stop 44 seed 2
     # misses P0 by one request (193 of 195): TPOT of short answers beside prefill chunks.
-    "holdout-b43-code-onoff-h100-1x": ("seed 2: P0 attainment", "seed 3: adaptive"),
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seed 2's P0 and seed 3's goodput are met, and seed 3's P0 misses (0.976): five
+    # answers of 7-15 tokens decoded on one engine beside prefill chunks (TPOT 0.16-0.27
+    # s), no gateway wait.
+    "holdout-b43-code-onoff-h100-1x": ("seed 3: P0 attainment",),
     # The code family at 3x on four small engines: two of ~115 P0 prompts (3,792 and 2,558
     # tokens) prefilled behind others inside their engine, TTFT 2.98 and 2.45 s with no
     # gateway wait (the cause listed for code-bursty); its goodput is 1.05-1.08 of the best
     # fixed limit's at seeds 1-2.
     # Since stop 43 (wait forecast, picker by KV share) seed 2 is met and seed 1 misses P0 by
     # three of ~115 the same way; seed 3 reads 0.949 of the best fixed limit.
-    "holdout-b43-code-onoff-small4-3x": ("seed 1: P0 attainment", "seed 3: adaptive"),
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seed 1's P0 is met and seed 2's misses (0.975): a 3,792-token prompt prefilled
+    # behind others (TTFT 2.17 s) and answers of 7 and 8 tokens beside prefill chunks
+    # (TPOT 0.155 and 0.168 s).
+    "holdout-b43-code-onoff-small4-3x": ("seed 2: P0 attainment", "seed 3: adaptive"),
     # Both H100s slowed 3x for 40 s at 1.5x load. The best fixed limit, static:256, gives P0
     # up (0.838 at seed 2); against the best that keeps it (static:128, 2,656 tok/s) adaptive
     # reads 1.07. P0 0.932 / 0.941 / 0.911: prompts sent at once that wait 2.0-2.8 s inside
@@ -500,8 +493,11 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 28 -> 30 (20 / 9 / 1), over all 357 runs 868 -> 898, goodput -0.07 %, azure-conv s1
     # and s3 and code-bursty-3x s2 lost P0. Not built.
     # Since stop 44 seed 2 meets the goodput target and seed 3 P0's.
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seed 3's goodput is met and its P0 misses (0.929): eight requests decoding on the
+    # slowed engines at 55-69 s, TPOT 0.150-0.164 s against 0.15.
     "holdout-b43-fleet-slow3x-h100": ("seed 1: P0 attainment", "seed 2: P0 attainment",
-                                      "seed 3: adaptive"),
+                                      "seed 3: P0 attainment"),
     # Heavy-tailed answers behind two replicas on four small engines, seed 2: the best fixed
     # limit, static:24 a replica, gives P0 up (0.934, 262 preemptions); no fixed limit of
     # the sweep keeps it. Adaptive keeps P0 at 1.000 with 61 preemptions.
@@ -543,8 +539,10 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # and 87 preemptions).
     # Since stop 43 (wait forecast) P0 is met at seeds 1-2 and missed at seed 3 (0.980); seed
     # 3 reads 0.926 of the best fixed limit.
-    "holdout-b44-longprompt-3x-small-gw2": ("seed 1: adaptive", "seed 3: adaptive",
-                                            "seed 3: P0 attainment"),
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seed 3 is met and seed 2's P0 misses (0.980): three prompts of 2,067-4,181 tokens
+    # prefilled behind others on one engine (TTFT 2.4-3.8 s), no gateway wait.
+    "holdout-b44-longprompt-3x-small-gw2": ("seed 1: adaptive", "seed 2: P0 attainment"),
     # The code family at 1x on two small engines (one 1.5x slower): P0's misses come in the
     # first seconds of a burst after a silent minute (eight at t = 132-134 s at seed 1, each
     # waiting 1.2-3.1 s at the gateway while the lower classes' 2,000-token prompts fill the
@@ -560,7 +558,12 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # Since stop 43 (wait forecast, picker by KV share: its engines are unequal) seeds 1 and 3
     # meet P0 and seed 1 the goodput target; seed 2 misses P0 (0.950) and seed 3 reads 0.925
     # of the best fixed limit.
-    "holdout-b44-longprompt-minutes-small-uneq": ("seed 2: P0 attainment", "seed 3: adaptive"),
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seed 3's goodput is met and its P0 misses (0.983): a 2,707-token prompt prefilled
+    # behind others (TTFT 2.36 s) and a 12-token answer beside prefill chunks (TPOT
+    # 0.175 s).
+    "holdout-b44-longprompt-minutes-small-uneq": ("seed 2: P0 attainment",
+                                                  "seed 3: P0 attainment"),
     "holdout-b44-p1-flood-waves-tiny4-gw2": ("seed 1: adaptive",),
     # Three medium engines capped at 12 sequences with ~400-token answers: a full batch holds
     # a quarter of the KV. As written, P0 0.818 / 0.891 / 0.872: P0 requests were let in past
@@ -584,8 +587,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # against 0.15, no wait at the gateway, no preemption): 5 / 2 / 2 of ~180, as
     # code-bursty-medium. The best fixed limit by goodput, static:32, has P0 0.98 at seed 1;
     # static:16 keeps it (0.994) at 0.89 of that goodput.
-    "holdout-b45-code-medium3-gw2-1x": ("seed 1: P0 attainment", "seed 2: P0 attainment",
-                                        "seed 3: P0 attainment"),
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seed 3 is met.
+    "holdout-b45-code-medium3-gw2-1x": ("seed 1: P0 attainment", "seed 2: P0 attainment"),
     # Code completion at ~3x on six tiny engines (4,096 KV tokens: two 1,800-token prompts
     # fill one) run by priority, three replicas. As judged: 0.672 / 0.665 / 0.585 of static:4
     # (three replicas, 12 requests, about two an engine, 3,800 preemptions in 150 s), P0
@@ -609,14 +613,12 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # batch 46 (written at stop 43 by a helper who had not read the controller; judged as it
     # stood, three of eight met every target). Code completion at 1x on two small engines,
     # from batch 42: since stop 43 seed 3 misses P0 by one (0.985).
-    "holdout-b42-code-onoff-small-1x": ("seed 3: P0 attainment",),
-    # Agent steps with 4-8k-token prompts on two H100s behind two replicas. The engines are
-    # prefill-bound: prompts wait for the token budget at 15-20 running and KV 0.15-0.2, each
-    # engine's fill reads its waiting requests against the queue target (a quarter of P0's
-    # TTFT objective), about 1.0-1.2, and the limit holds about 36 running where static:32 a
-    # replica runs about 60 for +6 % goodput; at seeds 1 and 3 that limit gives P0 up (0.982,
-    # 0.969). The queue target is the trade.
-    "holdout-b46-agent-tools-h100-gw2": ("seed 2: adaptive", "seed 3: adaptive"),
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seeds 1 and 2 miss as well (0.984, 0.976): prompts of 2,390-3,800 tokens prefilled
+    # behind others inside their engine (TTFT 2.1-2.5 s) and a 6-token answer decoded
+    # beside prefill chunks (TPOT 0.188 s), none with a gateway wait of more than 0.2 s.
+    "holdout-b42-code-onoff-small-1x": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                                        "seed 3: P0 attainment"),
     # Do no harm with cancellations (30 % of clients leave after 2-8 s): two or three P1
     # requests of ~260 a seed finish just after their client left under adaptive and just
     # before under `none` (e.g. e2e 2.84 s under `none`, cancelled under adaptive, same
@@ -641,7 +643,11 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # at 3-5 requests each and every preemption cut the pool's limit. Since stop 43 the picker
     # balances by each engine's share of the KV: 1.034 / 1.078 / 0.983 (the fixed limits,
     # placed by the same picker, gain too). Left: P0 at seed 1 (0.978).
-    "holdout-b46-kvdrop-medium4": ("seed 1: P0 attainment",),
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seed 3's goodput misses (0.932 of the best fixed limit): the run serves less of P1
+    # and more of P2 (P1 attainment 0.62 -> 0.47, P2 0.46 -> 0.69; 959 -> 909 tok/s,
+    # preemptions 272 -> 222); not traced further.
+    "holdout-b46-kvdrop-medium4": ("seed 1: P0 attainment", "seed 3: adaptive"),
     # Answers of 1-3k tokens on engines run by priority: the limit holds KV at 0.8-0.9 where
     # static:144 runs at 0.95 with 141 preemptions, cheap when the lowest class is the one
     # preempted (0.912 at seed 3). The KV target is the trade, as on holdout-longgen-kv.
@@ -655,22 +661,11 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     "holdout-b47-flashcrowd-4x-small4-gw3": ("seed 3: adaptive",),
     # An engine leaves at 70 s and rejoins at 100 s under 1.5x with retries: one P0 request
     # of ~190 at seed 3 (0.989); every fixed limit of 32-64 misses P0 at seed 1.
-    "holdout-b47-outage-rejoin-retry-medium4-gw2": ("seed 3: P0 attainment",),
-    # Two H100s slowed 1.5x, 2x, 2.5x in steps under 1.2x load (prompts of 600-1,500
-    # tokens): 0.885-0.887 of the best fixed limit (static:192-256 a replica, which give P0
-    # up to 0.50-0.80), 0.92 of the best that keeps P0 (static:128). Each engine's 0.5 s
-    # inter-token latency swings 30-600 ms at the same running count: the steps that carry
-    # prefill chunks set it, not the batch. The latency term reads 1.0-1.5 and holds or cuts
-    # the limit to ~95 running an engine where 128 keeps P0's TPOT within its objective.
-    # Stop 45 traced why: the reading averages the scrapes' means over time, where a
-    # request's TPOT weighs them by their tokens (a scrape window with one 700 ms prefill
-    # step counts one token a sequence, one of twelve 40 ms steps twelve). Weighted by
-    # tokens it meets the target at every seed (0.99-1.01), but adds P0 misses where short
-    # answers decode through prefill waves (+5 % and +11 % over every workload at seeds 1-3
-    # and 4-6), and every margin for those waves tried cost the 64-engine fleet 3-7 %: not
-    # landed at stop 45 (its issue note has the figures).
-    "holdout-b47-thermal-steps-h100x2-gw2": ("seed 1: adaptive", "seed 2: adaptive",
-                                             "seed 3: adaptive"),
+    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
+    # seed 2 misses as well (0.980): seven requests sent at 62-68 s, as the engines took
+    # the retries back, with TTFT 2.9-8.2 s and no gateway wait.
+    "holdout-b47-outage-rejoin-retry-medium4-gw2": ("seed 2: P0 attainment",
+                                                    "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
@@ -759,6 +754,18 @@ def test_held_out_workloads_meet_issue_10_targets(path):
 def test_every_built_in_is_judged():
     assert sorted(ORDINARY + FLEET) == builtin_names()
     assert len(list(HOLDOUT.glob("*.yaml"))) >= 2
+
+
+def test_a_simulation_never_imports_the_docs_generators():
+    """The oracle cache's key leaves out `oracle_cache.DOCS_ONLY`, so a judged simulation must
+    not run their code."""
+    code = ("import sys; from llmvalve.cli import main; "
+            "main(['simulate', '--scenario', 'calm-steady', '--oracle', '--judge']); "
+            f"print(sorted(set({oracle_cache.DOCS_ONLY!r}) & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
 
 
 def test_the_oracle_cache_is_what_the_sweep_gives():
