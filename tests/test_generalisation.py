@@ -644,9 +644,10 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # balances by each engine's share of the KV: 1.034 / 1.078 / 0.983 (the fixed limits,
     # placed by the same picker, gain too). Left: P0 at seed 1 (0.978).
     # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
-    # seed 3's goodput misses (0.932 of the best fixed limit): the run serves less of P1
-    # and more of P2 (P1 attainment 0.62 -> 0.47, P2 0.46 -> 0.69; 959 -> 909 tok/s,
-    # preemptions 272 -> 222); not traced further.
+    # seed 3's goodput misses (0.932 of the best fixed limit; 959 -> 909 tok/s): the wait
+    # forecast refuses more P1 arrivals (160 -> 223 of 508) and the capacity goes to P2's
+    # queue (P2 dropped at its timeout 105 -> 67, served within its SLO 102 -> 152); not
+    # traced further.
     "holdout-b46-kvdrop-medium4": ("seed 1: P0 attainment", "seed 3: adaptive"),
     # Answers of 1-3k tokens on engines run by priority: the limit holds KV at 0.8-0.9 where
     # static:144 runs at 0.95 with 141 preemptions, cheap when the lowest class is the one
