@@ -21,9 +21,10 @@ reading, the largest of
       finish rate × its inter-token latency reads no queue (one H100 running 215 short chats
       at 150-180 requests/s shows 1-7 waiting at any scrape; read as a queue at target, they
       held the limit at a tenth of its KV through every burst: holdout-calm-h100-short);
-  * inter-token latency / itlTarget, averaged over `latencyWindow` (a request's TPOT is a
-    mean over seconds of decoding: one scrape window with a long prefill chunk in it is not a
-    breach); unknown until the average covers a whole window begun after the last decrease
+  * inter-token latency / itlTarget, averaged over `latencyWindow`, each scrape weighted by
+    the tokens it counts (a request's TPOT is a mean over seconds of decoding, over its
+    tokens: one scrape window with a long prefill chunk in it is not a breach); unknown
+    until the average covers a whole window begun after the last decrease
     (a lone replica restarts it at its cut; one of several keeps it, and a cut still waits a
     whole window: its cut moves the engines by its share only, and restarting would make each
     replica's reading depend on its own history).
@@ -412,14 +413,13 @@ class AdaptiveLimit:
         decode steps twelve (two such scrapes read 91 ms a token; weighted by time, 370)."""
         if snap.itl_mean_s is None:
             return
+        n = snap.itl_count or 1.0  # an engine that counts no tokens: its scrapes alike
         if b.itl_s is None or (b.since < self._decreased_at and self._cut_restarts_latency):
             if b.since >= self._decreased_at:  # the first window wholly after the decrease
                 b.itl_s, b.itl_since = snap.itl_mean_s, b.since
-                n = snap.itl_count or 1.0
                 b.itl_sum, b.itl_n = snap.itl_mean_s * n, n
             return
         keep = math.exp(-(snap.at - b.since) / self.spec.latency_window_s)
-        n = snap.itl_count or 1.0
         b.itl_sum = b.itl_sum * keep + snap.itl_mean_s * n
         b.itl_n = b.itl_n * keep + n
         b.itl_s = b.itl_sum / b.itl_n
