@@ -763,3 +763,17 @@ def test_reach_is_the_limit_while_the_pool_reads_at_its_target():
     assert a.status()["last_action"] == "hold"
     assert a.limit() == pytest.approx(4_096.0)
     assert a.reach() == pytest.approx(a.limit())
+
+
+@pytest.mark.parametrize(("share", "reserved"), [(1.0, 8_000.0), (0.5, 8_000.0),
+                                                 (0.125, 2_000.0)])
+def test_a_replica_reserves_at_most_twice_its_share_of_the_pool(share, reserved):
+    """Reserved shares are shares of the capacity estimate (8,000 tokens here). One of R
+    replicas reserves at most twice its share of it: each reserving the whole pool's, the
+    eight replicas of `fleet` admitted P1 past their limits up to 80 % of the KV ceiling
+    between them, and the engines preempted for a minute. A limit above that is the base."""
+    for limit in (500.0, 7_000.0):
+        a = make(initial_limit_tokens=limit, replica_share=share)
+        a.on_snapshot(snap(0.0), 0.0)
+        assert a.limit() == pytest.approx(limit)
+        assert a.reserve_base() == pytest.approx(max(limit, reserved))
