@@ -150,6 +150,12 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # others (TTFT 2.3-5.8 s against 2), as code-bursty-3x.
     "holdout-gw3-small-code": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                                "seed 3: P0 attainment"),
+    # held out (written at stop 24 after the controller's changes, judged as it stood):
+    # P0 requests decoding on the engine that leaves at 70 s are dropped with it, where
+    # no admission decision reaches. Met at every seed with the token-weighted latency
+    # reading (stop 46); with the reservations by replica share of the same stop, three
+    # P0 requests at seeds 1 and 3 each (0.981, 0.979) were on the leaving engine.
+    "holdout-slow-gw3": ("seed 1: P0 attainment", "seed 3: P0 attainment"),
     # held out (written at stop 25, judged as it stood: P0 0.870 / 0.867 / 0.926, goodput
     # 0.917 / 0.964 / 0.945 x best fixed): a rolling restart of four engines. The queue
     # refilled the places of the requests a leaving engine dropped on the three left before
@@ -257,8 +263,10 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # is met and seeds 1 and 3 miss: at seed 1 five P0 requests in the last 26 s decode on
     # preempting engines (TPOT 0.18-0.39 s) or wait 26-27 s on the half-size one; seed 3
     # reads 0.924 of the best fixed limit with one P0 miss.
-    "holdout-reason-gw3-hetero": ("seed 1: P0 attainment", "seed 3: adaptive",
-                                  "seed 3: P0 attainment"),
+    # Since stop 46 (one of R replicas reserves at most twice its share of the pool's
+    # capacity estimate) P0 is met at every seed and seed 3's goodput too; seed 1 reads
+    # 0.943 of the best fixed limit.
+    "holdout-reason-gw3-hetero": ("seed 1: adaptive",),
     # held out (written at stop 28 by someone who had not read the controller, judged as it
     # stood): its own four-class policy with a 50 ms TPOT for P0 (voice) on three medium
     # engines at ~2.3x: 0.824 / 0.819 / 0.773 of the best fixed limit, P0 1.000 / 1.000 /
@@ -604,7 +612,10 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # preemptions and -9 % goodput, holdout-reason-gw3-hetero s3 P0 1.000 -> 0.906; 7
     # targets met and 6 lost over every workload at seeds 1-3).
     # Since stop 43 seed 1's P0 reads 0.990 (3 of ~200 missed with the wait forecast's change).
-    "holdout-b45-code-tiny6-gw3-3x": ("seed 1: adaptive", "seed 1: P0 attainment",
+    # Since stop 46 (one of R replicas reserves at most twice its share) seed 1's goodput is
+    # met and seed 2's P0 reads 0.990 (two of ~200: prompts of 2,795 and 2,582 tokens
+    # prefilled behind others inside their engine, TTFT 2.6 and 3.3 s).
+    "holdout-b45-code-tiny6-gw3-3x": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                                       "seed 3: adaptive"),
     # Half the fleet slowed 3x, then one engine of four leaves at 100 s: every P0 miss is a
     # request decoding on it as it leaves, dropped with it (4 / 2 / 3 of ~170).
@@ -659,7 +670,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # its 0.8 target (fill 0.95-1.1), where static:32 a replica runs fuller: 0.922 of it at
     # seed 3 (static:24 a replica, the best that keeps P0 at every seed, 0.986 of it). The
     # KV target's trade.
-    "holdout-b47-flashcrowd-4x-small4-gw3": ("seed 3: adaptive",),
+    # Since stop 46 (one of R replicas reserves at most twice its share of the pool's
+    # capacity estimate) seed 1 reads 0.948 of the best fixed limit as well.
+    "holdout-b47-flashcrowd-4x-small4-gw3": ("seed 1: adaptive", "seed 3: adaptive"),
     # An engine leaves at 70 s and rejoins at 100 s under 1.5x with retries: one P0 request
     # of ~190 at seed 3 (0.989); every fixed limit of 32-64 misses P0 at seed 1.
     # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)

@@ -7,7 +7,7 @@ whole run, and the small ones refused P1 arrivals while the big one ran P2). Eac
 its share of the fleet (`serve --replica-share`, as the simulator does: 1/N) and steps
 toward it. Since the latency reading weighs tokens (stop 46) the two replicas of
 scenario-replica-split keep 0.83 / 0.85 / 0.89 without the rule (0.72 / 0.96 / 1.00 with it);
-holdout-rag-gw3 still shows the weakness (0.62 / 0.58 / 0.49 without, 0.69 / 0.91 / 0.52
+holdout-rag-gw3 still shows the weakness (0.62 / 0.58 / 0.49 without, 0.73 / 0.90 / 0.64
 with). Deterministic: virtual time, fixed seeds."""
 
 from __future__ import annotations
