@@ -167,8 +167,8 @@ latency reading, averaged over time rather than over tokens, weighed a scrape wi
 one long prefill step as much as one of many short decode steps: at stop 46 the reading
 came to weigh each scrape by its tokens, as a request's TPOT does, and the workload is met
 (0.99-1.01); a 4x flash crowd held at the KV target, the KV target's trade
-(`flashcrowd-4x-small4-gw3`, 0.922 at one seed); and one P0 request of an outage with
-retries (`outage-rejoin-retry-medium4-gw2`).
+(`flashcrowd-4x-small4-gw3`, 0.93-0.95 at two seeds); and P0 requests of an outage with
+retries that were decoding on the engine that failed (`outage-rejoin-retry-medium4-gw2`).
 Its writer found one thing the format cannot say: a fleet that mixes engine profiles (an
 unequal fleet is written as `kvBlocks` and `slowdown` events at 0 s on one profile).
 
