@@ -128,13 +128,20 @@ class _Backend:
     # many waiting at a scrape wait only for its next step (0 where the engine exports no
     # finish count: every waiting request reads as a queue)
     per_step: float = 0.0
-    itl_s: float | None = None  # inter-token latency, averaged over `latency_window_s`
-    itl_since: float = -math.inf  # when the average began (it restarts at each decrease)
-    itl_sum: float = 0.0  # decayed sums of the latencies and of their tokens
-    itl_n: float = 0.0
+    itl_since: float = -math.inf  # when the latency average began (it restarts at each cut)
+    itl_sum: float = 0.0  # decayed sums over `latency_window_s` of the latencies (each
+    itl_n: float = 0.0  # × its tokens) and of their tokens; 0 tokens: none read yet
     cap_hits: int = 0  # scrapes at max_running with requests waiting and KV to spare
     inflight_at: float = 0.0  # our in-flight cost when `snap` arrived
     slow_since: float | None = None  # first of the scrapes in a row with ITL above target
+
+    @property
+    def itl_s(self) -> float | None:
+        """Inter-token latency averaged over `latency_window_s` (None: none read yet)."""
+        return self.itl_sum / self.itl_n if self.itl_n > 0 else None
+
+    def restart_itl(self) -> None:
+        self.itl_sum = self.itl_n = 0.0
 
 
 class _PrefillModel:
@@ -422,15 +429,13 @@ class AdaptiveLimit:
         if snap.itl_mean_s is None:
             return
         n = snap.itl_count or 1.0  # an engine that counts no tokens: its scrapes alike
-        if b.itl_s is None or (b.since < self._decreased_at and self._cut_restarts_latency):
+        if b.itl_n == 0 or (b.since < self._decreased_at and self._cut_restarts_latency):
             if b.since >= self._decreased_at:  # the first window wholly after the decrease
-                b.itl_s, b.itl_since = snap.itl_mean_s, b.since
-                b.itl_sum, b.itl_n = snap.itl_mean_s * n, n
+                b.itl_sum, b.itl_n, b.itl_since = snap.itl_mean_s * n, n, b.since
             return
         keep = math.exp(-(snap.at - b.since) / self.spec.latency_window_s)
         b.itl_sum = b.itl_sum * keep + snap.itl_mean_s * n
         b.itl_n = b.itl_n * keep + n
-        b.itl_s = b.itl_sum / b.itl_n
 
     def _weights(self, backends: list[_Backend]) -> list[float]:
         """Each backend's share of the pool (by KV capacity; equal when unknown)."""
@@ -694,7 +699,7 @@ class AdaptiveLimit:
         self._decreased_at = now
         for b in self.backends.values():
             if self._cut_restarts_latency:
-                b.itl_s = None  # it describes the load before the cut: restart it
+                b.restart_itl()  # it describes the load before the cut
             else:
                 b.itl_since = now  # a cut still needs a whole window of it after this one
 
