@@ -198,6 +198,32 @@ def test_early_drop_drains_the_queue_at_the_limit_it_regrows_to():
     assert isinstance(a.submit(r("q8", 1), 1.0), Queued)  # 9 / 8 s, not 9 / 4 s > 2 s
 
 
+def test_early_drop_counts_the_regrowing_limit_for_the_first_arrival_it_keeps_back():
+    """The first request of a burst that the decayed limit keeps back is judged as the ones
+    queued after it: the queue drains at what the limit regrows to, not at what is in flight
+    now. Counted by what is in flight alone, P0's arrival rate took all 4 releases a second
+    and the forecast read an unbounded wait with the queue empty."""
+
+    class Regrowing(StaticLimit):
+        def reach(self) -> float:
+            return 2 * self.limit()
+
+    def burst_start(limit: StaticLimit):
+        a = adm("static:4")
+        pool = next(iter(a.pools.values()))
+        learn_residence(a, 1.0)
+        for i in range(4):  # 4 in flight for 1 s each: 4 releases/s
+            admit(a, r(f"busy{i}", 1), 1.0)
+        for i in range(4):  # P0 arrives at 4 a second
+            pool.waits.arrived(0, 0.1 + i * 0.2)
+        pool.limit = limit
+        return a.submit(r("first", 1), 1.0)  # nothing queued: no poll has seen the limit bind
+
+    assert burst_start(Regrowing(4)) == Queued("first", 1)  # 8 releases/s: 1 / 4 s
+    refused = burst_start(StaticLimit(4))  # a limit that does not regrow: no release for it
+    assert isinstance(refused, Reject) and refused.reason is Reason.PREDICTED_WAIT
+
+
 def test_early_drop_uses_the_client_deadline():
     a = adm("static:4")
     learn_residence(a, 1.0)

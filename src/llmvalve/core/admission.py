@@ -195,7 +195,8 @@ class Admission:
         return min(spec.timeout_s, 0.5 * spec.slo.ttft_s)
 
     def under_pressure(self, pool: Pool, priority: int, now: float,
-                       tenant: str | None = None, may_wait_s: float | None = None) -> bool:
+                       tenant: str | None = None, may_wait_s: float | None = None,
+                       cost: float = 0.0) -> bool:
         """The requests ahead of an arrival of this class (of `tenant`: its round-robin turn;
         None: behind the whole class) cannot be served in time: its predicted wait exceeds
         what it may wait (`may_wait_s`, by default the class's). Before anything has been
@@ -204,17 +205,23 @@ class Admission:
         limit = self.may_wait_s(priority) if may_wait_s is None else may_wait_s
         if pool.waits.residence_s is None:
             return False
-        return self.predicted_wait_s(pool, priority, now, tenant) > limit
+        return self.predicted_wait_s(pool, priority, now, tenant, cost) > limit
 
     def predicted_wait_s(self, pool: Pool, priority: int, now: float,
-                         tenant: str | None = None) -> float:
-        """Seconds until an arrival of class `priority` is dispatched (core/waits.py)."""
+                         tenant: str | None = None, cost: float = 0.0) -> float:
+        """Seconds until an arrival of class `priority` (and `cost`, where known) is
+        dispatched (core/waits.py)."""
         # Where the limit keeps the queue back below what it regrows to unopposed (it decayed
         # while unused), the queue drains at that: at each synchronized burst after a lull,
         # the decayed limit's release rate refused a sixth of a tenant's requests that `none`
-        # served in time (holdout-b46-calm-syncburst-small3)
+        # served in time (holdout-b46-calm-syncburst-small3). The arrival itself may be the
+        # first the limit keeps back (nothing queued yet, so no poll has seen it waiting):
+        # judged by the in-flight count alone, the first requests of each burst read an
+        # unbounded wait and were refused with the queue empty.
         n: float = len(pool.tickets)
-        if pool.override is None and pool.waiting_for_limit > 0:
+        held = pool.waiting_for_limit > 0 or (
+            cost > 0 and pool.inflight + cost > pool.current_limit())
+        if pool.override is None and held:
             n *= max(1.0, pool.limit.reach() / pool.limit.limit())
         return pool.waits.wait_s(pool.scheduler, n, priority, now,
                                  self.may_wait_s(priority), tenant)
@@ -305,7 +312,7 @@ class Admission:
             may_wait = self.may_wait_s(req.priority)
             if req.deadline is not None:
                 may_wait = min(may_wait, req.deadline - now)
-            if self.under_pressure(pool, req.priority, now, req.tenant, may_wait):
+            if self.under_pressure(pool, req.priority, now, req.tenant, may_wait, cost):
                 return self._reject(pool, req, Reason.PREDICTED_WAIT, now)
         if full:  # the tenant that holds the most places of the class gives one up
             out = pool.scheduler.push_out(req.priority, req.tenant)
