@@ -78,3 +78,15 @@ def test_residence_is_an_average_over_releases():
     assert w.residence_s == 2.0
     w.released(4.0)
     assert w.residence_s == pytest.approx(2.0 + 0.05 * 2.0)
+
+
+def test_load_is_the_offered_work_in_flight_over_what_the_limit_holds():
+    f = WaitForecast()
+    assert f.load(10.0, 400.0) == 1.0  # nothing offered yet: unknown, read as loaded
+    for t in range(60):
+        f.offer(100.0, float(t))  # 100 tokens a second for a minute
+    assert f.load(60.0, 400.0) == 1.0  # no release yet: the time in flight is unknown
+    f.released(2.0)
+    # 100 tokens/s held 2 s each: 200 tokens in flight, half of the 400 the limit holds
+    assert f.load(60.0, 400.0) == pytest.approx(0.5)
+    assert f.load(60.0, 100.0) == pytest.approx(2.0)

@@ -69,6 +69,13 @@ from llmvalve.core.types import (
     Ticket,
 )
 
+# Below this offered load (of what the limit holds at its reach) a queue is a burst the pool
+# drains before the next: early drop refuses only what its whole TTFT objective cannot cover.
+# Refusing at half the objective there refused a sixth of a tenant's synchronized bursts at
+# 0.64x mean load that `none` served in time (holdout-b46-calm-syncburst-small3), while in
+# overload the half left for prefill and the forecast's error is what keeps P0 served.
+CALM_LOAD = 0.8
+
 
 class Admission:
     def __init__(self, policy: Policy, rng: Rng, controller: str | None = None,
@@ -186,13 +193,21 @@ class Admission:
         return within_share and (pool.inflight + cost <= pool.limit.hard_cap(reserved=True)
                                  or (top and pool.picker.can_start(now, cost)))
 
-    def may_wait_s(self, priority: int) -> float:
+    def may_wait_s(self, priority: int, calm: bool = False) -> float:
         """How long a request of the class may wait in the queue and still be useful: its
         queue timeout, and half its TTFT objective (a request that waits past its objective
         is served too late to count, and holds a queue place meanwhile; the other half is
-        left for prefill and for the error of the prediction)."""
+        left for prefill and for the error of the prediction). `calm`: the pool's offered
+        load is below `CALM_LOAD`, so a queue is a burst it drains, not overload; then only
+        a request that cannot be served within its whole objective is refused."""
         spec = self.policy.queue(priority)
-        return min(spec.timeout_s, 0.5 * spec.slo.ttft_s)
+        return min(spec.timeout_s, (1.0 if calm else 0.5) * spec.slo.ttft_s)
+
+    def calm(self, pool: Pool, now: float) -> bool:
+        """The work offered over the last minute needs less than `CALM_LOAD` of what the
+        limit holds at its reach (core/waits.py `load`)."""
+        reach = pool.limit.reach() if pool.override is None else pool.current_limit()
+        return pool.waits.load(now, reach) < CALM_LOAD
 
     def under_pressure(self, pool: Pool, priority: int, now: float,
                        tenant: str | None = None, may_wait_s: float | None = None,
@@ -290,6 +305,7 @@ class Admission:
         if not pool.breaker.allow(now):
             return self._reject(pool, req, Reason.BREAKER_OPEN, now, status=503)
         cost = self.cost_of(req, pool, now)
+        pool.waits.offer(cost, now)
         blocked_above = any(pool.scheduler.depth(p) for p in self._ranks if p < req.priority)
         own_queue = pool.scheduler.depth(req.priority)
         if not own_queue and self._fits(pool, req.priority, cost, now, shared=not blocked_above):
@@ -309,7 +325,7 @@ class Admission:
                 return self._reject(pool, req, Reason.FAST_REJECT, now)
         elif spec.drop_policy is DropPolicy.EARLY_DROP_ON_PRESSURE:
             # this request, at its tenant's turn, within its own deadline
-            may_wait = self.may_wait_s(req.priority)
+            may_wait = self.may_wait_s(req.priority, self.calm(pool, now))
             if req.deadline is not None:
                 may_wait = min(may_wait, req.deadline - now)
             if self.under_pressure(pool, req.priority, now, req.tenant, may_wait, cost):

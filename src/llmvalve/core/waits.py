@@ -17,7 +17,10 @@ gone unused, the caller counts the requests in flight at the level it regrows to
 seconds (a ramp) and from a window as long as the class may wait (bursts average out over it);
 the lower of the two is used, so a request is refused only when both forecasts say it cannot be
 served in time — refusing what could have been served is the harm a controller must not do at
-low mean load.
+low mean load. For the same reason the caller asks how loaded the pool is (`load`: the work
+offered over the last minute, by Little's law, over what the limit holds): below its calm level
+a queue is a burst the pool drains before the next, and only a request that cannot be served
+within its whole objective is refused.
 """
 
 from __future__ import annotations
@@ -38,13 +41,13 @@ class Arrivals:
 
     def __init__(self, now: float) -> None:
         self.start = math.floor(now)
-        self.counts: dict[int, int] = {}
+        self.counts: dict[int, float] = {}
         self.latest = self.start  # the latest second counted
 
-    def add(self, now: float) -> None:
+    def add(self, now: float, weight: float = 1.0) -> None:
         second = math.floor(now)
         self.latest = max(self.latest, second)
-        self.counts[second] = self.counts.get(second, 0) + 1
+        self.counts[second] = self.counts.get(second, 0.0) + weight
         if len(self.counts) > LONG_HORIZON_S + 4:
             for k in [k for k in self.counts if k <= second - LONG_HORIZON_S]:
                 del self.counts[k]
@@ -63,6 +66,21 @@ class WaitForecast:
     def __init__(self) -> None:
         self.arrivals: dict[int, Arrivals] = {}
         self.residence_s: float | None = None  # mean time from admission to release
+        self.offered: Arrivals | None = None  # the cost of every arrival, refused or not
+
+    def offer(self, cost: float, now: float) -> None:
+        """A request of `cost` arrived (whatever becomes of it)."""
+        if self.offered is None:
+            self.offered = Arrivals(now)
+        self.offered.add(now, cost)
+
+    def load(self, now: float, reach: float) -> float:
+        """The pool's offered load over the last minute: what it would hold in flight to
+        serve everything that arrived (cost per second times the mean time in flight, by
+        Little's law) over what the limit holds at its reach. 1 while unknown."""
+        if self.offered is None or self.residence_s is None or reach <= 0:
+            return 1.0
+        return self.offered.rate(now, LONG_HORIZON_S) * self.residence_s / reach
 
     def arrived(self, priority: int, now: float) -> None:
         """A request of the class was accepted (admitted or queued)."""
