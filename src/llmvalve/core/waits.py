@@ -36,8 +36,8 @@ RESIDENCE_GAIN = 0.05  # each release weighs as one sample of an average with de
 
 
 class Arrivals:
-    """Arrivals per second over a chosen horizon: counts in 1-second buckets for the last
-    `LONG_HORIZON_S` seconds."""
+    """Arrivals (or their cost, `weight`) per second over a chosen horizon: sums in 1-second
+    buckets for the last `LONG_HORIZON_S` seconds."""
 
     def __init__(self, now: float) -> None:
         self.start = math.floor(now)
@@ -66,7 +66,7 @@ class WaitForecast:
     def __init__(self) -> None:
         self.arrivals: dict[int, Arrivals] = {}
         self.residence_s: float | None = None  # mean time from admission to release
-        self.offered: Arrivals | None = None  # the cost of every arrival, refused or not
+        self.offered: Arrivals | None = None  # the cost of every arrival the queues judge
 
     def offer(self, cost: float, now: float) -> None:
         """A request of `cost` arrived (whatever becomes of it)."""
