@@ -229,18 +229,21 @@ def test_early_drop_refuses_only_what_its_whole_objective_cannot_cover_while_cal
     a queue is a burst the pool drains: an arrival is refused only when its forecast wait
     exceeds its whole TTFT objective (4 s), not half of it as under load."""
 
-    def queue_behind_two(now: float) -> list:
+    def queue_behind_two(now: float) -> tuple[Admission, list]:
         a = adm("static:2")
         learn_residence(a, 1.0, n=2)  # at 0, released at 1: 1 s in flight
         for i in range(2):  # 2 in flight: 2 releases/s, so the k-th queued waits k / 2 s
             admit(a, r(f"busy{i}", 1), now)
-        return [a.submit(r(f"q{i}", 1), now) for i in range(9)]
+        return a, [a.submit(r(f"q{i}", 1), now) for i in range(9)]
 
-    loaded = queue_behind_two(1.0)  # 2 + 2 + 9 requests offered within a second
+    a, loaded = queue_behind_two(1.0)  # 2 + 2 + 9 requests offered within a second
     assert [type(d).__name__ for d in loaded] == ["Queued"] * 4 + ["Reject"] * 5  # > 2 s
-    calm = queue_behind_two(50.0)  # the same, spread over 50 s
+    # 13 requests a second, 1 s in flight each, against a limit of 2
+    assert a.status(1.0)["pools"]["default"]["offered_load"] == pytest.approx(6.5)
+    a, calm = queue_behind_two(50.0)  # the same, spread over 50 s
     assert [type(d).__name__ for d in calm] == ["Queued"] * 8 + ["Reject"]  # 4.5 s > 4 s
     assert calm[-1].reason is Reason.PREDICTED_WAIT
+    assert a.status(50.0)["pools"]["default"]["offered_load"] == pytest.approx(13 / 50 / 2)
 
 
 def test_early_drop_uses_the_client_deadline():

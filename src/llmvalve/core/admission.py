@@ -203,11 +203,14 @@ class Admission:
         spec = self.policy.queue(priority)
         return min(spec.timeout_s, (1.0 if calm else 0.5) * spec.slo.ttft_s)
 
-    def calm(self, pool: Pool, now: float) -> bool:
-        """The work offered over the last minute needs less than `CALM_LOAD` of what the
-        limit holds at its reach (core/waits.py `load`)."""
+    def offered_load(self, pool: Pool, now: float) -> float:
+        """The work offered over the last minute over what the limit holds at its reach
+        (core/waits.py `load`; 1 while unknown)."""
         reach = pool.limit.reach() if pool.override is None else pool.current_limit()
-        return pool.waits.load(now, reach) < CALM_LOAD
+        return pool.waits.load(now, reach)
+
+    def calm(self, pool: Pool, now: float) -> bool:
+        return self.offered_load(pool, now) < CALM_LOAD
 
     def under_pressure(self, pool: Pool, priority: int, now: float,
                        tenant: str | None = None, may_wait_s: float | None = None,
@@ -550,6 +553,7 @@ class Admission:
                 "inflight": pool.inflight,
                 "inflight_requests": len(pool.tickets),
                 "saturation": pool.limit.saturation(now),
+                "offered_load": finite(self.offered_load(pool, now)),
                 "override": pool.override,
                 "override_expires_in_s": (None if pool.override_until is None
                                           else max(0.0, pool.override_until - now)),
