@@ -206,24 +206,17 @@ class Admission:
     def offered_load(self, pool: Pool, now: float) -> float:
         """The work offered over the last minute over what the limit holds at its reach
         (core/waits.py `load`; 1 while unknown)."""
-        reach = pool.limit.reach() if pool.override is None else pool.current_limit()
-        return pool.waits.load(now, reach)
+        return pool.waits.load(now, pool.current_reach())
 
-    def calm(self, pool: Pool, now: float) -> bool:
-        return self.offered_load(pool, now) < CALM_LOAD
-
-    def under_pressure(self, pool: Pool, priority: int, now: float,
-                       tenant: str | None = None, may_wait_s: float | None = None,
-                       cost: float = 0.0) -> bool:
-        """The requests ahead of an arrival of this class (of `tenant`: its round-robin turn;
-        None: behind the whole class) cannot be served in time: its predicted wait exceeds
-        what it may wait (`may_wait_s`, by default the class's). Before anything has been
-        released the wait is unknown: nothing is refused for it (the queue timeout still
-        applies)."""
-        limit = self.may_wait_s(priority) if may_wait_s is None else may_wait_s
+    def under_pressure(self, pool: Pool, req: RequestInfo, cost: float, may_wait_s: float,
+                       now: float) -> bool:
+        """The requests ahead of the arrival `req` (at its tenant's round-robin turn) cannot
+        be served in time: its predicted wait exceeds `may_wait_s`. Before anything has
+        been released the wait is unknown: nothing is refused for it (the queue timeout
+        still applies)."""
         if pool.waits.residence_s is None:
             return False
-        return self.predicted_wait_s(pool, priority, now, tenant, cost) > limit
+        return self.predicted_wait_s(pool, req.priority, now, req.tenant, cost) > may_wait_s
 
     def predicted_wait_s(self, pool: Pool, priority: int, now: float,
                          tenant: str | None = None, cost: float = 0.0) -> float:
@@ -239,8 +232,8 @@ class Admission:
         n: float = len(pool.tickets)
         held = pool.waiting_for_limit > 0 or (
             cost > 0 and pool.inflight + cost > pool.current_limit())
-        if pool.override is None and held:
-            n *= max(1.0, pool.limit.reach() / pool.limit.limit())
+        if held:
+            n *= max(1.0, pool.current_reach() / pool.current_limit())
         return pool.waits.wait_s(pool.scheduler, n, priority, now,
                                  self.may_wait_s(priority), tenant)
 
@@ -328,10 +321,10 @@ class Admission:
                 return self._reject(pool, req, Reason.FAST_REJECT, now)
         elif spec.drop_policy is DropPolicy.EARLY_DROP_ON_PRESSURE:
             # this request, at its tenant's turn, within its own deadline
-            may_wait = self.may_wait_s(req.priority, self.calm(pool, now))
+            may_wait = self.may_wait_s(req.priority, self.offered_load(pool, now) < CALM_LOAD)
             if req.deadline is not None:
                 may_wait = min(may_wait, req.deadline - now)
-            if self.under_pressure(pool, req.priority, now, req.tenant, may_wait, cost):
+            if self.under_pressure(pool, req, cost, may_wait, now):
                 return self._reject(pool, req, Reason.PREDICTED_WAIT, now)
         if full:  # the tenant that holds the most places of the class gives one up
             out = pool.scheduler.push_out(req.priority, req.tenant)

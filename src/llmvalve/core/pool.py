@@ -68,6 +68,10 @@ class Pool:
     def current_limit(self) -> float:
         return self.override if self.override is not None else self.limit.limit()
 
+    def current_reach(self) -> float:
+        """What the limit regrows to unopposed (`PoolLimit.reach`); an override holds."""
+        return self.override if self.override is not None else self.limit.reach()
+
 
 def finite(x: float) -> float | None:
     """JSON has no infinity: an unlimited pool (`none`) reports its limit as null."""
