@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import random
 
 import pytest
@@ -283,53 +282,6 @@ def test_early_drop_forecasts_the_arrivals_own_tenant_turn():
     assert isinstance(d, Reject) and d.reason is Reason.PREDICTED_WAIT
     assert a.predicted_wait_s(next(iter(a.pools.values())), 1, 1.0, "steady") == 0.5
     assert isinstance(a.submit(RequestInfo("s0", "steady", 1, 1.0), 1.0), Queued)
-
-
-class TokenLimit(StaticLimit):
-    """A fixed limit in KV tokens (as `adaptive` counts), optionally with the engines'
-    sequences binding at `seqs` requests."""
-
-    unit = "tokens"
-
-    def __init__(self, n: int, seqs: float = math.inf) -> None:
-        super().__init__(n)
-        self.seqs = seqs
-
-    def max_requests(self) -> float:
-        return self.seqs
-
-
-def test_early_drop_forecasts_in_cost_what_the_limit_frees():
-    """The limit frees cost, so the forecast counts cost: small requests behind small ones
-    drain faster than as many of the mean in flight, a large one slower. Counted in requests,
-    a P1 request charged 0.7 of the mean in flight was refused at a forecast of 4.8 s against
-    the 4 s it could wait, and it waits 0.5 s when queued (calm-steady seed 2). Where the
-    engines' sequences bind, requests drain one sequence at a time: the larger of the two."""
-
-    def loaded(seqs: float = math.inf) -> Admission:
-        a = adm("static:4")
-        next(iter(a.pools.values())).limit = TokenLimit(4000, seqs)
-        learn_residence(a, 1.0)  # time in flight 1 s: 4,000 tokens released a second
-        for i in range(4):
-            admit(a, r(f"busy{i}", 1, 1000.0), 1.0)
-        return a
-
-    a = loaded()  # may wait 2 s (half the 4 s TTFT objective)
-    for i in range(8):
-        assert a.submit(r(f"q{i}", 1, 500.0), 1.0) == Queued(f"q{i}", i + 1)
-    assert isinstance(a.submit(r("q8", 1, 500.0), 1.0), Queued)  # (4,000 + 500) / 4,000 s
-    big = a.submit(r("big", 1, 4000.0), 1.0)  # (4,500 + 4,000) / 4,000 s > 2 s
-    assert isinstance(big, Reject) and big.reason is Reason.PREDICTED_WAIT
-    a = loaded()
-    for i in range(3):
-        a.submit(r(f"q{i}", 1, 500.0), 1.0)
-    big = a.submit(r("big", 1, 7000.0), 1.0)  # 4 requests ahead: 5 / 4 s, but 8,500 tokens
-    assert isinstance(big, Reject) and big.reason is Reason.PREDICTED_WAIT
-    a = loaded(seqs=4)  # four sequences run at once: one is released each 1 / 4 s
-    for i in range(8):
-        a.submit(r(f"q{i}", 1, 500.0), 1.0)
-    d = a.submit(r("q8", 1, 500.0), 1.0)  # 9 / 4 s > 2 s
-    assert isinstance(d, Reject) and d.reason is Reason.PREDICTED_WAIT
 
 
 def test_fast_reject_sheds_a_class_that_is_not_served_in_time():

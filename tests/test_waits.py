@@ -72,36 +72,6 @@ def test_wait_counts_the_tenants_round_robin_turn():
     assert w.wait_s(s, 4, 1, 1.0, 4.0) == pytest.approx((7 + 1) / 4)  # behind the class
 
 
-def test_wait_in_cost_is_the_cost_ahead_over_the_cost_released():
-    """The limit frees cost: what is ahead (charged as it arrived) and the arrival's own cost
-    drain at the rate cost is released, over the time in flight weighted by cost (a large
-    request holds more of the limit, and for longer); the classes above take their cost."""
-    w = WaitForecast()
-    s = Scheduler(Policy(queues=SEED_QUEUES))
-    for i in range(3):
-        s.push(req(f"q{i}", 1), 0.0, cost=500.0)
-    s.push(req("p2", 2), 0.0, cost=9000.0)  # below: not ahead
-    assert s.cost_ahead_of(1) == 1500.0 and s.cost_ahead_of(2) == 10_500.0
-    w.released(1.0, cost=1000.0)
-    w.released(3.0, cost=3000.0)
-    assert w.residence_s == pytest.approx(1.0 + 0.05 * 2.0)  # per request
-    # per unit of cost: (1000 x 1 s, 1000) then (3000 x 3 s, 3000) weighed in as one release
-    held = 1000.0 + 0.05 * (9000.0 - 1000.0)
-    cost = 1000.0 + 0.05 * (3000.0 - 1000.0)
-    assert w.cost_residence_s == pytest.approx(held / cost)
-    rate = 8000.0 / (held / cost)  # 8,000 tokens in flight
-    assert w.wait_s(s, 8000.0, 1, 10.0, 4.0, cost=500.0) == pytest.approx(2000.0 / rate)
-    assert w.wait_s(s, 8000.0, 1, 10.0, 4.0, cost=4000.0) == pytest.approx(5500.0 / rate)
-    for i in range(10):  # P0 at 2 requests, 600 tokens, a second over the last 5 s
-        w.arrived(0, 5.0 + i / 2, cost=300.0)
-    assert w.rate_above(1, 10.0, 4.0) == pytest.approx(2.0)
-    assert w.wait_s(s, 8000.0, 1, 10.0, 4.0, cost=500.0) == pytest.approx(
-        2000.0 / (rate - 600.0))
-    # in requests (where sequences bind): 3 ahead and itself at 4 requests in flight
-    assert w.wait_s(s, 4, 1, 10.0, 4.0, by_requests=True) == pytest.approx(
-        (3 + 1) / (4 / w.residence_s - 2.0))
-
-
 def test_residence_is_an_average_over_releases():
     w = WaitForecast()
     w.released(2.0)

@@ -229,22 +229,13 @@ class Admission:
         # first the limit keeps back (nothing queued yet, so no poll has seen it waiting):
         # judged by the in-flight count alone, the first requests of each burst read an
         # unbounded wait and were refused with the queue empty.
-        # The queue drains by cost (what the limit frees); where the engines' sequences bind,
-        # by requests too: a P1 request charged 0.6 of the mean in flight, judged as one
-        # request of the mean, was refused at 4.8 s against the 4 s it may wait where it
-        # would have waited about 2 (calm-steady).
-        requests = len(pool.tickets)
+        n: float = len(pool.tickets)
         held = pool.waiting_for_limit > 0 or (
             cost > 0 and pool.inflight + cost > pool.current_limit())
-        regrown = max(1.0, pool.current_reach() / pool.current_limit()) if held else 1.0
-        may_wait = self.may_wait_s(priority)
-        own = cost or (pool.inflight / requests if requests else 1.0)
-        wait = pool.waits.wait_s(pool.scheduler, pool.inflight * regrown, priority, now,
-                                 may_wait, tenant, own)
-        if requests + 1 > pool.limit.max_requests():
-            wait = max(wait, pool.waits.wait_s(pool.scheduler, requests * regrown, priority,
-                                               now, may_wait, tenant, by_requests=True))
-        return wait
+        if held:
+            n *= max(1.0, pool.current_reach() / pool.current_limit())
+        return pool.waits.wait_s(pool.scheduler, n, priority, now,
+                                 self.may_wait_s(priority), tenant)
 
     def retry_after_s(self, pool: Pool, priority: int, now: float,
                       floor_s: float = 0.0) -> float:
@@ -314,7 +305,7 @@ class Admission:
         blocked_above = any(pool.scheduler.depth(p) for p in self._ranks if p < req.priority)
         own_queue = pool.scheduler.depth(req.priority)
         if not own_queue and self._fits(pool, req.priority, cost, now, shared=not blocked_above):
-            pool.waits.arrived(req.priority, now, cost)
+            pool.waits.arrived(req.priority, now)
             return self._admit(pool, req, cost, now, 0.0)
         if not queue:
             return self._reject(pool, req, Reason.QUEUE_FULL, now)
@@ -340,8 +331,8 @@ class Admission:
             assert out is not None
             pool.pushed_out.append(self._reject(pool, out.req, Reason.QUEUE_FULL, now,
                                                 now - out.enqueued_at))
-        pool.scheduler.push(req, now, cost=cost)
-        pool.waits.arrived(req.priority, now, cost)
+        pool.scheduler.push(req, now)
+        pool.waits.arrived(req.priority, now)
         return Queued(req.request_id, pool.scheduler.depth(req.priority))
 
     def cancel(self, request_id: str, now: float) -> bool:
@@ -434,7 +425,7 @@ class Admission:
         if not pool.tickets:  # no float drift when idle
             pool.inflight = 0.0
             by_class.clear()
-        pool.waits.released(now - ticket.admitted_at, ticket.cost_tokens)
+        pool.waits.released(now - ticket.admitted_at)
         pool.limit.on_release(ticket, outcome, now)
         pool.breaker.record(outcome, now, ticket.backend)
 
@@ -513,7 +504,7 @@ class Admission:
                 if req.priority not in self._ranks:
                     lower = [p for p in policy.priorities if p > req.priority]
                     req = replace(req, priority=lower[0] if lower else policy.lowest_priority)
-                pool.scheduler.push(req, now, enqueued_at=w.enqueued_at, cost=w.cost)
+                pool.scheduler.push(req, now, enqueued_at=w.enqueued_at)
             pool.picker.retarget(*self._picker_targets())
             for b in spec.backends:
                 pool.picker.include(b.name)
@@ -532,7 +523,7 @@ class Admission:
                     req = replace(w.req, pool=names[0])
                     if req.priority not in self._ranks:
                         req = replace(req, priority=policy.lowest_priority)
-                    first.scheduler.push(req, now, enqueued_at=w.enqueued_at, cost=w.cost)
+                    first.scheduler.push(req, now, enqueued_at=w.enqueued_at)
                 pool.scheduler = Scheduler(policy)  # empty, with the new classes (status())
 
     def _carry_limit(self, limit: PoolLimit, old: Policy, new: Policy,

@@ -23,7 +23,6 @@ import heapq
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import islice
 
 from llmvalve.core.policy import Policy, QueueSpec
 from llmvalve.core.types import RequestInfo
@@ -35,7 +34,6 @@ class Waiting:
     enqueued_at: float
     wait_deadline: float  # when it must leave the queue, dispatched or not
     by_client_deadline: bool  # the client's deadline (not the queue timeout) set wait_deadline
-    cost: float = 1.0  # in the limit's unit, as charged when it arrived
 
 
 class _ClassQueue:
@@ -43,12 +41,10 @@ class _ClassQueue:
         self.spec = spec
         self.tenants: OrderedDict[str, deque[Waiting]] = OrderedDict()
         self.size = 0
-        self.cost = 0.0  # of the requests waiting
 
     def push(self, w: Waiting) -> None:
         self.tenants.setdefault(w.req.tenant, deque()).append(w)
         self.size += 1
-        self.cost += w.cost
 
     def head(self, lifo: bool = False) -> Waiting | None:
         for q in self.tenants.values():
@@ -61,7 +57,7 @@ class _ClassQueue:
         del self.tenants[tenant]
         if q:
             self.tenants[tenant] = q  # to the back: the next tenant gets the next turn
-        self._gone(w)
+        self.size -= 1
         return w
 
     def remove(self, w: Waiting) -> None:
@@ -69,11 +65,7 @@ class _ClassQueue:
         q.remove(w)
         if not q:
             del self.tenants[w.req.tenant]
-        self._gone(w)
-
-    def _gone(self, w: Waiting) -> None:
         self.size -= 1
-        self.cost = max(0.0, self.cost - w.cost) if self.size else 0.0  # no float drift
 
     def oldest_enqueued_at(self) -> float | None:
         heads = [q[0].enqueued_at for q in self.tenants.values()]
@@ -113,16 +105,6 @@ class Scheduler:
         others = sum(min(len(q), k) for t, q in c.tenants.items() if t != tenant)
         return above + others + k - 1
 
-    def cost_ahead_of(self, priority: int, tenant: str | None = None) -> float:
-        """The cost of the requests `ahead_of` counts."""
-        above = sum(c.cost for p, c in self._classes.items() if p < priority)
-        c = self._classes[priority]
-        if tenant is None:
-            return above + c.cost
-        k = self.tenant_depth(priority, tenant) + 1
-        return above + sum(w.cost for t, q in c.tenants.items()
-                           for w in (q if t == tenant else islice(q, k)))
-
     def is_full(self, priority: int) -> bool:
         c = self._classes[priority]
         return c.size >= c.spec.max_queue_size
@@ -161,18 +143,16 @@ class Scheduler:
         return 0.0 if t is None else now - t
 
     # ---- changes --------------------------------------------------------------------------
-    def push(self, req: RequestInfo, now: float, enqueued_at: float | None = None,
-             cost: float = 1.0) -> Waiting:
-        """Queue `req` (of `cost`, for the wait forecast); `enqueued_at` keeps the original
-        arrival when a policy reload moves waiting requests into new queues (their timeout
-        counts from then)."""
+    def push(self, req: RequestInfo, now: float, enqueued_at: float | None = None) -> Waiting:
+        """Queue `req`; `enqueued_at` keeps the original arrival when a policy reload moves
+        waiting requests into new queues (their timeout counts from then)."""
         spec = self._classes[req.priority].spec
         since = now if enqueued_at is None else enqueued_at
         wait_deadline = since + spec.timeout_s
         by_client = req.deadline is not None and req.deadline < wait_deadline
         if by_client:
             wait_deadline = req.deadline  # type: ignore[assignment]
-        w = Waiting(req, since, wait_deadline, by_client, cost)
+        w = Waiting(req, since, wait_deadline, by_client)
         self._classes[req.priority].push(w)
         self._by_id[req.request_id] = (req.priority, w)
         self._seq += 1

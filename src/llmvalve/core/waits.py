@@ -36,32 +36,28 @@ RESIDENCE_GAIN = 0.05  # each release weighs as one sample of an average with de
 
 
 class Arrivals:
-    """Arrivals and their cost (`weight`) per second over a chosen horizon: sums in 1-second
+    """Arrivals (or their cost, `weight`) per second over a chosen horizon: sums in 1-second
     buckets for the last `LONG_HORIZON_S` seconds."""
 
     def __init__(self, now: float) -> None:
         self.start = math.floor(now)
         self.counts: dict[int, float] = {}
-        self.weights: dict[int, float] = {}
         self.latest = self.start  # the latest second counted
 
     def add(self, now: float, weight: float = 1.0) -> None:
         second = math.floor(now)
         self.latest = max(self.latest, second)
-        self.counts[second] = self.counts.get(second, 0.0) + 1.0
-        self.weights[second] = self.weights.get(second, 0.0) + weight
+        self.counts[second] = self.counts.get(second, 0.0) + weight
         if len(self.counts) > LONG_HORIZON_S + 4:
             for k in [k for k in self.counts if k <= second - LONG_HORIZON_S]:
-                del self.counts[k], self.weights[k]
+                del self.counts[k]
 
-    def rate(self, now: float, horizon_s: float, weighted: bool = False) -> float:
-        """The mean rate (of arrivals, or of their cost) over the last `horizon_s` seconds
-        (or since the first arrival)."""
+    def rate(self, now: float, horizon_s: float) -> float:
+        """The mean rate over the last `horizon_s` seconds (or since the first arrival)."""
         horizon = max(1.0, min(float(LONG_HORIZON_S), horizon_s, now - self.start))
         # the seconds k whose bucket [k, k + 1) ends after `since`: k ≥ floor(since)
         seconds = range(math.floor(now - horizon), self.latest + 1)
-        sums = self.weights if weighted else self.counts
-        return sum(map(sums.get, seconds, repeat(0))) / horizon
+        return sum(map(self.counts.get, seconds, repeat(0))) / horizon
 
 
 class WaitForecast:
@@ -70,18 +66,7 @@ class WaitForecast:
     def __init__(self) -> None:
         self.arrivals: dict[int, Arrivals] = {}
         self.residence_s: float | None = None  # mean time from admission to release
-        # the same, weighted by cost: (mean of cost x time in flight, mean cost)
-        self._cost_held: tuple[float, float] | None = None
         self.offered: Arrivals | None = None  # the cost of every arrival the queues judge
-
-    @property
-    def cost_residence_s(self) -> float | None:
-        """The mean time in flight of a unit of cost (a large request holds more of the
-        limit, and for longer, than a small one)."""
-        if self._cost_held is None:
-            return None
-        held, cost = self._cost_held
-        return held / cost if cost > 0 else self.residence_s
 
     def offer(self, cost: float, now: float) -> None:
         """A request of `cost` arrived (whatever becomes of it)."""
@@ -95,50 +80,35 @@ class WaitForecast:
         Little's law) over what the limit holds at its reach. 1 while unknown."""
         if self.offered is None or self.residence_s is None or reach <= 0:
             return 1.0
-        return self.offered.rate(now, LONG_HORIZON_S, weighted=True) * self.residence_s / reach
+        return self.offered.rate(now, LONG_HORIZON_S) * self.residence_s / reach
 
-    def arrived(self, priority: int, now: float, cost: float = 1.0) -> None:
-        """A request of the class (and `cost`) was accepted (admitted or queued)."""
+    def arrived(self, priority: int, now: float) -> None:
+        """A request of the class was accepted (admitted or queued)."""
         a = self.arrivals.get(priority)
         if a is None:
             a = self.arrivals[priority] = Arrivals(now)
-        a.add(now, cost)
+        a.add(now)
 
-    def released(self, held_s: float, cost: float = 1.0) -> None:
-        """A request of `cost` left after `held_s` in flight."""
+    def released(self, held_s: float) -> None:
         prev = self.residence_s
         self.residence_s = held_s if prev is None else prev + RESIDENCE_GAIN * (held_s - prev)
-        if self._cost_held is None:
-            self._cost_held = (cost * held_s, cost)
-        else:
-            held, mean = self._cost_held
-            self._cost_held = (held + RESIDENCE_GAIN * (cost * held_s - held),
-                               mean + RESIDENCE_GAIN * (cost - mean))
 
-    def rate_above(self, priority: int, now: float, may_wait_s: float,
-                   by_requests: bool = True) -> float:
-        """Arrivals per second (or their cost, `by_requests` False) of the classes above
-        `priority` while a request of it waits (the lower of the short and the long
-        forecast)."""
+    def rate_above(self, priority: int, now: float, may_wait_s: float) -> float:
+        """Arrivals per second of the classes above `priority` while a request of it waits
+        (the lower of the short and the long forecast)."""
         above = [a for p, a in self.arrivals.items() if p < priority]
         horizons = (SHORT_HORIZON_S, max(SHORT_HORIZON_S, may_wait_s))
-        return min(sum(a.rate(now, h, not by_requests) for a in above) for h in horizons)
+        return min(sum(a.rate(now, h) for a in above) for h in horizons)
 
     def wait_s(self, scheduler: Scheduler, in_flight: float, priority: int, now: float,
-               may_wait_s: float, tenant: str | None = None, cost: float = 1.0,
-               by_requests: bool = False) -> float:
-        """Seconds until an arrival of class `priority` and `cost` (of `tenant`: at its
-        round-robin turn; None: behind the whole class) is dispatched, with `in_flight` the
-        cost in flight: the limit frees cost, so the cost of what is ahead drains at the rate
-        cost is released. `by_requests`: counted in requests instead (`in_flight` the
-        requests in flight), where the engines' sequences bind."""
+               may_wait_s: float, tenant: str | None = None) -> float:
+        """Seconds until an arrival of class `priority` (of `tenant`: its round-robin turn;
+        None: behind the whole class) is dispatched."""
         if in_flight == 0:
             return 0.0
-        residence = self.residence_s if by_requests else self.cost_residence_s
-        if residence is None:
+        if self.residence_s is None:
             return math.inf
-        rate = in_flight / max(residence, 1e-3)
-        ahead = (scheduler.ahead_of(priority, tenant) + 1 if by_requests
-                 else scheduler.cost_ahead_of(priority, tenant) + cost)
-        free = rate - self.rate_above(priority, now, may_wait_s, by_requests)
+        rate = in_flight / max(self.residence_s, 1e-3)
+        ahead = scheduler.ahead_of(priority, tenant) + 1
+        free = rate - self.rate_above(priority, now, may_wait_s)
         return ahead / free if free > 0 else math.inf
