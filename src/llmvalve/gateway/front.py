@@ -238,10 +238,7 @@ class Front:
                           Record("unauthorized", "", "unauthorized"))
         klass = self._class_name(classified.priority)
         facts = None
-        # Read whole: all of it reached the check (Envoy's max_request_bytes did not cut it)
-        # and it is within the policy's maxBodyBytes, which a reload may lower below Envoy's.
-        whole = (check.body is not None and check.body_complete
-                 and len(check.body) <= spec.max_body_bytes)
+        whole = self._read_whole(check)
         if policy.inspects_bodies and whole:
             facts = request_facts.parse_body(check.body, check.path)
             if isinstance(facts, str):
@@ -491,6 +488,13 @@ class Front:
                 return rerouted
         return Answer(waiting.info.request_id, replies.shed(reject, waiting.klass), record)
 
+    def _read_whole(self, check: Check) -> bool:
+        """The body is read whole: all of it reached the check (Envoy's max_request_bytes did
+        not cut it) and it is within the policy's maxBodyBytes, which a reload may lower
+        below Envoy's."""
+        return (check.body is not None and check.body_complete
+                and len(check.body) <= self.policy.requests.max_body_bytes)
+
     def _rewritable(self, check: Check, feature: str | None) -> bool:
         """Whether Envoy can rewrite this body to the model its feature falls back to (read at
         the check: a waiting request does not keep its body)."""
@@ -498,7 +502,7 @@ class Front:
         fallback = spec.fallback if spec is not None else None
         if fallback is None or fallback.kind != "reroute" or not fallback.model:
             return True
-        body = check.body if check.body_complete else None
+        body = check.body if self._read_whole(check) else None
         return request_facts.model_rewrite_is_exact(body, fallback.model)
 
     def _reroute(self, waiting: _Waiting, reject: Reject, fallback: FallbackSpec,
