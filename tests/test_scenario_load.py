@@ -91,9 +91,25 @@ def test_events_that_would_do_nothing_or_contradict_themselves(event, expect):
      "tokens hold less than one sequence of max_model_len"),
     (("duration: 60s", "duration: 30d"), "t.yaml:2: duration: bad duration"),
     (("duration: 60s", "duration: 48h"), "t.yaml:2: duration: at most 86400 s"),
+    (("rate: 1.0", "rate: 1.0\n    retry: {base: 2s}"),
+     "t.yaml:8: classes[0].retry.base: retry mode none retries nothing: it would be ignored"),
+    (("rate: 1.0", "rate: 1.0\n    cancel: {after: [1s, 2s]}"),
+     "t.yaml:8: classes[0].cancel.after: without prob nobody cancels: it would be ignored"),
+    (("duration: 60s", "duration: 60s\noracleSweep: []"), "t.yaml:3: oracleSweep: empty: "
+     "omit it for the default"),
+    (("duration: 60s", "duration: 60s\ncontrollers: []"), "t.yaml:3: controllers: empty"),
 ])
 def test_values_that_would_hang_or_be_ignored(change, expect):
     assert error_of(BASE.replace(*change)).startswith(expect)
+
+
+@pytest.mark.parametrize("key", ["priority: 1", "prompt: {mean: 100}", "output: {mean: 50}"])
+def test_a_trace_class_refuses_what_its_trace_sets(key):
+    """Found by a review: these were read and then ignored (the split sets the priorities,
+    the trace the lengths)."""
+    text = BASE + f"  - name: r\n    trace: {{file: azure-conv, split: {{0: 1}}}}\n    {key}\n"
+    field = key.split(":")[0]
+    assert error_of(text).startswith(f"t.yaml:10: classes[1].{field}: a trace")
 
 
 def test_duplicate_class_names_and_own_keys():

@@ -138,6 +138,16 @@ def test_capacity_and_load_factor():
     assert "code-bursty" in out.stdout.split()
 
 
+def test_capacity_of_a_scenario_without_requests_says_so(tmp_path):
+    """Found by a review: a scenario that sends nothing raised a KeyError (a traceback)."""
+    f = tmp_path / "quiet.yaml"
+    f.write_text("duration: 10s\nclasses:\n  - {name: idle, priority: 0, rate: 0}\n")
+    done = subprocess.run([sys.executable, "-m", "llmvalve.cli", "simulate", "--scenario",
+                           str(f), "--capacity"], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "no requests" in done.stdout
+
+
 def test_capacity_is_that_of_the_fleet_the_scenario_starts_with(tmp_path):
     """Events at t = 0 shape the fleet (the format has no per-engine profile): the capacity
     replay keeps them, so two engines slowed twofold from the start serve less than two

@@ -187,6 +187,9 @@ def _capacity(sc, seeds: list[int], as_json: bool,  # type: ignore[no-untyped-de
         print(json.dumps({"scenario": sc.name, "capacity": out}, indent=2))
         return 0
     for s, m in out.items():
+        if m["capacity_tok_s"] is None:
+            print(f"{sc.name} seed {s}: no requests, so no request mix to measure capacity by")
+            continue
         print(f"{sc.name} seed {s}: offered {m['offered_tok_s']:.0f} output tok/s "
               f"({m['offered_req_s']:.2f} req/s); capacity {m['capacity_tok_s']:.0f} tok/s "
               f"({m['capacity_req_s']:.2f} req/s, best at {m['best_at']}); "

@@ -35,8 +35,9 @@ def measure(sc: Scenario, seed: int | None = None, duration_s: float = 300.0,
     capacity is the same, the load factor scales with it."""
     seed = sc.seed if seed is None else seed
     jobs = generate(sc, load_scale, seed)
-    if not jobs:
-        return {"offered_req_s": 0.0, "capacity_req_s": 0.0, "load_factor": 0.0}
+    if not jobs:  # no mix to measure the capacity of
+        return {"offered_req_s": 0.0, "offered_tok_s": 0.0, "capacity_req_s": None,
+                "capacity_tok_s": None, "best_at": None, "load_factor": None}
     offered = len(jobs) / sc.duration_s
     rng = random.Random(f"capacity:{seed}")
     rate = OVERLOAD * offered

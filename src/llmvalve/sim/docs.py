@@ -50,7 +50,8 @@ deadline, or lost with a backend; preempt = engine preemptions.
 Oracles (what hindsight could do on the exact same requests):
 - **best static**: the best fixed concurrency limit `static:N` over the scenario's
   `oracleSweep` (the `oracle` field of the JSON);
-- **none**: no limit at all, which is a fixed limit too;
+- **none**: no limit at all, which is a fixed limit too (run as `none` runs: Envoy's own
+  least-request balancing instead of the picker, and no engine priority sent);
 - **best fixed** (`/fixed`): the better of the two, what a perfectly hand-tuned constant does;
 - **best fixed that keeps the top class** (`top_kept` in each seed's JSON, printed by
   `--oracle` for a single seed where it differs): the best of those fixed limits whose top
@@ -58,13 +59,14 @@ Oracles (what hindsight could do on the exact same requests):
   does to P0; where the goodput peaks
   at a limit that gives P0 up (a tight P0 TPOT, P0 a sliver of the tokens:
   `holdout-voice-4class`), this is the yardstick a controller that keeps P0 can be read by;
-- **hindsight** (`/hindsi`): a fixed limit per 20 s window, searched greedily from the best
-  fixed one: each window tries the limits under which its own arrivals did best in the sweep,
-  alone and from that window on, keeping a change only when the whole run's goodput rises
-  (two passes). It is never below the best fixed limit, and is a lower bound of the best
+- **hindsight** (`/hindsig`): a fixed limit per 20 s window, searched greedily from the best
+  fixed one: each window tries the two limits under which its own arrivals did best in the
+  sweep (those that beat its current pick there by more than 1 %), alone and from that window
+  on, keeping a change only when the whole run's goodput rises (a second pass when the first
+  kept one). It is never below the best fixed limit, and is a lower bound of the best
   schedule.
 
-`/fixed`, `/hindsi` and `/none` are the controller's goodput over each oracle's at that seed.
+`/fixed`, `/hindsig` and `/none` are the controller's goodput over each oracle's at that seed.
 Fleet-scale built-ins (32 backends or more) are run at seed 1 with the fixed oracles only: the
 hindsight search takes about four times as long as the fixed oracles there. The JSON (`--json`)
 also has per-tenant results in each class (classes of a scenario that share a tenant and a
@@ -250,7 +252,7 @@ classes:
                                             # its first arrival, in the policy's deadline
                                             # header (x-llmvalve-deadline-ms) on each attempt,
                                             # and leaves when it passes (default: none)
-    retry: {mode: jitter, maxAttempts: 3, base: 1s, cap: 30s}  # or immediate, none:
+    retry: {mode: jitter, maxAttempts: 3, base: 1s, cap: 30s}  # or immediate, none (default):
                                             # after a refusal or a drop, up to maxAttempts
                                             # retries; jitter waits the server's Retry-After
                                             # (if any) plus a uniform draw in
@@ -301,7 +303,8 @@ name); a relative path is read from the scenario file's folder. A row that is no
 is an error naming the trace file and its line: a row skipped in silence would change the
 replay. `azure-conv` is the Azure LLM inference conversation trace
 shipped with the package (CC-BY 4.0, see `src/llmvalve/sim/traces/ATTRIBUTION.md`). Replayed
-requests ask for at most 1,024 tokens. `split` gives each priority its share of the requests
+requests ask for at most 1,024 tokens (the class's `maxTokens` where it sets one). `split`
+gives each priority its share of the requests
 (the shares add up to 1); `tenants` names each priority's tenant, or several: a list (equal
 shares) or `{tenant: weight}`.
 
@@ -309,11 +312,15 @@ Scenario files get the policy's checks: an unknown key, a value of the wrong kin
 the policy does not have, an unknown profile, a backend index out of range (or `backend: all`),
 an event without a backend or without an action, a class's `model` no pool serves (or none,
 with several pools), a model listed by two pools are each one line `file:line: field: message`,
-all reported at once, and `llmvalve simulate` exits 2. So are values that would be ignored or
+all reported at once (a class's `model` once `pools` itself is valid), and `llmvalve simulate`
+exits 2. So are values that would be ignored or
 would contradict themselves: an event after the run ends, for no backend or one backend twice,
 or that leaves and rejoins at once; a class without a `rate` (write `rate: 0`) or a trace, a
 class name used twice; a length distribution whose mean lies outside its `[min, max]`; a retry
-`cap` below its `base`; an on/off period under 100ms; a `kvBlocks` override that holds less
+`cap` below its `base`; retry settings with no `mode` (the default, `none`); `cancel.after`
+without `prob`; `priority`, `prompt` or `output` on a trace class (the split and the trace set
+them); an empty `controllers`, `oracleSweep` or `sweepLoads` list; an on/off period under
+100ms; a `kvBlocks` override that holds less
 than one sequence of the profile's `max_model_len` (vLLM refuses to start so); a trace that
 cannot be read, a trace `split` with no priorities, a default split (P0, P1, P2) the policy's
 priorities do not match,
@@ -339,7 +346,8 @@ seeds 1-3 (or `--seeds`), judges these targets and `adaptive` ≥ 0.95x the bett
 fixed limit and `none`, prints every target missed, by seed, and exits 1 if one is
 (`--json`: the same as JSON). Where the best fixed limit by goodput gives P0 up, it names the
 best that keeps it, or says that none of the sweep does: there the two targets conflict for
-every fixed limit. tests/test_generalisation.py judges every built-in so.
+every fixed limit. tests/test_generalisation.py judges every built-in so (`fleet`, 32
+engines, with `LLMVALVE_ISSUE10_FULL=1`).
 """
 
 

@@ -375,6 +375,10 @@ def _retry(c: _Ctx, node: Node | None, field: str) -> RetrySpec:
             if mode_node is not None else None)
     spec = RetrySpec(mode or "none", r.integer("maxAttempts", 3, ge=1),
                      r.duration("base", 1.0), r.duration("cap", 30.0))
+    tuned = [k for k in ("maxAttempts", "base", "cap") if r.has(k)]
+    if spec.mode == "none" and tuned:
+        c.r.error(r.key_node(tuned[0]), r.field(tuned[0]),
+                  "retry mode none retries nothing: it would be ignored (set mode)")
     if spec.cap_s < spec.base_s:
         c.r.error(r.get("cap") or r.get("base"), r.field("cap"),
                   f"cap {spec.cap_s:g} s is below base {spec.base_s:g} s")
@@ -393,6 +397,9 @@ def _cancel(c: _Ctx, node: Node | None, field: str) -> tuple[float, tuple[float,
             after = (got[0], got[1])  # type: ignore[assignment]
             if after[0] > after[1]:
                 c.r.error(after_node, f.field("after"), "range runs backwards")
+        if not f.has("prob"):
+            c.r.error(f.key_node("after"), f.field("after"),
+                      "without prob nobody cancels: it would be ignored")
     return prob, after
 
 
@@ -411,6 +418,12 @@ def _class(c: _Ctx, node: Node, i: int) -> TrafficClass | None:
     if trace_node is not None and f.has("rate"):
         c.r.error(f.key_node("rate"), f.field("rate"), "a trace sets its own arrival times; "
                   "use trace.speed to scale them")
+    if trace_node is not None:
+        for key, why in (("priority", "a trace's split sets each request's priority"),
+                         ("prompt", "a trace sets each request's lengths"),
+                         ("output", "a trace sets each request's lengths")):
+            if f.has(key):
+                c.r.error(f.key_node(key), f.field(key), f"{why}: it would be ignored")
     if trace_node is None and not f.has("rate"):
         c.r.error(f.node, f.field("rate"), "missing: a class has a rate (req/s) or a trace "
                   "(rate: 0 for a class that sends nothing)")
@@ -483,7 +496,7 @@ def _controllers(c: _Ctx, top: NodeFields, default: tuple[str, ...]) -> tuple[st
     if node is None:
         return default
     out = []
-    for i, item in enumerate(c.r.seq(node, "controllers") or []):
+    for i, item in enumerate(_items(c, node, "controllers")):
         name = c.r.string(item, f"controllers[{i}]")
         if name is not None and not _CONTROLLER_RE.fullmatch(name):
             c.r.error(item, f"controllers[{i}]", f"unknown controller {name!r}; "
@@ -493,12 +506,20 @@ def _controllers(c: _Ctx, top: NodeFields, default: tuple[str, ...]) -> tuple[st
     return tuple(out) or default
 
 
+def _items(c: _Ctx, node: Node, key: str) -> list[Node]:
+    """A list's items; an empty list is an error (it would be ignored: omit the key)."""
+    items = c.r.seq(node, key)
+    if items == []:
+        c.r.error(node, key, "empty: omit it for the default")
+    return items or []
+
+
 def _numbers(c: _Ctx, top: NodeFields, key: str, integer: bool) -> tuple | None:
     node = top.get(key)
     if node is None:
         return None
     out = []
-    for i, item in enumerate(c.r.seq(node, key) or []):
+    for i, item in enumerate(_items(c, node, key)):
         v = (c.r.integer(item, f"{key}[{i}]", ge=1) if integer
              else c.r.number(item, f"{key}[{i}]", gt=0))
         if v is not None:
