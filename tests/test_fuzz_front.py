@@ -342,6 +342,53 @@ def test_a_reload_that_removes_a_class_moves_its_waiting_requests_in_the_front_t
     assert front.admission.status(17.0)["pools"]["small"]["classes"]["1"]["inflight"] > 0
 
 
+def test_a_reload_that_removes_the_class_of_a_request_pushed_out_of_its_queue():
+    """Found by a review: a request pushed out of its queue waits for the next poll to bring
+    its refusal. A reload before that poll which removed its class left the front's record
+    of it in the old class; its feature's reroute submitted it there, and the core's error
+    lost every decision of the poll (a slot admitted in it stayed held until its lease ran
+    out). It is moved as a queued request is: to the next lower class."""
+    def policy(with_p1: bool):
+        p1 = ("  - {priority: 1, name: mid, maxQueueSize: 2, timeout: 30s, dropPolicy: tail,"
+              " reservedShare: 0}\n" if with_p1 else "")
+        return load_policy(f"""
+queues:
+  - {{priority: 0, name: top, maxQueueSize: 5, timeout: 30s, dropPolicy: tail, reservedShare: 0}}
+{p1}  - {{priority: 2, name: low, maxQueueSize: 5, timeout: 60s, dropPolicy: tail, reservedShare: 0}}
+limiter: {{controller: static, static: {{limit: 1}}}}
+pools:
+  - {{name: default, models: [big]}}
+  - {{name: small, models: [tiny]}}
+tenants:
+  - {{name: a, apiKeyHashes: ["{hash_api_key('ka')}"], maxPriority: 0, defaultPriority: 0}}
+  - {{name: b, apiKeyHashes: ["{hash_api_key('kb')}"], maxPriority: 0, defaultPriority: 0}}
+anonymous: null
+features:
+  - {{name: summarize, fallback: {{type: reroute, model: tiny}}}}
+requests: {{bodyInspection: true}}
+""")
+
+    front = Front(Admission(policy(True), random.Random(1), now=0.0))
+    body = b'{"model": "big", "messages": [{"role": "user", "content": "hi"}]}'
+
+    def check(check_id: str, key: str, priority: str) -> object:
+        headers = {"authorization": f"Bearer {key}", "x-llmvalve-priority": priority,
+                   "x-llmvalve-feature": "summarize"}
+        return front.check(Check(check_id, headers, body=body, path="/v1/chat/completions",
+                                 method="POST"), 1.0)
+
+    assert isinstance(check("hold", "ka", "0"), Go)  # the only slot
+    check("a1", "ka", "1")
+    check("a2", "ka", "1")  # P1's queue is full
+    check("b1", "kb", "1")  # a2 gives its place up to another tenant
+    front.replace_policy(policy(False), 1.0)
+    front.access_log(LogEntry("hold", 200), 1.0)  # the slot frees
+    verdicts = {v.check_id: v for v in front.poll(1.0)}
+    assert verdicts["a2"].record.decision == "fallback_reroute"
+    assert verdicts["a2"].record.klass == "low" and verdicts["a2"].ticket.pool == "small"
+    assert verdicts["a1"].record.decision == "admitted"
+
+
 def test_status_after_a_reload_that_removes_a_pool_and_adds_a_class():
     """Found by a review: a pool that left the policy kept its old queues, and the status
     (so /status and /metrics) asked them for a class only the new policy has: KeyError."""

@@ -500,11 +500,7 @@ class Admission:
             pool.spec = spec
             pool.scheduler = Scheduler(policy)
             for w in waiting:
-                req = w.req
-                if req.priority not in self._ranks:
-                    lower = [p for p in policy.priorities if p > req.priority]
-                    req = replace(req, priority=lower[0] if lower else policy.lowest_priority)
-                pool.scheduler.push(req, now, enqueued_at=w.enqueued_at)
+                pool.scheduler.push(self.rehome(w.req), now, enqueued_at=w.enqueued_at)
             pool.picker.retarget(*self._picker_targets())
             for b in spec.backends:
                 pool.picker.include(b.name)
@@ -520,11 +516,20 @@ class Admission:
             if name not in names:
                 for w in sorted(pool.scheduler.waiting(), key=lambda w: w.enqueued_at):
                     pool.scheduler.remove(w.req.request_id)
-                    req = replace(w.req, pool=names[0])
-                    if req.priority not in self._ranks:
-                        req = replace(req, priority=policy.lowest_priority)
-                    first.scheduler.push(req, now, enqueued_at=w.enqueued_at)
+                    first.scheduler.push(self.rehome(w.req), now, enqueued_at=w.enqueued_at)
                 pool.scheduler = Scheduler(policy)  # empty, with the new classes (status())
+
+    def rehome(self, req: RequestInfo) -> RequestInfo:
+        """Where a request of the previous policy belongs in the current one: its pool, or
+        the first where its pool left; its class, or the next lower one where its class left
+        (the lowest where none is lower)."""
+        policy = self.policy
+        if policy.pool(req.pool) is None:
+            req = replace(req, pool=policy.pools[0].name)
+        if req.priority not in self._ranks:
+            lower = [p for p in policy.priorities if p > req.priority]
+            req = replace(req, priority=lower[0] if lower else policy.lowest_priority)
+        return req
 
     def _carry_limit(self, limit: PoolLimit, old: Policy, new: Policy,
                     now: float) -> PoolLimit:

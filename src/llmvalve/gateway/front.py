@@ -406,11 +406,12 @@ class Front:
         self._named = request_facts.named_backends(policy)  # learnt: for its URL only
         self.learned = {n: a for n, a in self.learned.items() if (n, a[0]) in self._named}
         # A waiting request whose class or pool left the policy was moved by the core: its
-        # record here moves with it (a reroute resubmits it in the class it is in now).
-        moved = {w.req.request_id: w.req for pool in self.admission.pools.values()
-                 for w in pool.scheduler.waiting()}
-        for check_id, waiting in self._waiting.items():
-            req = moved.get(check_id, waiting.info)
+        # record here moves with it (a reroute resubmits it in the class it is in now). So
+        # does one pushed out of its queue, whose refusal the next poll brings: its reroute
+        # submitted it to a class that was gone, and the error lost the whole poll's
+        # decisions, a slot admitted in it held until its lease ran out.
+        for waiting in self._waiting.values():
+            req = self.admission.rehome(waiting.info)
             if (req.priority, req.pool) != (waiting.info.priority, waiting.info.pool):
                 waiting.info, waiting.klass = req, self._class_name(req.priority)
 
@@ -449,7 +450,7 @@ class Front:
                    *replies.ratelimit_headers(limits)), record)
 
     def _identity(self, waiting: _Waiting, pool: str, wait_s: float) -> Headers:
-        priority = str(waiting.classified.priority)
+        priority = str(waiting.info.priority)  # its class now (a reload may have moved it)
         headers = [("x-llmvalve-class", waiting.klass), ("x-llmvalve-priority", priority),
                    ("x-llmvalve-tenant", waiting.classified.tenant),
                    ("x-llmvalve-queue-wait-ms", str(round(wait_s * 1000))),
