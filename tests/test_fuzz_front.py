@@ -353,8 +353,10 @@ def test_a_reload_that_removes_the_class_of_a_request_pushed_out_of_its_queue():
               " reservedShare: 0}\n" if with_p1 else "")
         return load_policy(f"""
 queues:
-  - {{priority: 0, name: top, maxQueueSize: 5, timeout: 30s, dropPolicy: tail, reservedShare: 0}}
-{p1}  - {{priority: 2, name: low, maxQueueSize: 5, timeout: 60s, dropPolicy: tail, reservedShare: 0}}
+  - {{priority: 0, name: top, maxQueueSize: 5, timeout: 30s, dropPolicy: tail,
+     reservedShare: 0}}
+{p1}  - {{priority: 2, name: low, maxQueueSize: 5, timeout: 60s, dropPolicy: tail,
+     reservedShare: 0}}
 limiter: {{controller: static, static: {{limit: 1}}}}
 pools:
   - {{name: default, models: [big]}}
