@@ -28,6 +28,7 @@ from llmvalve.gateway import http_listener, replies
 from llmvalve.gateway import request_facts as reading
 from llmvalve.gateway.access_log import entry_of, flags_of
 from llmvalve.gateway.admin_http import AdminState, build_app
+from llmvalve.gateway.authz_http import backend_models
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.front import Answer, Check, Front, Go, LogEntry, Record
 from llmvalve.gateway.http_listener import HttpListener, Response
@@ -485,3 +486,23 @@ def test_status_command_renders_pools_and_classes():
     assert "policy abc" in text and "checks_held 2" in text
     assert "pool default: limit 8" in text
     assert "P0 realtime-interactive" in text and "queued     3" in text
+
+
+@pytest.mark.parametrize("doc", [{"object": "list", "data": None}, [], "models", {"data": "m"},
+                                 {"data": [1, {"id": "m"}]}])
+async def test_a_backends_odd_model_list_is_read_as_what_it_holds(doc):
+    """Found by a review: `"data": null` (or any JSON that is not an object holding a list)
+    raised a TypeError out of the model listing, and GET /v1/models answered a plain-text 500."""
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response(doc)
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = await serve_on_free_port(runner)
+    try:
+        got = await backend_models(f"http://127.0.0.1:{port}/metrics")
+    finally:
+        await runner.cleanup()
+    assert got == ([{"id": "m"}] if doc == {"data": [1, {"id": "m"}]} else [])

@@ -163,6 +163,7 @@ async def backend_models(url: str, timeout_s: float = 2.0) -> list[dict]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s, \
                 s.get(api) as r:
             doc = await r.json(content_type=None)
-        return [m for m in doc.get("data", []) if isinstance(m, dict) and "id" in m]
-    except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+    except (aiohttp.ClientError, TimeoutError, ValueError):
         return []
+    data = doc.get("data") if isinstance(doc, dict) else None  # any JSON a backend may send
+    return [m for m in data if isinstance(m, dict) and "id" in m] if isinstance(data, list) else []
