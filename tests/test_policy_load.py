@@ -446,6 +446,19 @@ def test_a_secrets_file_written_key_to_tenant_never_prints_the_key(tmp_path):
     assert "SuperSecret123" not in str(issue)
 
 
+@pytest.mark.parametrize("text", ['a: *sk-live-SuperSecret123\n',
+                                  'a: !sk-live-SuperSecret123 x\n',
+                                  'a: [!sk-live-SuperSecret123 x]\n'])
+def test_a_key_pasted_as_an_alias_or_a_tag_is_never_printed(tmp_path, text):
+    """Found by a review: YAML's own messages quote an alias it cannot find and a tag it does
+    not know, and the secrets file's errors passed them on."""
+    policy = write_policy_with_secrets(tmp_path, text)
+    with pytest.raises(PolicyError) as info:
+        load_policy_file(policy)
+    assert info.value.errors and all(e.line == 1 for e in info.value.errors)
+    assert "SuperSecret123" not in "\n".join(map(str, info.value.errors))
+
+
 def test_a_tenant_listed_twice_in_the_secrets_file_is_an_error(tmp_path):
     # rotating a key by listing the tenant again would leave the old key live
     policy = write_policy_with_secrets(tmp_path, f"a: [{KEY_A}]\na: ['{hash_api_key('a2')}']\n")

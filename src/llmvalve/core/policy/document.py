@@ -8,6 +8,8 @@ reported without PyYAML's quote of the offending line (it may hold a secret).
 
 from __future__ import annotations
 
+import re
+
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode
 
@@ -58,6 +60,8 @@ def syntax_issue(exc: yaml.YAMLError, text: str, r: NodeReader) -> PolicyIssue:
             line = context_mark.line
     elif context:
         problem = f"{context}: {problem}"
+    if r.secret:  # PyYAML quotes names it found (an alias, an anchor, a tag): not these
+        problem = re.sub(r"'[^']*'", "'…'", problem)
     return _text_issue(r, line, f"YAML syntax error: {problem}")
 
 

@@ -63,14 +63,15 @@ def join(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else key
 
 
-def kind_of(node: Node) -> str:
+def kind_of(node: Node, show_tag: bool = True) -> str:
     if isinstance(node, MappingNode):
         return "a mapping"
     if isinstance(node, SequenceNode):
         return "a list"
     names = {"null": "null", "bool": "true/false", "int": "an integer", "float": "a number",
              "str": "a string", "timestamp": "a date", "binary": "binary data"}
-    return names.get(node.tag.removeprefix(TAG), f"a value tagged {node.tag}")
+    return names.get(node.tag.removeprefix(TAG), f"a value tagged {node.tag}" if show_tag
+                     else "a value with a tag of its own")
 
 
 def suggest(key: str, allowed: Sequence[str]) -> str | None:
@@ -98,8 +99,11 @@ class NodeReader:
     """Converts nodes of one YAML text; lines are shifted by `offset` (ConfigMap embedding)."""
 
     def __init__(self, source: str, offset: int, issues: list[PolicyIssue], *,
-                 inline: bool = False) -> None:
+                 inline: bool = False, secret: bool = False) -> None:
         self.source = source
+        # `secret`: the text holds secrets (the secrets file): no issue quotes any of it, not
+        # even a tag or an alias name (a key pasted as `!sk-…` or `*sk-…`)
+        self.secret = secret
         self.offset = offset
         # `inline`: the text is a quoted string on line offset + 1 ("a\nb"), whose lines are
         # not lines of the file: issues name that line and say which line of the string
@@ -120,6 +124,7 @@ class NodeReader:
         self.issues.append(PolicyIssue(self.source, self.line(node), field, message))
 
     def type_error(self, node: Node, field: str, expected: str, *, secret: bool = False) -> None:
+        secret = secret or self.secret
         hint = ""
         if not secret and expected == "a string" and isinstance(node, ScalarNode):
             hint = f" ({node.value!r} was read as {kind_of(node)}; quote it if you meant text)"
@@ -130,7 +135,7 @@ class NodeReader:
                     if expected == "an integer" else
                     f" (YAML reads {node.value} as text: write the exponent with a dot and a "
                     "sign, 1.0e+9, or the digits)")
-        self.error(node, field, f"expected {expected}, got {kind_of(node)}{hint}")
+        self.error(node, field, f"expected {expected}, got {kind_of(node, not secret)}{hint}")
 
     def _construct(self, node: Node) -> tuple[Any, Exception | None]:
         """The node's value, or the node and why YAML cannot construct it (a date that is no
@@ -154,8 +159,8 @@ class NodeReader:
         if exc is None:
             return value
         reason = str(exc).split(":")[0]  # not the value: it may be a long line
-        self.error(node, field, f"cannot be read as {kind_of(node)} ({reason}); quote it if "
-                   "you meant text")
+        self.error(node, field, f"cannot be read as {kind_of(node, not self.secret)} ({reason}); "
+                   "quote it if you meant text")
         return _UNREADABLE
 
     def fields(self, node: Node | None, path: str, allowed: Sequence[str], *,
@@ -180,7 +185,7 @@ class NodeReader:
         for key_node, value_node in node.value:
             if not (isinstance(key_node, ScalarNode) and key_node.tag == TAG + "str"):
                 self.error(key_node, path or "policy",
-                           f"keys must be strings, got {kind_of(key_node)}")
+                           f"keys must be strings, got {kind_of(key_node, not self.secret)}")
                 continue
             key = key_node.value
             field = join(path, key)

@@ -171,7 +171,7 @@ def merge_secrets(secrets: tuple[str, str], tenants: list[TenantDraft],
                    issues: list[PolicyIssue]) -> None:
     """Add the secrets file's hashes (tenant name → list of "sha256:<hex>") to the drafts."""
     text, source = secrets
-    r = NodeReader(source, 0, issues)
+    r = NodeReader(source, 0, issues, secret=True)
     doc = compose_document(text, r, "secrets")
     if doc is None:
         return
