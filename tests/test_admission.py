@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 
 import pytest
@@ -14,6 +15,7 @@ from llmvalve.core.admission import Admission
 from llmvalve.core.limiter import StaticLimit
 from llmvalve.core.policy import (
     AdaptiveLimitSpec,
+    BackendSpec,
     DropPolicy,
     FallbackSpec,
     FeatureSpec,
@@ -624,3 +626,42 @@ def test_first_tokens_in_the_access_log_correct_the_backlog_clock():
     a.observe(Sample("p2", "default", Outcome.SUCCESS, ttft_s=0.05, duration_s=2.9,
                      prompt_tokens=100, backend="b0", sent_at=0.1, tenant="t"), 3.0)
     assert abs(pool.picker.prefill_done_at["b0"] - 1.15) < 1e-9  # 0.15 + its own 1 s
+
+
+def test_a_reload_that_drops_a_backend_takes_it_out_of_the_picks():
+    """Found by a review: the picker kept a backend a reload removed; never scraped, it read
+    healthy and unloaded, and won every pick."""
+    two = dataclasses.replace(policy(), pools=(
+        PoolSpec(backends=(BackendSpec("a"), BackendSpec("b"))),))
+    a = Admission(two, random.Random(7), controller="static:10")
+    a.replace_policy(dataclasses.replace(two, pools=(PoolSpec(backends=(BackendSpec("a"),)),)),
+                     0.0)
+    for t in range(5):
+        a.on_snapshot("default", BackendSnapshot("a", float(t)), float(t))
+        assert admit(a, r(f"x{t}"), float(t)).backend == "a"
+
+
+def test_the_picker_counts_a_top_class_request_as_it_was_admitted():
+    """Found by a review: a release asked the current policy whether the request was of the
+    top class; after a reload that put a class above it, its end left the picker counting a
+    top-class request on the backend forever (a slow backend then read full)."""
+    a = Admission(dataclasses.replace(policy(), pools=(PoolSpec(backends=(BackendSpec("a"),)),)),
+                  random.Random(7), controller="static:10")
+    ticket = admit(a, r("x"), 0.0)
+    picker = a.pools["default"].picker
+    assert picker.top == {"a": 1}
+    vip = QueueSpec(-1, "vip", 2, 5.0, DropPolicy.TAIL, 0.0, Slo(100.0, 1.0))
+    a.replace_policy(dataclasses.replace(a.policy, queues=(vip, *a.policy.queues)), 0.1)
+    a.release(ticket, Outcome.SUCCESS, 0.2)
+    assert picker.top == {"a": 0}
+
+
+def test_an_override_lapses_for_an_arrival_before_the_next_poll():
+    """Found by a review: only a poll lapsed it, so an arrival after its end but before the
+    poll was held by it; and an end that is not a number was taken (it never lapsed)."""
+    a = adm("static:4")
+    a.set_override("default", 1.0, until=5.0, now=0.0)
+    admit(a, r("a"), 1.0)  # one in flight: the override's 1 is full
+    admit(a, r("c"), 6.0)  # past its end, before any poll: the limit of 4 again
+    with pytest.raises(ValueError, match="in the future"):
+        a.set_override("default", 1.0, until=math.nan, now=0.0)

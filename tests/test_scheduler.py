@@ -147,6 +147,21 @@ def test_no_starvation_turn_when_lowest_has_not_waited_long():
     assert drain(s, 6.0) == ["h", "l"]  # l has waited 4 s < 5 s
 
 
+def test_starvation_is_judged_by_the_oldest_request_when_lifo_serves_the_newest():
+    """Found by a review: the guard read the head's wait, and under adaptive LIFO the head
+    is the newest request; with arrivals more often than starvationAfter it never fired."""
+    standing = Slo(2.0, 1.0)  # the lowest class's queue stands after 2 s
+    s = Scheduler(Policy(
+        queues=(QueueSpec(0, "p0", 50, 60.0, DropPolicy.TAIL, slo=CALM),
+                QueueSpec(1, "p1", 50, 60.0, DropPolicy.TAIL, slo=standing)),
+        scheduler=SchedulerSpec(starvation_after_s=5.0, starvation_every=1)))
+    for t in range(10):  # one a second: the newest has always waited under 5 s
+        s.push(req(f"l{t}", 1), float(t))
+    s.push(req("h", 0), 9.5)
+    first = next(s.candidates(9.9))
+    assert first.req.request_id == "l9"  # its turn despite strict priority, newest first
+
+
 def test_adaptive_lifo_under_a_standing_queue():
     s = Scheduler(policy(ttft0_s=1.0))
     s.push(req("r1", 0), 0.0)

@@ -269,8 +269,11 @@ class Admission:
 
     def _admit(self, pool: Pool, req: RequestInfo, cost: float, now: float,
                wait_s: float) -> Admit:
-        backend = pool.picker.pick(now, self._ranks[req.priority] == 0, cost)
-        pool.picker.add(backend, cost, req.prompt_tokens, now, self._ranks[req.priority] == 0)
+        top = self._ranks[req.priority] == 0
+        backend = pool.picker.pick(now, top, cost)
+        pool.picker.add(backend, cost, req.prompt_tokens, now, top)
+        if top:
+            pool.top_tickets.add(req.request_id)
         ticket = Ticket(req.request_id, pool.spec.name, req.priority, req.tenant, cost, now,
                         pool.limit.epoch, backend, req.prompt_tokens, wait_s)
         pool.inflight += cost
@@ -300,6 +303,7 @@ class Admission:
             return over_budget
         if not pool.breaker.allow(now):
             return self._reject(pool, req, Reason.BREAKER_OPEN, now, status=503)
+        self._lapse_override(pool, now)  # an arrival before the poll that would lapse it
         cost = self.cost_of(req, pool, now)
         pool.waits.offer(cost, now)
         blocked_above = any(pool.scheduler.depth(p) for p in self._ranks if p < req.priority)
@@ -354,8 +358,8 @@ class Admission:
             return
         if not limit > 0 or math.isinf(limit):
             raise ValueError(f"override limit must be a positive number, got {limit!r}")
-        if until is not None and until <= now:
-            raise ValueError(f"override must end in the future (until {until} <= now {now})")
+        if until is not None and not (math.isfinite(until) and until > now):
+            raise ValueError(f"override must end in the future (until {until}, now {now})")
         p.override, p.override_until = float(limit), until
 
     def poll(self, now: float) -> list[Admit | Reject]:
@@ -364,14 +368,18 @@ class Admission:
         for pool in self.pools.values():
             out.extend(pool.pushed_out)  # queued requests that gave their place to another tenant
             pool.pushed_out.clear()
-            if pool.override_until is not None and now >= pool.override_until:
-                pool.override = pool.override_until = None
+            self._lapse_override(pool, now)
             pool.limit.update(now, pool.inflight, len(pool.tickets), pool.waiting_for_limit)
             for w in pool.scheduler.expire(now):
                 reason = Reason.DEADLINE if w.by_client_deadline else Reason.QUEUE_TIMEOUT
                 out.append(self._reject(pool, w.req, reason, now, now - w.enqueued_at))
             out.extend(self._dispatch(pool, now))
         return out
+
+    @staticmethod
+    def _lapse_override(pool: Pool, now: float) -> None:
+        if pool.override_until is not None and now >= pool.override_until:
+            pool.override = pool.override_until = None
 
     def _dispatch(self, pool: Pool, now: float) -> list[Admit]:
         out: list[Admit] = []
@@ -418,8 +426,9 @@ class Admission:
             raise ValueError(f"ticket {ticket.request_id} released twice or never admitted")
         pool.answers.on_end((ticket.tenant, ticket.priority), ticket.request_id)
         pool.inflight = max(0.0, pool.inflight - ticket.cost_tokens)
-        pool.picker.remove(ticket.backend, ticket.cost_tokens,
-                           self._ranks.get(ticket.priority) == 0, outcome is Outcome.DROPPED)
+        top = ticket.request_id in pool.top_tickets
+        pool.top_tickets.discard(ticket.request_id)
+        pool.picker.remove(ticket.backend, ticket.cost_tokens, top, outcome is Outcome.DROPPED)
         by_class = pool.inflight_by_class
         by_class[ticket.priority] = max(0.0, by_class.get(ticket.priority, 0) - ticket.cost_tokens)
         if not pool.tickets:  # no float drift when idle
@@ -504,8 +513,9 @@ class Admission:
             pool.picker.retarget(*self._picker_targets())
             for b in spec.backends:
                 pool.picker.include(b.name)
-            if isinstance(pool.limit, AdaptiveLimit):  # no snapshot of these will come again
-                for name in dropped:
+            for name in dropped:  # no snapshot of these will come again, nor a request
+                pool.picker.forget(name)
+                if isinstance(pool.limit, AdaptiveLimit):
                     pool.limit.forget(name)
             pool.limit = self._carry_limit(pool.limit, old_policy, policy, now)
             if pool.breaker.spec != spec.breaker:

@@ -145,6 +145,16 @@ class Picker:
             self._saturated[name] = self.saturated(name)
             self._oldest_ok = -inf
 
+    def forget(self, name: str) -> None:
+        """A backend a reload removed: it is no longer picked (one never scraped read healthy
+        and unloaded, so it won every pick). Requests still on it end unseen here."""
+        for table in (self.top, self.itl, self.cost, self.count, self.last_ok, self.kv,
+                      self.waiting, self.running, self.seq_cap, self.capacity, self.sent,
+                      self.sent_n, self.done_n, self.prefill_done_at, self._clocks,
+                      self._failures, self._returns, self._saturated):
+            table.pop(name, None)
+        self._oldest_ok = -inf
+
     def healthy(self, name: str, now: float) -> bool:
         t = self.last_ok.get(name)
         return t is None or (t != FAILING and now - t <= self.stale_after_s)

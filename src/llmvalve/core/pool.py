@@ -53,6 +53,9 @@ class Pool:
     inflight: float = 0.0
     inflight_by_class: dict[int, float] = field(default_factory=dict)
     tickets: dict[str, Ticket] = field(default_factory=dict)
+    # the tickets admitted as the top class, for the picker's count when they end (a reload
+    # may change which class is on top in between)
+    top_tickets: set[str] = field(default_factory=set)
     waits: WaitForecast = field(default_factory=WaitForecast)
     override: float | None = None  # an operator's limit (set_override), replaces L
     override_until: float | None = None  # when the override lapses (None: until cleared)

@@ -5,7 +5,8 @@ Theory of operation. Each class (a `QueueSpec`) holds its waiting requests in on
 tenant; the class's next request comes from its tenants in turn, so one tenant that floods a class
 gets one turn in N, not the whole class. `candidates()` yields, in dispatch order, the head of
 each non-empty class (highest priority first; every `starvation_every`-th dispatch, a head of
-the lowest non-empty class that has waited longer than `starvation_after_s` goes first).
+the lowest non-empty class whose oldest request has waited longer than
+`starvation_after_s` goes first).
 The scheduler never decides whether a request *fits*: the caller (`Admission`) asks the limiter
 and then calls `pop`. Every waiting request has a wait deadline (its queue timeout, capped by
 the client's deadline); `expire(now)` removes and returns those past it, so an expired request
@@ -197,14 +198,17 @@ class Scheduler:
     # ---- dispatch order -------------------------------------------------------------------
     def candidates(self, now: float) -> Iterator[Waiting]:
         """Heads of the non-empty classes in the order they should be tried."""
-        heads = [(p, c.head(lifo=self._standing(c, now)))
-                 for p, c in self._classes.items() if c.size]
+        heads = [(c, c.head(lifo=self._standing(c, now)))
+                 for c in self._classes.values() if c.size]
         if not heads:
             return
         s = self._policy.scheduler
-        _lowest_p, lowest = heads[-1]
-        starving = (len(heads) > 1 and lowest is not None
-                    and now - lowest.enqueued_at >= s.starvation_after_s
+        lowest_class, lowest = heads[-1]
+        # starving by its oldest request: under adaptive LIFO the head is the newest, and
+        # arrivals more often than starvationAfter kept the guard from ever firing
+        oldest = lowest_class.oldest_enqueued_at()
+        starving = (len(heads) > 1 and lowest is not None and oldest is not None
+                    and now - oldest >= s.starvation_after_s
                     and self._dispatches % max(1, s.starvation_every) == 0)
         if starving:
             yield lowest  # type: ignore[misc]
