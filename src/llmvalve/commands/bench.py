@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmvalve.commands.output import write_json
+from llmvalve.commands.output import unwritable, write_json
 
 if TYPE_CHECKING:
     from llmvalve.bench.progress import Progress
@@ -160,6 +160,9 @@ def run(args: argparse.Namespace) -> int:
         if loads and args.load_scale != 1.0:
             raise ValueError(f"--load-scale {args.load_scale:g}: {sc.name} runs a sweep of "
                              "loads; give them with --sweep-loads")
+        for flag, dest in (("--plot", args.plot), ("--json", args.json)):
+            if why := unwritable(dest):
+                raise ValueError(f"{flag} {why}")
         envoy_binary()
     except (ScenarioError, OSError, ValueError) as exc:
         print(f"llmvalve bench: {exc}", file=sys.stderr)

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from llmvalve.commands.output import write_json
+from llmvalve.commands.output import unwritable, write_json
 
 DEMO_KEY = "sk-llmvalve-demo-p0"
 
@@ -151,8 +153,13 @@ def _inputs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     policy = (load_policy_file(args.policy) if args.policy else None) or sc.policy \
         or default_policy()
     keys = _keys(args.keys)
-    if args.time_scale <= 0 or args.load_scale <= 0:
-        raise ValueError("--time-scale and --load-scale must be > 0")
+    if not (0 < args.time_scale < math.inf and 0 < args.load_scale < math.inf):
+        raise ValueError("--time-scale and --load-scale must be finite numbers > 0")
+    target = urlsplit(args.target)
+    if target.scheme not in ("http", "https") or not target.hostname:
+        raise ValueError(f"--target {args.target!r}: expected http://HOST:PORT")
+    if why := unwritable(args.json):
+        raise ValueError(f"--json {why}")
     return sc, policy, keys
 
 

@@ -6,6 +6,19 @@ import json
 from pathlib import Path
 
 
+def unwritable(dest: str | None) -> str | None:
+    """Why the file `dest` cannot be written (None: it can, or none is asked for). Checked
+    before a run, so that its results are not lost to a path that was mistyped."""
+    if not dest or dest == "-":
+        return None
+    path = Path(dest)
+    if path.is_dir():
+        return f"{dest} is a directory"
+    if not path.resolve().parent.is_dir():
+        return f"{dest}: no such directory"
+    return None
+
+
 def write_json(res: dict, dest: str) -> bool:
     """`--json DEST`: the results to the file DEST, or to stdout for "-" (then True: the
     command prints nothing else)."""

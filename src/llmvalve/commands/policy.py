@@ -72,5 +72,9 @@ def _hash_key(key: str) -> int:
     if not key:
         print("llmvalve policy hash-key: empty key", file=sys.stderr)
         return 1
-    print(hash_api_key(key))
+    try:
+        print(hash_api_key(key))
+    except UnicodeError:  # bytes that are not UTF-8 (read from stdin as escapes)
+        print("llmvalve policy hash-key: the key is not UTF-8 text", file=sys.stderr)
+        return 1
     return 0

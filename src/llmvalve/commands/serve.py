@@ -15,9 +15,11 @@ import asyncio
 import math
 import os
 import signal
+import sys
 from fractions import Fraction
 from pathlib import Path
 
+from llmvalve.commands.args import address
 from llmvalve.gateway.replicas import DEFAULT_INTERVAL_S as REPLICAS_INTERVAL_S
 
 DEFAULT_HTTP = "127.0.0.1:9001"
@@ -50,16 +52,16 @@ def positive_seconds(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", type=Path, default=None,
                         help="policy YAML or ConfigMap (default: the packaged default policy)")
-    parser.add_argument("--http", default=DEFAULT_HTTP, metavar="ADDR",
+    parser.add_argument("--http", type=address, default=DEFAULT_HTTP, metavar="ADDR",
                         help=f"data plane, HTTP: Envoy's ext_authz checks (default {DEFAULT_HTTP})")
-    parser.add_argument("--grpc", default=DEFAULT_GRPC, metavar="ADDR",
+    parser.add_argument("--grpc", type=address, default=DEFAULT_GRPC, metavar="ADDR",
                         help="data plane, gRPC: Envoy's access log and ext_authz over gRPC "
                         f"(default {DEFAULT_GRPC})")
-    parser.add_argument("--admin", default=DEFAULT_ADMIN, metavar="ADDR",
+    parser.add_argument("--admin", type=address, default=DEFAULT_ADMIN, metavar="ADDR",
                         help=f"admin HTTP: /metrics and probes, open; /status and the "
                         f"dashboard, which need --admin-token-file unless bound to loopback "
                         f"(default {DEFAULT_ADMIN})")
-    parser.add_argument("--admin-grpc", default=DEFAULT_ADMIN_GRPC, metavar="ADDR",
+    parser.add_argument("--admin-grpc", type=address, default=DEFAULT_ADMIN_GRPC, metavar="ADDR",
                         help="admin gRPC API: status, overrides (default "
                         f"{DEFAULT_ADMIN_GRPC}; loopback only without a token)")
     parser.add_argument("--admin-token-file", type=Path, default=None, metavar="FILE",
@@ -74,7 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--watch-interval", type=float, default=1.0, metavar="S",
                         help="poll the policy file for changes every S seconds (0: only on "
                         "SIGHUP; default 1)")
-    parser.add_argument("--log-level", default="INFO",
+    parser.add_argument("--log-level", default="INFO", type=str.upper,
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                         help="INFO (state changes), DEBUG (also one line per decision)")
     parser.add_argument("--log-format", default="json", choices=("json", "text"),
                         help="json (one object per line, default) or text")
@@ -141,5 +144,5 @@ def run(args: argparse.Namespace) -> int:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             return runner.run(_main(args))
     except (PolicyError, OSError, ValueError) as exc:
-        print(f"llmvalve serve: {exc}")
+        print(f"llmvalve serve: {exc}", file=sys.stderr)
         return 1

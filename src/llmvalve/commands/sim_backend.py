@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from llmvalve.commands.args import port_number
+
 
 def _ports(text: str) -> list[int]:
     try:
@@ -24,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from llmvalve.backend.engine_flags import add_engine_flags  # pure: cheap to import
 
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--port", type=int, default=8001,
+    where.add_argument("--port", type=port_number, default=8001,
                        help="first port (0: pick free ports); with --count N, N consecutive "
                             "ports from here (default 8001)")
     where.add_argument("--ports", type=_ports, help="comma-separated ports, one backend each")
@@ -67,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
             "error_rate": args.error_rate, "hang": args.hang, "down": args.down})
         if args.time_scale <= 0 or args.tokens_per_chunk < 1 or args.count < 1:
             raise ValueError("--time-scale must be > 0, --tokens-per-chunk and --count ≥ 1")
+        if args.port and args.port + args.count > 65536:
+            raise ValueError(f"--port {args.port} --count {args.count}: past port 65535")
     except ValueError as exc:
         print(f"sim-backend: {exc}", file=sys.stderr)
         return 2

@@ -10,6 +10,8 @@ import sys
 import time
 from dataclasses import replace
 
+from llmvalve.commands.output import unwritable
+
 _CONTROLLER_RE = re.compile(r"none|seed|adaptive|static(:[1-9][0-9]*)?|schedule:.+")
 
 
@@ -107,8 +109,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--load-scale {args.load_scale:g}: about "
                      f"{sc.requests_bound(args.load_scale):,.0f} requests, at most "
                      f"{MAX_REQUESTS:,}")
-    if not args.oracle_window > 0:
-        return _fail("--oracle-window must be > 0")
+    if not (math.isfinite(args.oracle_window) and args.oracle_window >= 1):
+        return _fail("--oracle-window must be a number of seconds >= 1")
+    if why := unwritable(args.plot):
+        return _fail(f"--plot {why}")
     if args.timing_draw < 0:
         return _fail("--timing-draw must be >= 0")
     sc = replace(sc, timing_draw=args.timing_draw)

@@ -14,13 +14,15 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from llmvalve.commands.args import address
+
 DEFAULT_GRPC_ADDR = "127.0.0.1:9101"
 DEFAULT_ADMIN_URL = "http://127.0.0.1:9100"
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     """--grpc and --token-file, shared by `status`, `top` and `override`."""
-    parser.add_argument("--grpc", default=DEFAULT_GRPC_ADDR, metavar="ADDR",
+    parser.add_argument("--grpc", type=address, default=DEFAULT_GRPC_ADDR, metavar="ADDR",
                         help="the control plane's admin gRPC address (default "
                         f"{DEFAULT_GRPC_ADDR})")
     parser.add_argument("--token-file", default=None, metavar="FILE",

@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+from llmvalve.commands.args import port_number
 from llmvalve.processes import port_free
 from llmvalve.stack import DEMO_KEYS, Stack, StackConfig
 
@@ -21,13 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="small", help="engine profile (default small)")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="simulated engine speed-up (default 1)")
-    parser.add_argument("--port", type=int, default=8080,
+    parser.add_argument("--port", type=port_number, default=8080,
                         help="Envoy listener (default 8080; 0: a free port, in the banner)")
     parser.add_argument("--listen", default="127.0.0.1",
                         help="Envoy listener address (default 127.0.0.1)")
-    parser.add_argument("--admin-port", type=int, default=9100,
+    parser.add_argument("--admin-port", type=port_number, default=9100,
                         help="control plane admin HTTP (default 9100; 0: a free port)")
-    parser.add_argument("--admin-grpc-port", type=int, default=9101,
+    parser.add_argument("--admin-grpc-port", type=port_number, default=9101,
                         help="control plane admin gRPC API: status, top, override (default "
                         "9101; a free port if it is taken)")
     parser.add_argument("--admission", choices=("http", "grpc"), default="http",

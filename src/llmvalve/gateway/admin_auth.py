@@ -84,7 +84,10 @@ def client_token(token_file: str | None = None) -> str | None:
     """The token a command (`status`, `top`, `override`) sends: the first line of
     `token_file` when one is given (the explicit flag wins), else LLMVALVE_ADMIN_TOKEN."""
     if token_file:
-        return Path(token_file).read_text(encoding="utf-8").strip() or None
+        try:
+            return Path(token_file).read_text(encoding="utf-8").strip() or None
+        except UnicodeDecodeError:
+            raise OSError(f"{token_file}: not UTF-8 text (is it the token file?)") from None
     return (os.environ.get(TOKEN_ENV) or "").strip() or None
 
 

@@ -1,0 +1,46 @@
+"""Bad command-line values get one line and a non-zero exit, never a traceback, and are
+refused before a run whose results they would lose (found by a review that probed every
+subcommand)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run(args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmvalve.cli", *args], input=stdin,
+                          capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("args, code", [
+    (["simulate", "--scenario", "steady", "--plot", "/no/such/dir/x.png"], 2),
+    (["simulate", "--scenario", "steady", "--oracle", "--oracle-window", "1e-9"], 2),
+    (["load", "--scenario", "steady", "--target", "notaurl"], 2),
+    (["load", "--scenario", "steady", "--json", "/no/such/dir/x.json"], 2),
+    (["sim-backend", "--port", "70000"], 2),
+    (["sim-backend", "--port", "65535", "--count", "3"], 2),
+    (["up", "--admin-grpc-port", "70000"], 2),
+    (["serve", "--http", "nonsense"], 2),
+    (["serve", "--log-level", "bogus"], 2),
+    (["status", "--grpc", "127.0.0.1:70000"], 2),
+])
+def test_a_bad_value_is_one_line_and_exit_2(args, code):
+    done = run(args)
+    assert done.returncode == code, done.stderr
+    assert b"Traceback" not in done.stderr
+    assert b"--" in done.stderr.strip().splitlines()[-1]  # it names the flag
+
+
+def test_an_unreadable_token_file_or_key_is_a_message(tmp_path: Path):
+    binary = tmp_path / "token"
+    binary.write_bytes(b"\xff\xfe")
+    for args, stdin in ((["top", "--token-file", str(binary), "--iterations", "1"], b""),
+                        (["override", "--clear", "--token-file", str(binary)], b""),
+                        (["policy", "hash-key", "-"], b"\xff\xfe\n")):
+        done = run(args, stdin)
+        assert done.returncode == 1 and b"Traceback" not in done.stderr, args
+        assert b"UTF-8" in done.stderr, args
