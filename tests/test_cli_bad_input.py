@@ -27,6 +27,15 @@ def run(args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess:
     (["serve", "--http", "nonsense"], 2),
     (["serve", "--log-level", "bogus"], 2),
     (["status", "--grpc", "127.0.0.1:70000"], 2),
+    (["status", "--timeout", "nan"], 2),
+    (["serve", "--drain-timeout", "-1"], 2),
+    (["serve", "--watch-interval", "nan"], 2),
+    (["bench", "--scenario", "steady", "--time-scale", "0"], 2),  # was taken for the default
+    (["load", "--scenario", "steady", "--drain", "-1"], 2),
+    (["load", "--scenario", "steady", "--every", "nan"], 2),
+    (["top", "--interval", "0"], 2),
+    (["top", "--iterations", "-1"], 2),
+    (["override", "--limit", "nan"], 2),
 ])
 def test_a_bad_value_is_one_line_and_exit_2(args, code):
     done = run(args)

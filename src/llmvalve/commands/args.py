@@ -4,6 +4,7 @@ not a traceback when it is first used."""
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def port_number(text: str) -> int:
@@ -24,3 +25,37 @@ def address(text: str) -> str:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     port_number(port)
     return text
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number > 0 (seconds, a scale, a limit)."""
+    value = _number(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    value = _number(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def count(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llmvalve.commands.args import positive_number, seconds
 from llmvalve.commands.output import unwritable, write_json
 
 if TYPE_CHECKING:
@@ -35,12 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "overhead: alone, http, grpc (default) and priority (http with the pool's "
                    "enginePriority)")
     p.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
-    p.add_argument("--time-scale", type=float, default=None,
+    p.add_argument("--time-scale", type=positive_number, default=None,
                    help="engine seconds per wall second (default 4: a 120 s scenario takes "
                    "30 s per mode)")
     p.add_argument("--tokens-per-chunk", type=int, default=None,
                    help="output tokens per SSE event from the backends (default 8)")
-    p.add_argument("--drain", type=float, default=None, metavar="S",
+    p.add_argument("--drain", type=seconds, default=None, metavar="S",
                    help="scenario seconds to wait for answers after the traffic (default 120, "
                    "as simulate)")
     p.add_argument("--load-scale", type=float, default=1.0,
@@ -95,8 +96,9 @@ def _options(args: argparse.Namespace) -> BenchOptions | None:
     )
 
     opts = BenchOptions(
-        time_scale=args.time_scale or DEFAULT_TIME_SCALE,
-        tokens_per_chunk=args.tokens_per_chunk or DEFAULT_TOKENS_PER_CHUNK,
+        time_scale=DEFAULT_TIME_SCALE if args.time_scale is None else args.time_scale,
+        tokens_per_chunk=(DEFAULT_TOKENS_PER_CHUNK if args.tokens_per_chunk is None
+                          else args.tokens_per_chunk),
         drain_s=DEFAULT_DRAIN_S if args.drain is None else args.drain,
         seed=args.seed, load_scale=args.load_scale, workdir=args.workdir,
         simulate=not args.no_simulate, repeat=args.repeat, sim_draws=args.sim_draws)

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from llmvalve.commands.args import positive_number, seconds
 from llmvalve.commands.output import unwritable, write_json
 
 DEMO_KEY = "sk-llmvalve-demo-p0"
@@ -48,16 +49,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", type=Path, default=None,
                    help="policy whose SLOs and priority header to use (default: the "
                    "scenario's, else the packaged default)")
-    p.add_argument("--time-scale", type=float, default=1.0,
+    p.add_argument("--time-scale", type=positive_number, default=1.0,
                    help="engine seconds per wall second of the backends (default 1)")
     p.add_argument("--load-scale", type=float, default=1.0,
                    help="multiply the scenario's request rates")
     p.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
-    p.add_argument("--drain", type=float, default=60.0, metavar="S",
+    p.add_argument("--drain", type=seconds, default=60.0, metavar="S",
                    help="scenario seconds to wait for answers after the traffic (default 60)")
     p.add_argument("--no-sim-headers", action="store_true",
                    help="do not send x-sim-prompt-tokens / x-sim-output-tokens")
-    p.add_argument("--every", type=float, default=5.0, metavar="S",
+    p.add_argument("--every", type=seconds, default=5.0, metavar="S",
                    help="wall seconds between live lines (0: none)")
     p.add_argument("--json", metavar="FILE", help="write the results JSON to FILE ('-': stdout)")
 

@@ -7,6 +7,7 @@ import argparse
 import re
 import sys
 
+from llmvalve.commands.args import positive_number
 from llmvalve.commands.status import add_connection_arguments
 from llmvalve.commands.top import short_number
 
@@ -25,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_connection_arguments(parser)
     parser.add_argument("--pool", default="", help="the pool (default: the first)")
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--limit", type=float,
+    what.add_argument("--limit", type=positive_number,
                       help="hold the pool at this limit (its unit: KV tokens for adaptive, "
                       "requests otherwise)")
     what.add_argument("--clear", action="store_true", help="hand the pool back to its limiter")

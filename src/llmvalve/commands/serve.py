@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import os
 import signal
 import sys
 from fractions import Fraction
 from pathlib import Path
 
-from llmvalve.commands.args import address
+from llmvalve.commands.args import address, positive_number, seconds
 from llmvalve.gateway.replicas import DEFAULT_INTERVAL_S as REPLICAS_INTERVAL_S
 
 DEFAULT_HTTP = "127.0.0.1:9001"
@@ -37,16 +36,6 @@ def replica_share(text: str) -> float:
     if not 0.0 < share <= 1.0:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
     return share
-
-
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,9 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-url", action="append", default=[], metavar="[POOL=]URL",
                         help="a backend /metrics URL of POOL (default: the first pool); "
                         "repeatable; replaces that pool's list in the policy")
-    parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+    parser.add_argument("--drain-timeout", type=seconds, default=30.0, metavar="S",
                         help="on SIGTERM, wait this long for open requests (default 30)")
-    parser.add_argument("--watch-interval", type=float, default=1.0, metavar="S",
+    parser.add_argument("--watch-interval", type=seconds, default=1.0, metavar="S",
                         help="poll the policy file for changes every S seconds (0: only on "
                         "SIGHUP; default 1)")
     parser.add_argument("--log-level", default="INFO", type=str.upper,
@@ -100,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "R (1/R), re-read every --replicas-interval seconds; --replica-share "
                         "holds until the first answer and while lookups fail (default: "
                         "$LLMVALVE_REPLICAS_FROM, else off)")
-    parser.add_argument("--replicas-interval", type=positive_seconds,
+    parser.add_argument("--replicas-interval", type=positive_number,
                         default=REPLICAS_INTERVAL_S, metavar="S",
                         help="with --replicas-from: seconds between lookups (default "
                         f"{REPLICAS_INTERVAL_S:g})")

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from llmvalve.commands.args import address
+from llmvalve.commands.args import address, positive_number
 
 DEFAULT_GRPC_ADDR = "127.0.0.1:9101"
 DEFAULT_ADMIN_URL = "http://127.0.0.1:9100"
@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"read /status over HTTP from this admin URL instead (e.g. "
                         f"{DEFAULT_ADMIN_URL})")
     parser.add_argument("--json", action="store_true", help="print the raw JSON")
-    parser.add_argument("--timeout", type=float, default=3.0)
+    parser.add_argument("--timeout", type=positive_number, default=3.0)
 
 
 def _fmt(value: Any) -> str:

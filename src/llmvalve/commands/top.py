@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import Any
 
+from llmvalve.commands.args import count, positive_number
 from llmvalve.commands.status import add_connection_arguments
 
 CLEAR = "\x1b[H\x1b[2J"
@@ -20,9 +21,9 @@ BAR = 28
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_connection_arguments(parser)
-    parser.add_argument("--interval", type=float, default=1.0, metavar="S",
+    parser.add_argument("--interval", type=positive_number, default=1.0, metavar="S",
                         help="refresh every S seconds (default 1)")
-    parser.add_argument("--iterations", type=int, default=0, metavar="N",
+    parser.add_argument("--iterations", type=count, default=0, metavar="N",
                         help="stop after N screens (default: until Ctrl-C)")
 
 
