@@ -36,6 +36,8 @@ def run(args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess:
     (["top", "--interval", "0"], 2),
     (["top", "--iterations", "-1"], 2),
     (["override", "--limit", "nan"], 2),
+    (["load", "--scenario", "steady", "--load-scale", "nan"], 2),  # it hung
+    (["bench", "--scenario", "steady", "--load-scale", "-1"], 2),
 ])
 def test_a_bad_value_is_one_line_and_exit_2(args, code):
     done = run(args)

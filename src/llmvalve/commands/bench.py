@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain", type=seconds, default=None, metavar="S",
                    help="scenario seconds to wait for answers after the traffic (default 120, "
                    "as simulate)")
-    p.add_argument("--load-scale", type=float, default=1.0,
+    p.add_argument("--load-scale", type=positive_number, default=1.0,
                    help="multiply the scenario's request rates (a scenario with sweepLoads "
                    "sweeps them: --sweep-loads)")
     p.add_argument("--sweep-loads", help="overload-sweep: comma list of load multiples "

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -51,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "scenario's, else the packaged default)")
     p.add_argument("--time-scale", type=positive_number, default=1.0,
                    help="engine seconds per wall second of the backends (default 1)")
-    p.add_argument("--load-scale", type=float, default=1.0,
+    p.add_argument("--load-scale", type=positive_number, default=1.0,
                    help="multiply the scenario's request rates")
     p.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
     p.add_argument("--drain", type=seconds, default=60.0, metavar="S",
@@ -154,8 +153,6 @@ def _inputs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     policy = (load_policy_file(args.policy) if args.policy else None) or sc.policy \
         or default_policy()
     keys = _keys(args.keys)
-    if not (0 < args.time_scale < math.inf and 0 < args.load_scale < math.inf):
-        raise ValueError("--time-scale and --load-scale must be finite numbers > 0")
     target = urlsplit(args.target)
     if target.scheme not in ("http", "https") or not target.hostname:
         raise ValueError(f"--target {args.target!r}: expected http://HOST:PORT")
