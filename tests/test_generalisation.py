@@ -69,7 +69,7 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # The refused request is charged 0.73 of the mean in flight: forecast 4.8 s in requests,
     # 2.7 s in cost, and it waits 0.5 s when queued. Stop 48 forecast in cost (the cost
     # ahead and its own over the cost released): this met again with 9 other cells, missed
-    # ~30 (code-bursty-3x s2, code-bursty-medium s2/s3 and heavy-tail s2 P0 among them: more
+    # 26 (code-bursty-3x s2, code-bursty-medium s2/s3 and heavy-tail s2 P0 among them: more
     # small prompts admitted, their prefill chunks beside P0's short answers); reverted.
     "calm-steady": ("seed 2: P1 attainment",),
     # one P0 request of 41: a 4,096-token prompt (a quarter of a small engine's KV) arriving
