@@ -530,3 +530,47 @@ def test_engine_priority_goes_upstream_only_for_a_pool_that_sends_it():
                               body_complete=False, path="/v1/chat/completions",
                               method="POST"), 1.0)
     assert not (isinstance(small, Answer) and small.reply.status == 413)  # the default pool
+
+
+def test_a_failure_answering_one_waiting_request_loses_none_of_the_others(monkeypatch):
+    """A bug while answering one decision of a poll used to lose every decision of it: the
+    core had handed them out, so the others waited until Envoy's timeout and a slot admitted
+    in it stayed held until its lease ran out. The failed one now gets a 503 in OpenAI's
+    shape and its slot back; the others are answered as decided."""
+    policy = load_policy(f"""
+queues:
+  - {{priority: 0, name: top, maxQueueSize: 5, timeout: 30s, dropPolicy: tail,
+     reservedShare: 0}}
+limiter: {{controller: static, static: {{limit: 2}}}}
+tenants:
+  - {{name: a, apiKeyHashes: ["{hash_api_key('ka')}"], maxPriority: 0, defaultPriority: 0}}
+anonymous: null
+""")
+    front = Front(Admission(policy, random.Random(1), now=0.0))
+
+    def check(check_id: str) -> object:
+        return front.check(Check(check_id, {"authorization": "Bearer ka"},
+                                 path="/v1/chat/completions", method="POST"), 1.0)
+
+    assert isinstance(check("h1"), Go) and isinstance(check("h2"), Go)
+    check("w1")
+    check("w2")
+    identity = front._identity
+
+    def broken(waiting, pool, wait_s):
+        if waiting.info.request_id == "w1":
+            raise RuntimeError("a bug")
+        return identity(waiting, pool, wait_s)
+
+    monkeypatch.setattr(front, "_identity", broken)
+    front.access_log(LogEntry("h1", 200), 2.0)
+    front.access_log(LogEntry("h2", 200), 2.0)
+    verdicts = {v.check_id: v for v in front.poll(2.0)}
+    failed = verdicts["w1"]
+    assert isinstance(failed, Answer) and failed.reply.status == 503
+    assert json.loads(failed.reply.body)["error"]["code"] == "internal_error"
+    assert failed.record.decision == "error"
+    assert isinstance(verdicts["w2"], Go)
+    assert front.admission.ticket("w1") is None  # its slot is free again
+    assert front.counts["errors"] == 1
+    assert isinstance(check("n1"), Go)  # the freed slot is taken at once

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -60,6 +61,8 @@ from llmvalve.gateway import replies, request_facts
 from llmvalve.gateway.envoy_config import BUFFER_LIMIT_BYTES
 from llmvalve.gateway.reconcile import Reconciler
 from llmvalve.gateway.replies import Reply
+
+log = logging.getLogger(__name__)
 
 # For a pool with `enginePriority`: the class's priority, which Envoy's Lua filter writes into
 # the body (docs/envoy.md)
@@ -211,7 +214,8 @@ class Front:
         # tickets closed, by (outcome, what closed them): llmvalve_releases_total
         self.releases: collections.Counter[tuple[str, str]] = collections.Counter()
         self.counts = collections.Counter({k: 0 for k in (
-            "released", "joined", "late", "unmatched", "ignored", "reclaimed", "reconciled")})
+            "released", "joined", "late", "unmatched", "ignored", "reclaimed", "reconciled",
+            "errors")})
 
     # ---- the check ---------------------------------------------------------------------------
     def check(self, check: Check, now: float) -> Verdict:
@@ -306,8 +310,23 @@ class Front:
                 if isinstance(decision, Admit):
                     self._release(decision.ticket, Outcome.IGNORE, now, "client_left")
                 continue
-            out.append(self._verdict(waiting, decision, now, queued=True))
+            try:
+                out.append(self._verdict(waiting, decision, now, queued=True))
+            except Exception:  # a bug answering one request must not lose the others'
+                log.exception("answering request %s failed", decision.request_id)
+                out.append(self._failed(waiting, now))
         return out
+
+    def _failed(self, waiting: _Waiting, now: float) -> Answer:
+        """A 503 for a request whose decision could not be answered; a slot admitted for it
+        (here, or by a reroute into another pool) is given back at once."""
+        request_id = waiting.info.request_id
+        ticket = self.admission.ticket(request_id)
+        if ticket is not None:
+            self._release(ticket, Outcome.IGNORE, now, "error")
+        self.counts["errors"] += 1
+        return Answer(request_id, replies.internal_error(),
+                      Record("error", waiting.klass, "internal_error", waiting.info.tenant))
 
     def next_deadline(self) -> float | None:
         return self.admission.next_deadline()
@@ -560,7 +579,8 @@ class Front:
         return phase
 
     def _release(self, ticket: Ticket, outcome: Outcome, now: float, by: str) -> None:
-        """Every ticket closes here; `by`: access_log, client_left, lease or reconciled."""
+        """Every ticket closes here; `by`: access_log, client_left, lease, reconciled
+        or error."""
         self.admission.release(ticket, outcome, now)
         self.counts["released"] += 1
         self.releases[(outcome.value, by)] += 1

@@ -31,6 +31,7 @@ RETRY_AFTER_BUCKETS = (1, 2, 3, 5, 8, 13, 20, 30, 45, 60, 120)
 # refused for its tenant's budget (`over_budget`) is not judged: the tenant exceeded what it
 # was granted, and the SLO is the gateway's promise for traffic within it.
 SHED = frozenset({"rejected", "dropped", "fallback_static", "fallback_reroute"})
+MISSED = SHED | {"error"}  # decisions that miss the class's SLO at once
 
 
 class GatewayMetrics:
@@ -112,7 +113,7 @@ class GatewayMetrics:
                         record.reason.removeprefix("budget_")).inc()
         if decision == "admitted":
             self._child(self.waits, klass).observe(record.wait_s)
-        elif decision in SHED:
+        elif decision in MISSED:
             self.slo.judge(klass, False, self.clock())
             self._child(self.slo_verdicts, klass, "no").inc()
         logs.decision(check_id=check_id, request_id=request_id, tenant=record.tenant,

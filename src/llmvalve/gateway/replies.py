@@ -141,6 +141,15 @@ def model_not_found(model: str) -> Reply:
                  "llmvalve_model_not_found")
 
 
+def internal_error() -> Reply:
+    """The gateway failed deciding on this request (a bug, logged with its trace)."""
+    return Reply(503, (("content-type", "application/json"), *retry_after_headers(1.0),
+                       ("x-llmvalve-reason", "internal_error")),
+                 _error_body("The gateway failed to decide on this request. Retry after 1 s.",
+                             "server_error", "internal_error"),
+                 "llmvalve_internal_error")
+
+
 def unknown_path(path: str) -> Reply:
     """A path the policy does not pass (`requests.paths`): OpenAI's answer to a URL it does
     not serve."""
