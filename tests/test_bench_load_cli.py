@@ -85,3 +85,21 @@ def test_load_command_table_and_bad_arguments(gateway_url, tmp_path, capsys):
     assert "P0 att" in text and "preempt" not in text
     assert main(["load", "--scenario", "no-such-scenario"]) == 2
     assert main(["load", "--scenario", str(sc), "--keys", "oops"]) == 2
+
+
+def test_load_exits_1_when_every_request_failed(tmp_path, capsys):
+    """Nothing listens at the target: every request fails to connect. The table still
+    prints, and the exit status says the run measured nothing (it was 0)."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sc = tmp_path / "tiny.yaml"
+    sc.write_text(SCENARIO)
+    code = main(["load", "--target", f"http://127.0.0.1:{port}", "--scenario", str(sc),
+                 "--time-scale", "4", "--drain", "1", "--every", "0", "--model", "m"])
+    assert code == 1
+    captured = capsys.readouterr()
+    assert "every request failed" in captured.err and "ClientConnectorError" in captured.err
+    assert "goodput" in captured.out  # the table

@@ -18,6 +18,10 @@ scenario's tenants to keys of your own deployment.
 wall clock (`llmvalve up --time-scale X`, `sim-backend --time-scale X`); times are reported in
 scenario seconds. The control plane of `llmvalve up` keeps wall-clock timeouts and SLOs, so
 against it X = 1 (the default) is the faithful setting: a 120 s scenario takes two minutes.
+
+Exit status: 0 when the gateway answered (a refusal is an answer: that is what overload
+looks like), 1 when every request failed (no connection, an HTTP error that is not the
+gateway's refusal), 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -137,9 +141,12 @@ def run(args: argparse.Namespace) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     res = _results(args, sc, seed, len(jobs), load, policy)
-    if args.json and write_json(res, args.json):
-        return 0
-    _print(res, load)
+    if not (args.json and write_json(res, args.json)):
+        _print(res, load)
+    if load.attempts and sum(load.errors.values()) >= load.attempts:
+        print(f"llmvalve load: every request failed ({_errors(load.errors)}); is the gateway "
+              f"at {args.target} and does it take the key?", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -210,4 +217,8 @@ def _print(res: dict, load) -> None:  # type: ignore[no-untyped-def]
     for line in notes(res):
         print(line)
     if load.errors:
-        print("errors: " + ", ".join(f"{k} ×{v}" for k, v in sorted(load.errors.items())))
+        print("errors: " + _errors(load.errors))
+
+
+def _errors(errors: dict[str, int]) -> str:
+    return ", ".join(f"{k} ×{v}" for k, v in sorted(errors.items()))
