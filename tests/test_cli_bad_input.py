@@ -38,6 +38,8 @@ def run(args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess:
     (["override", "--limit", "nan"], 2),
     (["load", "--scenario", "steady", "--load-scale", "nan"], 2),  # it hung
     (["bench", "--scenario", "steady", "--load-scale", "-1"], 2),
+    (["simulate", "--scenario", "steady", "--seeds", "1-1000000000"], 2),  # filled the memory
+    (["simulate", "--scenario", "steady", "--gateways", "100000"], 2),
 ])
 def test_a_bad_value_is_one_line_and_exit_2(args, code):
     done = run(args)

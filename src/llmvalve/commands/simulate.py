@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from llmvalve.sim.report import table
     from llmvalve.sim.runner import parse_seeds, simulate_seeds
     from llmvalve.sim.scenario import ScenarioError, builtin_names, load_scenario
-    from llmvalve.sim.scenario_load import MAX_BACKENDS, MAX_REQUESTS
+    from llmvalve.sim.scenario_load import MAX_BACKENDS, MAX_GATEWAYS, MAX_REQUESTS
     from llmvalve.sim.targets import SEEDS as JUDGE_SEEDS
 
     if args.list:
@@ -90,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
     bad = [c for c in ctrls or [] if not _CONTROLLER_RE.fullmatch(c)]
     if bad:
         return _fail(f"unknown controller {bad[0]!r} (none, static:N, seed, adaptive)")
-    if args.gateways is not None and args.gateways < 1:
-        return _fail("--gateways must be >= 1")
+    if args.gateways is not None and not 1 <= args.gateways <= MAX_GATEWAYS:
+        return _fail(f"--gateways must be from 1 to {MAX_GATEWAYS}")
     if args.backends is not None:
         if not 1 <= args.backends <= MAX_BACKENDS:
             return _fail(f"--backends must be from 1 to {MAX_BACKENDS}")

@@ -227,7 +227,7 @@ events:                                   # capacity events; backend: an index o
   # rejoin event may give its own: {at: 90s, backend: 1, rejoin: true, kvBlocks: 512}
   - {at: 40s, backend: [0, 1], slowdown: 3.0}
 gateways: 1                               # independent replicas, each with its own controller
-                                          # (static:N is N per replica)
+                                          # (static:N is N per replica; at most 1,024)
 metrics: {scrapeInterval: 0.5s, alsDelay: 0.05s}  # feedback delays (on a fixed grid;
                                           # `simulate --timing-draw K` draws phase and delay)
 policy: default                           # or a policy file path, or an inline mapping

@@ -38,6 +38,7 @@ from llmvalve.sim.workload import generate
 ORACLE_WINDOW_S = 20.0
 ORACLES = ("fixed", "static", "none", "hindsight")
 TOP_KEPT = 0.99  # the top class's attainment a `top_kept` oracle keeps
+MAX_SEEDS = 100  # a run per seed and controller: 100 seeds of one scenario is hours already
 
 
 def default_policy() -> Policy:
@@ -267,11 +268,16 @@ def parse_seeds(text: str) -> list[int]:
         for part in text.split(","):
             lo, sep, hi = part.strip().partition("-")
             if sep and lo:
+                if int(hi) - int(lo) >= MAX_SEEDS:
+                    raise ValueError
                 seeds.extend(range(int(lo), int(hi) + 1))
             else:
                 seeds.append(int(part))
+            if len(seeds) > MAX_SEEDS:
+                raise ValueError
     except ValueError:
         seeds = []
     if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"bad seed list {text!r}: give distinct seeds, e.g. 1,2,3")
+        raise ValueError(f"--seeds {text!r}: give up to {MAX_SEEDS} distinct seeds, "
+                         "e.g. 1,2,3")
     return seeds

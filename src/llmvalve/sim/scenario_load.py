@@ -54,6 +54,7 @@ _DEFAULT_SPLIT = {0: 0.2, 1: 0.4, 2: 0.4}
 # Sizes past which a file is a typo, not a simulation (each would run for hours)
 MAX_DURATION_S = 86_400.0
 MAX_BACKENDS = 4096
+MAX_GATEWAYS = 1024  # replicas: each runs its own core; 32 is the largest measured (scenarios.md)
 MAX_REQUESTS = 2_000_000  # rate × duration: 40x `fleet`, the largest built-in (~1 h to run)
 MIN_PERIOD_S = 0.1  # an on/off period (workload.py draws none shorter)
 
@@ -596,7 +597,7 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
         seed=top.integer("seed", 1),
         backends=count, profile=profile, profile_overrides=overrides,
         events=_events(c, top, count, duration_s),
-        gateways=top.integer("gateways", 1, ge=1),
+        gateways=top.integer("gateways", 1, ge=1, le=MAX_GATEWAYS),
         scrape_interval_s=m.duration("scrapeInterval", 0.5),
         als_delay_s=m.duration("alsDelay", 0.05, allow_zero=True),
         policy=policy,
