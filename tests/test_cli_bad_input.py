@@ -40,6 +40,14 @@ def run(args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess:
     (["bench", "--scenario", "steady", "--load-scale", "-1"], 2),
     (["simulate", "--scenario", "steady", "--seeds", "1-1000000000"], 2),  # filled the memory
     (["simulate", "--scenario", "steady", "--gateways", "100000"], 2),
+    # up checks what it can before it starts a process (they failed in a child's log)
+    (["up", "--controller", "bogus"], 2),
+    (["up", "--profile", "huge"], 2),
+    (["up", "--time-scale", "0"], 2),
+    (["up", "--backends", "500"], 2),
+    (["up", "--policy", "/no/such/policy.yaml"], 2),
+    (["serve", "--controller", "static:0"], 2),
+    (["serve", "--metrics-url", "nonsense"], 2),  # it was scraped, and failed, forever
 ])
 def test_a_bad_value_is_one_line_and_exit_2(args, code):
     done = run(args)

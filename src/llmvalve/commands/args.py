@@ -59,3 +59,27 @@ def count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
+
+
+def controller(text: str) -> str:
+    """An argparse type: a limit controller a gateway runs (adaptive, seed, static,
+    static:N with N >= 1, none)."""
+    kind, sep, limit = text.partition(":")
+    if text in ("adaptive", "seed", "static", "none") or (
+            kind == "static" and sep and limit.isdigit() and int(limit) >= 1):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"unknown controller {text!r} (adaptive, seed, static, static:N, none)")
+
+
+def pool_metrics_url(text: str) -> str:
+    """An argparse type: [POOL=]URL, a backend's metrics URL (the pool is checked against
+    the policy when it is read)."""
+    from llmvalve.core.policy.pools import metrics_url_problem
+
+    pool, sep, url = text.partition("=")
+    if not sep or "://" in pool:
+        url = text
+    if problem := metrics_url_problem(url):
+        raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
+    return text

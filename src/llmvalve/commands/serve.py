@@ -18,7 +18,13 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
-from llmvalve.commands.args import address, positive_number, seconds
+from llmvalve.commands.args import (
+    address,
+    controller,
+    pool_metrics_url,
+    positive_number,
+    seconds,
+)
 from llmvalve.gateway.replicas import DEFAULT_INTERVAL_S as REPLICAS_INTERVAL_S
 
 DEFAULT_HTTP = "127.0.0.1:9001"
@@ -55,9 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_ADMIN_GRPC}; loopback only without a token)")
     parser.add_argument("--admin-token-file", type=Path, default=None, metavar="FILE",
                         help="the admin APIs' bearer token (e.g. a mounted Secret)")
-    parser.add_argument("--controller", default=None,
+    parser.add_argument("--controller", type=controller, default=None,
                         help="override the policy's controller: adaptive, seed, static:N, none")
     parser.add_argument("--metrics-url", action="append", default=[], metavar="[POOL=]URL",
+                        type=pool_metrics_url,
                         help="a backend /metrics URL of POOL (default: the first pool); "
                         "repeatable; replaces that pool's list in the policy")
     parser.add_argument("--drain-timeout", type=seconds, default=30.0, metavar="S",

@@ -10,17 +10,22 @@ import sys
 import threading
 from pathlib import Path
 
-from llmvalve.commands.args import port_number
+from llmvalve.commands.args import controller, count, port_number, positive_number
 from llmvalve.processes import port_free
 from llmvalve.stack import DEMO_KEYS, Stack, StackConfig
+
+MAX_BACKENDS = 64  # each is a process on this machine (a demo stack, not a fleet)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", type=Path, default=None,
                         help="policy file (default: the packaged default policy)")
-    parser.add_argument("--backends", type=int, default=2, help="simulated backends (default 2)")
-    parser.add_argument("--profile", default="small", help="engine profile (default small)")
-    parser.add_argument("--time-scale", type=float, default=1.0,
+    from llmvalve.engine.profiles import PROFILES  # pure data: cheap to import
+
+    parser.add_argument("--backends", type=count, default=2, help="simulated backends (default 2)")
+    parser.add_argument("--profile", default="small", choices=tuple(PROFILES),
+                        help="engine profile (default small)")
+    parser.add_argument("--time-scale", type=positive_number, default=1.0,
                         help="simulated engine speed-up (default 1)")
     parser.add_argument("--port", type=port_number, default=8080,
                         help="Envoy listener (default 8080; 0: a free port, in the banner)")
@@ -34,14 +39,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admission", choices=("http", "grpc"), default="http",
                         help="how Envoy asks the control plane: ext_authz over HTTP (default) "
                         "or gRPC")
-    parser.add_argument("--controller", default=None,
+    parser.add_argument("--controller", type=controller, default=None,
                         help="adaptive (default: the policy's), seed, static:N, none")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.backends < 1:
-        print("llmvalve up: --backends must be ≥ 1", file=sys.stderr)
+    from llmvalve.core.policy import PolicyError
+    from llmvalve.gateway.policy_file import load_policy_file
+
+    if not 1 <= args.backends <= MAX_BACKENDS:
+        print(f"llmvalve up: --backends must be from 1 to {MAX_BACKENDS}", file=sys.stderr)
         return 2
+    if args.policy is not None:  # before any process starts: its error, not a child's log
+        try:
+            load_policy_file(args.policy)
+        except (PolicyError, OSError) as exc:
+            print(f"llmvalve up: --policy: {exc}", file=sys.stderr)
+            return 2
     stack = Stack(StackConfig(policy=args.policy, backends=args.backends, profile=args.profile,
                               time_scale=args.time_scale, port=args.port,
                               listen_address=args.listen, admin_port=args.admin_port,

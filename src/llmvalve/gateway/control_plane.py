@@ -31,6 +31,7 @@ from envoy.service.auth.v3 import external_auth_pb2_grpc
 from llmvalve.admin.v1 import admin_pb2_grpc
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy import BackendSpec, Policy
+from llmvalve.core.policy.pools import metrics_url_problem
 from llmvalve.gateway import dashboard
 from llmvalve.gateway.access_log import AccessLogServicer
 from llmvalve.gateway.admin_auth import AdminToken, TokenInterceptor, http_guard, is_loopback
@@ -103,6 +104,8 @@ def with_backends(policy: Policy, urls: tuple[str, ...]) -> Policy:
             pool, url = policy.pools[0].name, item
         if policy.pool(pool) is None:
             raise ValueError(f"--metrics-url {item!r}: the policy has no pool {pool!r}")
+        if problem := metrics_url_problem(url):
+            raise ValueError(f"--metrics-url {item!r}: {problem}")
         by_pool.setdefault(pool, []).append(url)
     first = policy.pools[0].name
     pools = tuple(

@@ -115,7 +115,7 @@ def _backends(r: NodeReader, f: NodeFields, known: _BackendNames) -> tuple[Backe
             continue
         b_name = bf.unique_name(known.names, "backend")
         url = bf.string("metricsUrl", "")
-        problem = _url_problem(url) if url else None
+        problem = metrics_url_problem(url) if url else None
         if problem:
             r.error(bf.get("metricsUrl"), bf.field("metricsUrl"), problem)
         elif url in known.urls:
@@ -128,7 +128,7 @@ def _backends(r: NodeReader, f: NodeFields, known: _BackendNames) -> tuple[Backe
     return tuple(backends)
 
 
-def _url_problem(url: str) -> str | None:
+def metrics_url_problem(url: str) -> str | None:
     """What is wrong with a metrics URL, or None."""
     try:
         parts = urlsplit(url)
