@@ -8,6 +8,7 @@ admin HTTP port's /status instead.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import sys
 import urllib.error
@@ -94,7 +95,7 @@ def grpc_status(addr: str, timeout_s: float, token: str | None = None) -> dict[s
     with grpc.insecure_channel(addr) as channel:
         reply = pb_grpc.AdminStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout_s,
                                                      metadata=call_metadata(token))
-    status = json.loads(reply.status_json) if reply.status_json else {}
+    status = _document(json.loads(reply.status_json) if reply.status_json else {})
     status.update(ready=reply.ready, draining=reply.draining)
     return status
 
@@ -103,7 +104,15 @@ def http_status(url: str, timeout_s: float, token: str | None = None) -> dict[st
     request = urllib.request.Request(url.rstrip("/") + "/status",
                                      headers={"authorization": f"Bearer {token}"} if token else {})
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return json.loads(response.read())
+        return _document(json.loads(response.read()))
+
+
+def _document(status: Any) -> dict[str, Any]:
+    """The status document, or ValueError when the answer is not one (another server)."""
+    if not isinstance(status, dict) or not all(
+            isinstance(status.get(k, {}), dict) for k in ("gateway", "pools", "policy")):
+        raise ValueError("the answer is not llmvalve's status document")
+    return status
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,10 +125,16 @@ def run(args: argparse.Namespace) -> int:
         token = client_token(args.token_file)
         status = (http_status(args.admin, args.timeout, token) if args.admin
                   else grpc_status(args.grpc, args.timeout, token))
-    except (urllib.error.URLError, OSError, ValueError, grpc.RpcError) as exc:
+        text = json.dumps(status, indent=1) if args.json else render(status)
+    except (urllib.error.URLError, OSError, ValueError, grpc.RpcError,
+            http.client.HTTPException) as exc:  # HTTPException: a port that is not HTTP
         detail = exc.details() if isinstance(exc, grpc.RpcError) else exc
         print(f"llmvalve status: cannot read the status from {where}: {detail}",
               file=sys.stderr)
         return 1
-    print(json.dumps(status, indent=1) if args.json else render(status))
+    except (AttributeError, TypeError, KeyError):  # a document of another shape
+        print(f"llmvalve status: {where} answered a status document this command cannot "
+              "read (another llmvalve version?)", file=sys.stderr)
+        return 1
+    print(text)
     return 0

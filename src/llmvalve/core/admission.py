@@ -351,8 +351,10 @@ class Admission:
         (absolute, on the caller's clock; None: until cleared). `limit=None` clears it. The
         limiter keeps learning underneath and takes over again when the override lapses."""
         p = self.pools.get(pool)
-        if p is None:
-            raise KeyError(f"no pool {pool!r} (pools: {', '.join(self.pools)})")
+        if p is None or (limit is not None and self.policy.pool(pool) is None):
+            # a pool a reload removed only drains: holding it would hold nothing
+            raise KeyError(f"no pool {pool!r} (pools: "
+                           f"{', '.join(spec.name for spec in self.policy.pools)})")
         if limit is None:
             p.override = p.override_until = None
             return

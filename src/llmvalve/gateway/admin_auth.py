@@ -64,6 +64,9 @@ class AdminToken:
         stamp = (stat.st_mtime_ns, stat.st_ino)
         if stamp != self._stamp:
             token = self.path.read_text(encoding="utf-8").strip()
+            if problem := _token_problem(token):
+                self._digest, self._stamp = b"", stamp  # refuse every call until mended
+                raise ValueError(f"admin token file {self.path}: {problem}")
             self._digest = hashlib.sha256(token.encode()).digest() if token else b""
             self._stamp = stamp
 
@@ -75,20 +78,34 @@ class AdminToken:
         except OSError:
             log.error("admin token file %s cannot be read: refusing admin calls", self.path)
             return False
+        except ValueError as exc:
+            log.error("%s: refusing admin calls", exc)
+            return False
         # aiohttp reads header bytes that are not UTF-8 as surrogates: back to those bytes
         digest = hashlib.sha256(presented.encode("utf-8", "surrogateescape")).digest()
         return bool(self._digest) and hmac.compare_digest(digest, self._digest)
 
 
+def _token_problem(token: str) -> str | None:
+    """Why `token` cannot be a bearer token (it goes in a header), never quoting it."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in token):
+        return "the token holds a line break or another control character (it is one line)"
+    return None
+
+
 def client_token(token_file: str | None = None) -> str | None:
-    """The token a command (`status`, `top`, `override`) sends: the first line of
-    `token_file` when one is given (the explicit flag wins), else LLMVALVE_ADMIN_TOKEN."""
+    """The token a command (`status`, `top`, `override`) sends: `token_file`'s text when one
+    is given (the explicit flag wins), else LLMVALVE_ADMIN_TOKEN; stripped, one line."""
     if token_file:
         try:
-            return Path(token_file).read_text(encoding="utf-8").strip() or None
+            token, where = Path(token_file).read_text(encoding="utf-8").strip(), token_file
         except UnicodeDecodeError:
             raise OSError(f"{token_file}: not UTF-8 text (is it the token file?)") from None
-    return (os.environ.get(TOKEN_ENV) or "").strip() or None
+    else:
+        token, where = (os.environ.get(TOKEN_ENV) or "").strip(), f"${TOKEN_ENV}"
+    if problem := _token_problem(token):
+        raise OSError(f"{where}: {problem}")
+    return token or None
 
 
 def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -142,7 +159,7 @@ def http_guard(token: AdminToken, open_to_all: bool, protected: tuple[str, ...],
         if token.accepts(presented):
             return await handler(request)
         refused("http")
-        log.warning("admin HTTP: refused %s (missing or wrong token)", request.path)
+        log.warning("admin HTTP: refused %r (missing or wrong token)", request.path)
         hint = ("send `authorization: Bearer <token>` or ?token=" if token.configured else
                 "this port is not on localhost and no --admin-token-file is set")
         return web.json_response({"error": {"message": f"unauthorized: {hint}",

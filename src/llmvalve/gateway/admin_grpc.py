@@ -106,8 +106,8 @@ class AdminServicer(pb_grpc.AdminServicer):
             await asyncio.sleep(interval)
 
     def _pool_name(self, name: str) -> str:
-        pools = self.driver.front.admission.pools
-        return name or next(iter(pools))
+        """The pool named, or the running policy's first."""
+        return name or self.driver.front.admission.policy.pools[0].name
 
     async def SetLimitOverride(self, request, context):
         pool = self._pool_name(request.pool)

@@ -20,6 +20,7 @@ a lean HTTP/1.1 server, one function per request).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -79,7 +80,8 @@ class AuthzHttp:
         self.driver = driver
         self.wall_clock = wall_clock
         self.listener = HttpListener(self.handle)
-        self._models: tuple[float, list[dict]] | None = None
+        self._models: tuple[float, list[dict]] | None = None  # (monotonic time, the list)
+        self._models_lock = asyncio.Lock()
 
     async def handle(self, request: Request) -> Response:
         path = request.path
@@ -113,22 +115,27 @@ class AuthzHttp:
         return Response(200, go_headers(verdict))
 
     async def models(self) -> list[dict]:
-        now = self.wall_clock()
-        if self._models is not None and now - self._models[0] < MODELS_TTL_S:
-            return self._models[1]
-        data: list[dict] = []
-        for pool in self.driver.policy.pools:
-            if pool.models:
-                data += [{"id": m, "object": "model", "created": int(now), "owned_by": pool.name}
-                         for m in pool.models]
-                continue
-            for backend in pool.backends:
-                found = await backend_models(backend.metrics_url) if backend.metrics_url else []
-                if found:
-                    data += found
-                    break
-        self._models = (now, data)
-        return data
+        """What the pools serve: each pool's `models`, or what the first of its backends to
+        answer lists. Backends are asked all at once (one at a time, three that hang took
+        longer than Envoy waits), and one answer, even an empty one, serves every call of
+        the next MODELS_TTL_S (by the monotonic clock)."""
+        async with self._models_lock:  # one asking at a time; the others take its answer
+            now = time.monotonic()
+            if self._models is not None and now - self._models[0] < MODELS_TTL_S:
+                return self._models[1]
+            created = int(self.wall_clock())
+            pools = self.driver.policy.pools
+            asked = await asyncio.gather(*(
+                asyncio.gather(*(backend_models(b.metrics_url) for b in pool.backends
+                                 if b.metrics_url and not pool.models))
+                for pool in pools))
+            data: list[dict] = []
+            for pool, answers in zip(pools, asked, strict=True):
+                data += ([{"id": m, "object": "model", "created": created,
+                           "owned_by": pool.name} for m in pool.models]
+                         if pool.models else next((a for a in answers if a), []))
+            self._models = (now, data)
+            return data
 
     def fallback(self, request: Request, policy: Policy) -> Response:
         """The static answer of the request's feature, in the shape its body asks for."""

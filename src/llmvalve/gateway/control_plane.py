@@ -124,6 +124,9 @@ class ControlPlane:
         self.config = config
         self.policy = with_backends(policy, config.metrics_urls)
         self.ports: dict[str, int] = {}
+        self.data_grpc: grpc.aio.Server | None = None
+        self.admin_grpc: grpc.aio.Server | None = None
+        self.admin_runner: web.AppRunner | None = None
         self.token = AdminToken(config.admin_token_file)
         prometheus_client.disable_created_metrics()
         self.metrics = GatewayMetrics(tenants=TenantLabels.parse(config.metrics_tenants))
@@ -154,21 +157,32 @@ class ControlPlane:
         self.metrics.watch_releases(lambda: self.front.releases)
 
     async def start(self) -> None:
+        """Bind and start everything; on a failure, stop what had started and raise."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         self.data_grpc = grpc.aio.server(options=GRPC_OPTIONS)
         als_pb2_grpc.add_AccessLogServiceServicer_to_server(self.access_log, self.data_grpc)
         external_auth_pb2_grpc.add_AuthorizationServicer_to_server(AuthzGrpc(self.driver),
                                                                     self.data_grpc)
         self.ports["grpc"] = self._bind_grpc(self.data_grpc, self.config.grpc)
-        self.admin_grpc = grpc.aio.server(interceptors=self._admin_interceptors())
+        await self.data_grpc.start()  # started at once: only a started server frees its port
+        # SO_REUSEPORT off, as for the data plane: a second control plane on this port must
+        # fail to bind, not split the operators' overrides with the first one
+        self.admin_grpc = grpc.aio.server(interceptors=self._admin_interceptors(),
+                                          options=(("grpc.so_reuseport", 0),))
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.status, self.driver),
                                                    self.admin_grpc)
         self.ports["admin_grpc"] = self._bind_grpc(self.admin_grpc, self._admin_grpc_addr())
+        await self.admin_grpc.start()
         self.driver.start()
         if self.replicas is not None:
             await self.replicas.start()
         await self.scraper.start(self.policy)
-        await self.data_grpc.start()
-        await self.admin_grpc.start()
         host, port = split_addr(self.config.http)
         self.ports["http"] = await self.authz.listener.start(host, port)
         self.ports["admin"] = await self._serve_http(self._admin_app(), self.config.admin)
@@ -204,10 +218,13 @@ class ControlPlane:
 
     @staticmethod
     def _bind_grpc(server: grpc.aio.Server, addr: str) -> int:
-        port = server.add_insecure_port(addr)
-        if port == 0:
-            raise OSError(f"cannot listen on {addr} (gRPC)")
-        return port
+        host, port = split_addr(addr)  # an empty host: every interface, as for HTTP
+        try:
+            return server.add_insecure_port(f"[{host}]:{port}" if ":" in host
+                                            else f"{host}:{port}")
+        except RuntimeError:  # grpcio's "Failed to bind"
+            raise OSError(f"cannot listen on {addr} (gRPC): the port is taken or the "
+                          "address is not this machine's") from None
 
     async def _serve_http(self, app: web.Application, addr: str) -> int:
         self.admin_runner = web.AppRunner(app, access_log=None)
@@ -266,17 +283,20 @@ class ControlPlane:
                         self.front.open_tickets())
 
     async def stop(self) -> None:
+        """Stop what was started (all of it, or what `start` had reached)."""
         if self.watcher is not None:
             await self.watcher.stop()
         await self.history.stop()
         if self.replicas is not None:
             await self.replicas.stop()
-        await self.data_grpc.stop(0.5)
-        await self.admin_grpc.stop(0.5)
+        for server in (self.data_grpc, self.admin_grpc):
+            if server is not None:
+                await server.stop(0.5)
         await self.scraper.stop()
         await self.driver.stop()
         await self.authz.listener.stop()
-        await self.admin_runner.cleanup()
+        if self.admin_runner is not None:
+            await self.admin_runner.cleanup()
 
 
 def _entry_json(entry: Any) -> dict[str, Any] | None:

@@ -46,6 +46,7 @@ class Scraper:
         # by (backend, URL): a reload that renames a backend at the same URL gets a new reader
         # (the old one would report under the old name), one that keeps both keeps its history
         self._readers: dict[tuple[str, str], SignalReader] = {}
+        self._faulted: set[str] = set()  # URLs whose scrape raised an unexpected error
 
     async def start(self, policy: Policy) -> None:
         if self._session is None:
@@ -81,6 +82,11 @@ class Scraper:
                 text = await response.text()
         except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError, OSError):
             return reader.failed(self.driver.clock())
+        except Exception:  # anything else (a host aiohttp cannot encode, an odd charset)
+            if url not in self._faulted:  # is a failed scrape too, not a dead loop
+                self._faulted.add(url)
+                log.exception("scraping %s failed (logged once)", url)
+            return reader.failed(self.driver.clock())
         return reader.read(text, self.driver.clock())
 
     async def _loop(self, pool: str, url: str, reader: SignalReader, interval_s: float,
@@ -112,7 +118,7 @@ class Scraper:
             wake.clear()
             try:
                 answers = await asyncio.wait_for(getaddrinfo(host), LOOKUP_TIMEOUT_S)
-            except (TimeoutError, OSError):
+            except (TimeoutError, OSError, ValueError):  # ValueError: a name IDNA refuses
                 answers = []  # the address learnt last stays; failing scrapes keep picks off it
             address = one_address(answers)
             if address is not None:

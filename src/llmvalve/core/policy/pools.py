@@ -144,6 +144,10 @@ def metrics_url_problem(url: str) -> str | None:
         return "bad port (a number from 1 to 65535)"
     if not parts.hostname or any(c.isspace() for c in parts.hostname):
         return "no host (http://HOST:PORT/metrics)"
+    try:
+        parts.hostname.encode("idna")
+    except UnicodeError:  # an empty label ("vllm-1..svc") or one over 63 characters
+        return f"bad host name {parts.hostname!r}"
     return None
 
 
