@@ -506,3 +506,18 @@ async def test_a_backends_odd_model_list_is_read_as_what_it_holds(doc):
     finally:
         await runner.cleanup()
     assert got == ([{"id": "m"}] if doc == {"data": [1, {"id": "m"}]} else [])
+
+
+def test_the_control_planes_lag_is_counted_from_the_requests_end():
+    """Envoy holds a check until the body's end: the client's upload is not the control
+    plane's lag (a slow uploader was shed as `gateway_overloaded` on an idle gateway)."""
+    from llmvalve.gateway.authz_http import age_s
+
+    now = lambda: 100.0  # noqa: E731
+    start = {"x-llmvalve-start": "98.000"}
+    assert age_s(start, now, "1500") == pytest.approx(0.5)  # 2 s old, 1.5 s of it uploading
+    assert age_s(start, now, None) == pytest.approx(2.0)  # a config without the header
+    cut = {**start, "x-envoy-auth-partial-body": "true"}
+    assert age_s(cut, now, None) == 0.0  # sent before the body's end: unknown, not late
+    assert age_s(start, now, "nan") == 0.0 and age_s(start, now, "x") == 0.0
+    assert age_s({}, now, "0") == 0.0

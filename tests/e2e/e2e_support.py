@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 import openai
@@ -162,3 +164,24 @@ async def cancel_all(tasks) -> None:
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def slow_upload(e2e: E2E, key: str, pause_s: float) -> tuple[int, str]:
+    """One chat request whose body arrives in two halves `pause_s` apart (a slow client):
+    its status and `x-llmvalve-reason`."""
+    body = json.dumps(chat_body(4)).encode()
+    port = urlsplit(e2e.stack.gateway_url).port
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: llmvalve\r\n"
+                  b"content-type: application/json\r\nauthorization: Bearer %s\r\n"
+                  b"content-length: %d\r\nconnection: close\r\n\r\n"
+                  % (key.encode(), len(body)))
+        s.sendall(body[:len(body) // 2])
+        time.sleep(pause_s)
+        s.sendall(body[len(body) // 2:])
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    head = answer.split(b"\r\n\r\n", 1)[0].decode().split("\r\n")
+    fields = dict(line.split(": ", 1) for line in head[1:] if ": " in line)
+    return int(head[0].split()[1]), fields.get("x-llmvalve-reason", "")

@@ -23,6 +23,7 @@ from e2e_support import (
     client,
     headers,
     hold_slots,
+    slow_upload,
 )
 
 pytestmark = pytest.mark.e2e
@@ -457,3 +458,11 @@ async def test_control_plane_killed_under_load_then_restarted(e2e):
     # No slot leaked: the backends are empty too.
     assert all(b["in_flight"] == 0 for b in e2e.backend_stats())
     assert e2e.status()["pools"]["default"]["inflight_requests"] == 0
+
+
+def test_a_slow_upload_is_not_the_control_planes_lag(e2e):
+    """Envoy holds the check until the body's end, and the lag was counted from the request's
+    first byte: a P2 body that took over 0.25 s to arrive was shed as `gateway_overloaded`
+    on an idle gateway. It is counted from the body's end (http check)."""
+    assert slow_upload(e2e, P2_KEY, 1.5) == (200, "")
+    e2e.wait_idle()

@@ -20,6 +20,7 @@ from e2e_support import (
     client,
     headers,
     hold_slots,
+    slow_upload,
     wait_until,
 )
 
@@ -86,3 +87,11 @@ async def test_an_open_breaker_answers_503_through_the_grpc_check(e2e):
     finally:
         e2e.set_faults(error_rate=0.0)
     await wait_until(lambda: e2e.pool()["breaker"] != "open", 15, "the breaker to close")
+
+
+def test_a_slow_upload_is_not_the_control_planes_lag(e2e):
+    """Envoy holds the check until the body's end, and the lag was counted from the request's
+    first byte: a P2 body that took over 0.25 s to arrive was shed as `gateway_overloaded`
+    on an idle gateway. It is counted from the body's end (grpc check)."""
+    assert slow_upload(e2e, P2_KEY, 1.5) == (200, "")
+    e2e.wait_idle()

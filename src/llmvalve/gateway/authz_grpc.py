@@ -19,7 +19,7 @@ from envoy.type.v3 import http_status_pb2
 from google.rpc import code_pb2, status_pb2
 
 from llmvalve.gateway import replies
-from llmvalve.gateway.authz_http import ID_HEADER, age_s, go_headers
+from llmvalve.gateway.authz_http import ID_HEADER, RECEIVED_HEADER, age_s, go_headers
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.front import Answer, Check
 
@@ -39,6 +39,14 @@ def denied(reply: replies.Reply) -> pb.CheckResponse:
         headers=[_header(k, v) for k, v in reply.headers], body=reply.body.decode()))
 
 
+def _metadata(context, key: str) -> str | None:  # type: ignore[no-untyped-def]
+    """The call's metadata value under `key` (Envoy's `initial_metadata`)."""
+    for k, v in context.invocation_metadata() or ():
+        if k == key:
+            return v if isinstance(v, str) else None
+    return None
+
+
 class AuthzGrpc(pb_grpc.AuthorizationServicer):
     def __init__(self, driver: Driver, wall_clock: Callable[[], float] = time.time) -> None:
         self.driver = driver
@@ -51,7 +59,8 @@ class AuthzGrpc(pb_grpc.AuthorizationServicer):
         check = Check(
             check_id=headers.get(ID_HEADER) or "", headers=headers, body=body,
             body_complete=headers.get("x-envoy-auth-partial-body") != "true",
-            path=http.path, method=http.method, age_s=age_s(headers, self.wall_clock))
+            path=http.path, method=http.method,
+            age_s=age_s(headers, self.wall_clock, _metadata(context, RECEIVED_HEADER)))
         if not check.check_id:
             return denied(replies.bad_request(
                 f"no {ID_HEADER} header: the Envoy in front of llmvalve must set it"))

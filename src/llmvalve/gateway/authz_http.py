@@ -24,7 +24,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -33,6 +33,7 @@ from llmvalve.core.policy import Policy
 from llmvalve.core.types import Reason
 from llmvalve.gateway import replies, request_facts
 from llmvalve.gateway.driver import Driver
+from llmvalve.gateway.envoy_config import RECEIVED_HEADER
 from llmvalve.gateway.front import STATIC_FALLBACK_HEADER, Answer, Check, Go
 from llmvalve.gateway.http_listener import HttpListener, Request, Response
 
@@ -63,12 +64,21 @@ def go_headers(go: Go) -> list[tuple[str, str]]:
     return headers
 
 
-def age_s(headers: dict[str, str], wall_clock: Callable[[], float]) -> float:
-    """How long ago Envoy received the request (0 when it does not say)."""
+def age_s(headers: Mapping[str, str], wall_clock: Callable[[], float],
+          received_ms: str | None) -> float:
+    """How late the check reached the control plane: since Envoy had the whole request (it
+    holds a check until the body's end, and a client's slow upload is not the control plane's
+    lag). 0 when unknown: no start time, or a check sent before the body's end (a cut body).
+    A config without `received_ms` (rendered before it) counts from the request's start."""
     try:
-        return max(0.0, wall_clock() - float(headers.get(START_HEADER, "")))
+        age = wall_clock() - float(headers.get(START_HEADER, ""))
+        if received_ms is not None:
+            age -= float(received_ms) / 1000.0
+        elif headers.get("x-envoy-auth-partial-body") == "true":
+            return 0.0
     except ValueError:
         return 0.0
+    return age if age > 0.0 else 0.0  # NaN too
 
 
 JSON = (("content-type", "application/json"),)
@@ -105,7 +115,7 @@ class AuthzHttp:
             headers=headers, body=request.body or None,
             body_complete=headers.get("x-envoy-auth-partial-body") != "true",
             path=request.path[len(CHECK_PREFIX):], method=request.method,
-            age_s=age_s(headers, self.wall_clock))
+            age_s=age_s(headers, self.wall_clock, headers.get(RECEIVED_HEADER)))
         if not check.check_id:
             return reply_response(replies.bad_request(
                 f"no {ID_HEADER} header: the Envoy in front of llmvalve must set it"))

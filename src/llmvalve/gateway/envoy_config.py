@@ -30,6 +30,10 @@ ADMISSION_MODES = ("http", "grpc")
 # The listener's per-connection buffer: the most a filter can hold of a body (the Lua filter
 # reads an engine-priority request's body whole; the check refuses a larger one, front.py).
 BUFFER_LIMIT_BYTES = 1_048_576
+# Envoy's %REQUEST_DURATION% when it sends the check (ms from the request's first byte to its
+# last): on the check's headers (HTTP) or its call's metadata (gRPC); absent when Envoy sent
+# the check before the body's end (a body cut at max_request_bytes)
+RECEIVED_HEADER = "x-llmvalve-received-ms"
 
 
 @dataclass(frozen=True)
@@ -118,15 +122,21 @@ def _admission_service(params: EnvoyParams) -> str:
     # client's (a name under x-llmvalve- is passed by the prefix)
     upstream_priority = ("" if params.priority_header.startswith("x-llmvalve-")
                          else f", {{exact: {params.priority_header}}}")
+    # how long the request took to arrive whole, when the check leaves (not the header
+    # mutation's: that runs before the body): the control plane's lag is counted from then
+    received = f'{{key: {RECEIVED_HEADER}, value: "%REQUEST_DURATION%"}}'
     if params.admission == "grpc":
         return f"""\
               grpc_service:
                 envoy_grpc: {{cluster_name: llmvalve_grpc}}
-                timeout: {timeout}s"""
+                timeout: {timeout}s
+                initial_metadata: [{received}]"""
     return f"""\
               http_service:
                 server_uri: {{uri: "http://llmvalve", cluster: llmvalve_http, timeout: {timeout}s}}
                 path_prefix: /check
+                authorization_request:
+                  headers_to_add: [{received}]
                 authorization_response:
                   allowed_upstream_headers:
                     patterns: [{{prefix: x-llmvalve-}}{upstream_priority}]

@@ -17,7 +17,8 @@ from llmvalve.core.policy.spec import (
 _HEADER_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
 # Headers llmvalve sets on a request (Envoy drops a client's copies before the check), and
 # those HTTP itself gives a meaning: a policy may not read a client's choice from either.
-SET_BY_LLMVALVE = ("x-llmvalve-id", "x-llmvalve-start", "x-llmvalve-content-length",
+SET_BY_LLMVALVE = ("x-llmvalve-id", "x-llmvalve-start", "x-llmvalve-received-ms",
+                   "x-llmvalve-content-length",
                    "x-llmvalve-cluster",
                    "x-llmvalve-upstream", "x-llmvalve-pool", "x-llmvalve-tenant",
                    "x-llmvalve-class", "x-llmvalve-queue-wait-ms", "x-llmvalve-fallback",
