@@ -193,3 +193,49 @@ pools: [{{name: main, backends: [{{name: a, metricsUrl: "{url}/a/metrics"}},
         assert time.monotonic() - started < 0.5  # the answer is kept
     finally:
         await runner.cleanup()
+
+
+async def test_a_body_over_the_listeners_cap_is_cut_not_dropped():
+    """The data-plane listener dropped a body over 4 MiB, and the check read the request as
+    one without a body: a tenant bound to model `small` was admitted for `big`. The body is
+    now cut and marked so: a 413 for that tenant."""
+    import json
+    import random
+
+    import aiohttp
+
+    from llmvalve.core.admission import Admission
+    from llmvalve.core.policy import hash_api_key
+    from llmvalve.gateway.driver import Driver
+    from llmvalve.gateway.front import Front
+
+    policy = load_policy(f"""
+queues: [{{priority: 0, name: top, maxQueueSize: 10, timeout: 5s, dropPolicy: tail}}]
+limiter: {{controller: static, static: {{limit: 10}}}}
+pools: [{{name: small-pool, models: [small]}}, {{name: big-pool, models: [big]}}]
+tenants: [{{name: cheap, apiKeyHashes: ["{hash_api_key('k1')}"], models: [small]}}]
+anonymous: null
+requests: {{maxBodyBytes: 1048576}}
+""")
+    authz = AuthzHttp(Driver(Front(Admission(policy, random.Random(0)))))
+    port = await authz.listener.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            body = json.dumps({"model": "big",
+                               "messages": [{"role": "user", "content": "x" * (5 << 20)}]})
+            async with session.post(f"http://127.0.0.1:{port}/check/v1/chat/completions",
+                                    data=body, headers={"x-llmvalve-id": "c1",
+                                                        "authorization": "Bearer k1"}) as r:
+                assert r.headers.get("x-llmvalve-reason") == "body_too_large", r.status
+    finally:
+        await authz.listener.stop()
+
+
+def test_max_body_bytes_is_at_most_envoys_buffer():
+    """Envoy holds the body in its 1 MiB per-connection buffer while the check runs: a larger
+    maxBodyBytes made it answer 413 to every body over 1 MiB."""
+    with pytest.raises(PolicyError, match="<= 1048576"):
+        load_policy("""
+queues: [{priority: 0, name: top, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}]
+requests: {maxBodyBytes: 4194304}
+""")

@@ -113,7 +113,8 @@ class AuthzHttp:
         check = Check(
             check_id=headers.get(ID_HEADER) or "",
             headers=headers, body=request.body or None,
-            body_complete=headers.get("x-envoy-auth-partial-body") != "true",
+            body_complete=(request.body_complete
+                           and headers.get("x-envoy-auth-partial-body") != "true"),
             path=request.path[len(CHECK_PREFIX):], method=request.method,
             age_s=age_s(headers, self.wall_clock, headers.get(RECEIVED_HEADER)))
         if not check.check_id:

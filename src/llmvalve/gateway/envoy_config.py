@@ -17,7 +17,7 @@ from importlib import resources
 
 import yaml
 
-from llmvalve.core.policy.requests import SET_BY_LLMVALVE
+from llmvalve.core.policy.requests import ENVOY_BUFFER_BYTES, SET_BY_LLMVALVE
 
 Endpoint = tuple[str, int]
 
@@ -29,7 +29,7 @@ COMPOSE_NOTE = (
 ADMISSION_MODES = ("http", "grpc")
 # The listener's per-connection buffer: the most a filter can hold of a body (the Lua filter
 # reads an engine-priority request's body whole; the check refuses a larger one, front.py).
-BUFFER_LIMIT_BYTES = 1_048_576
+BUFFER_LIMIT_BYTES = ENVOY_BUFFER_BYTES
 # Envoy's %REQUEST_DURATION% when it sends the check (ms from the request's first byte to its
 # last): on the check's headers (HTTP) or its call's metadata (gRPC); absent when Envoy sent
 # the check before the body's end (a body cut at max_request_bytes)

@@ -33,6 +33,7 @@ class Request:
     path: str
     headers: dict[str, str]  # lower-case names; values as latin-1 text
     body: bytes
+    body_complete: bool = True  # False: cut at MAX_BODY_BYTES
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,9 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
-# A body larger than this is read and dropped (the handler gets none): Envoy sends a check at
-# most max_request_bytes, but a request routed here for its static fallback with all of its
-# body, which the answer needs only for `stream` and `model`.
+# A body larger than this is read and cut here (the handler gets its start, marked cut): Envoy
+# sends a check at most max_request_bytes (1 MiB at most), but a request routed here for its
+# static fallback with all of its body, which the answer needs only for `stream` and `model`.
 MAX_BODY_BYTES = 4 << 20
 
 
@@ -111,9 +112,9 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         path = httptools.parse_url(self._url).path.decode("latin-1")
-        body = b"".join(self._body) if self._size <= MAX_BODY_BYTES else b""
         request = Request(self.parser.get_method().decode("latin-1"), path, self._headers,
-                          body)
+                          b"".join(self._body)[:MAX_BODY_BYTES],
+                          body_complete=self._size <= MAX_BODY_BYTES)
         self.pending.append((request, self.parser.should_keep_alive()))
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self._serve())

@@ -85,14 +85,19 @@ def suggest(key: str, allowed: Sequence[str]) -> str | None:
 
 def _bounds(value: float, gt: float | None, ge: float | None, le: float | None,
             lt: float | None) -> str | None:
-    lo = f"> {gt:g}" if gt is not None else (f">= {ge:g}" if ge is not None else None)
-    hi = f"<= {le:g}" if le is not None else (f"< {lt:g}" if lt is not None else None)
+    lo = f"> {_num(gt)}" if gt is not None else (f">= {_num(ge)}" if ge is not None else None)
+    hi = f"<= {_num(le)}" if le is not None else (f"< {_num(lt)}" if lt is not None else None)
     bad = ((gt is not None and not value > gt) or (ge is not None and not value >= ge)
            or (le is not None and not value <= le) or (lt is not None and not value < lt))
     if not bad:
         return None
     rule = " and ".join(r for r in (lo, hi) if r)
-    return f"must be {rule}, got {value:g}"
+    return f"must be {rule}, got {_num(value)}"
+
+
+def _num(value: float) -> str:
+    """An integer in full (1048576, not 1.04858e+06); other numbers short."""
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
 
 
 class NodeReader:

@@ -17,6 +17,10 @@ from llmvalve.core.policy.spec import (
 _HEADER_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
 # Headers llmvalve sets on a request (Envoy drops a client's copies before the check), and
 # those HTTP itself gives a meaning: a policy may not read a client's choice from either.
+# Envoy's per-connection buffer (the listener's and the clusters'): it holds the body while
+# the check runs, so Envoy can forward no more of it to the check than this; a larger
+# `maxBodyBytes` made Envoy answer 413 to every body over it.
+ENVOY_BUFFER_BYTES = 1_048_576
 SET_BY_LLMVALVE = ("x-llmvalve-id", "x-llmvalve-start", "x-llmvalve-received-ms",
                    "x-llmvalve-content-length",
                    "x-llmvalve-cluster",
@@ -71,7 +75,8 @@ def read_requests(top: NodeFields) -> RequestSpec:
         model_header=headers["modelHeader"],
         body_inspection=(f.boolean("bodyInspection", False)
                          if f.get("bodyInspection") is not None else None),
-        max_body_bytes=f.integer("maxBodyBytes", d.max_body_bytes, ge=1),
+        max_body_bytes=f.integer("maxBodyBytes", d.max_body_bytes, ge=1,
+                                 le=ENVOY_BUFFER_BYTES),
         default_max_tokens=f.integer("defaultMaxTokens", d.default_max_tokens, ge=1),
         bytes_per_token=f.number("bytesPerToken", d.bytes_per_token, gt=0),
         paths=_read_paths(f),
