@@ -166,19 +166,21 @@ async def cancel_all(tasks) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def slow_upload(e2e: E2E, key: str, pause_s: float) -> tuple[int, str]:
-    """One chat request whose body arrives in two halves `pause_s` apart (a slow client):
-    its status and `x-llmvalve-reason`."""
-    body = json.dumps(chat_body(4)).encode()
+def slow_upload(e2e: E2E, key: str, pause_s: float, payload: dict | None = None,
+                first: int | None = None) -> tuple[int, str]:
+    """One chat request whose body arrives in two parts `pause_s` apart (a slow client), the
+    first of `first` bytes (default: half): its status and `x-llmvalve-reason`."""
+    body = json.dumps(payload or chat_body(4)).encode()
     port = urlsplit(e2e.stack.gateway_url).port
+    cut = len(body) // 2 if first is None else first
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: llmvalve\r\n"
                   b"content-type: application/json\r\nauthorization: Bearer %s\r\n"
                   b"content-length: %d\r\nconnection: close\r\n\r\n"
                   % (key.encode(), len(body)))
-        s.sendall(body[:len(body) // 2])
+        s.sendall(body[:cut])
         time.sleep(pause_s)
-        s.sendall(body[len(body) // 2:])
+        s.sendall(body[cut:])
         answer = b""
         while chunk := s.recv(65536):
             answer += chunk

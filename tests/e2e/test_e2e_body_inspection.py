@@ -20,6 +20,7 @@ from e2e_support import (
     client,
     headers,
     hold_slots,
+    slow_upload,
 )
 
 pytestmark = pytest.mark.e2e
@@ -57,6 +58,9 @@ def test_a_body_over_max_body_bytes_is_served(e2e):
            "messages": [{"role": "user", "content": "word " * 1200}]}  # 6 KB > 4 KiB
     completion = client(e2e).chat.completions.create(**big)
     assert completion.choices[0].message.content is not None
+    # its first 4,096 bytes, then the rest: Envoy checks on exactly those, and the check read
+    # them as the whole body (ext_authz's cut mark was not among the headers it passes)
+    assert slow_upload(e2e, P0_KEY, 0.2, big, first=4096) == (200, "")
     e2e.wait_idle()
 
 

@@ -75,6 +75,7 @@ RECENT_TTL_S = 600.0
 TOP_LAG_S = 1.0
 CLIENT_LEFT = frozenset({"DC", "DR"})  # %RESPONSE_FLAGS%: the downstream went away
 FALLBACK_CLUSTER = "llmvalve_fallback"  # the control plane itself serves static fallbacks
+CONTENT_LENGTH_HEADER = "x-llmvalve-content-length"  # the client's (Envoy stamps it)
 STATIC_FALLBACK_HEADER = "x-llmvalve-static-fallback"  # → the fallback server: which feature
 DIRECT_CLUSTER = "llm_direct"  # ORIGINAL_DST: the backend the core picked, by address
 
@@ -510,10 +511,14 @@ class Front:
 
     def _read_whole(self, check: Check) -> bool:
         """The body is read whole: all of it reached the check (Envoy's max_request_bytes did
-        not cut it) and it is within the policy's maxBodyBytes, which a reload may lower
-        below Envoy's."""
-        return (check.body is not None and check.body_complete
-                and len(check.body) <= self.policy.requests.max_body_bytes)
+        not cut it: not marked cut, nor shorter than the client's content-length) and it is
+        within the policy's maxBodyBytes, which a reload may lower below Envoy's."""
+        if check.body is None or not check.body_complete:
+            return False
+        declared = check.headers.get(CONTENT_LENGTH_HEADER, "")
+        if declared.isdecimal() and len(declared) < 20 and len(check.body) < int(declared):
+            return False
+        return len(check.body) <= self.policy.requests.max_body_bytes
 
     def _rewritable(self, check: Check, feature: str | None) -> bool:
         """Whether Envoy can rewrite this body to the model its feature falls back to (read at
