@@ -518,7 +518,9 @@ def test_engine_priority_goes_upstream_only_for_a_pool_that_sends_it():
     assert rerouted.record.decision == "fallback_reroute"
     assert engine(rerouted) == "0"
     # a body Envoy could not hold whole to write the priority: refused at the check
-    for cid, extra, complete in (("x0", {"x-llmvalve-content-length": "2000000"}, True),
+    # (a body shorter than its content-length is a cut one: its model from the header)
+    for cid, extra, complete in (("x0", {"x-llmvalve-content-length": "2000000",
+                                         "x-llmvalve-model": "tiny"}, True),
                                  ("x1", {"x-llmvalve-model": "tiny"}, False)):  # chunked, in part
         big = front.check(Check(cid, {"authorization": "Bearer k0", **extra}, body=tiny,
                                 body_complete=complete, path="/v1/chat/completions",
@@ -574,3 +576,24 @@ anonymous: null
     assert front.admission.ticket("w1") is None  # its slot is free again
     assert front.counts["errors"] == 1
     assert isinstance(check("n1"), Go)  # the freed slot is taken at once
+
+
+def test_the_log_entry_of_a_request_that_left_its_queue_is_known():
+    """Envoy logs a request whose client left while it was queued; that entry was counted
+    `unmatched`, the count meant for forged or replayed entries."""
+    policy = load_policy(f"""
+queues:
+  - {{priority: 0, name: top, maxQueueSize: 5, timeout: 30s, dropPolicy: tail}}
+limiter: {{controller: static, static: {{limit: 1}}}}
+tenants:
+  - {{name: a, apiKeyHashes: ["{hash_api_key('ka')}"], maxPriority: 0, defaultPriority: 0}}
+anonymous: null
+""")
+    front = Front(Admission(policy, random.Random(1), now=0.0))
+    for check_id in ("hold", "w1"):
+        front.check(Check(check_id, {"authorization": "Bearer ka"},
+                          path="/v1/chat/completions", method="POST"), 1.0)
+    assert front.client_left("w1", 2.0).decision == "cancelled_in_queue"
+    assert front.access_log(LogEntry("w1", None, frozenset({"DC"})), 2.1) is None
+    assert front.access_log(LogEntry("forged", 200), 2.2) is None
+    assert (front.counts["left_in_queue"], front.counts["unmatched"]) == (1, 1)

@@ -199,6 +199,9 @@ async def test_shed_request_with_a_feature_gets_its_fallback(e2e):
         finally:
             await cancel_all(holders)
     e2e.wait_idle()
+    # the bare-cluster reroute held no slot; its log entry is known (it was `unmatched`)
+    await wait_for_count(e2e, "rerouted_to_cluster", 1)
+    assert e2e.status()["gateway"]["unmatched"] == 0
 
 
 async def test_held_longer_than_the_message_timeout_then_admitted_or_shed(e2e):
@@ -233,6 +236,7 @@ async def test_held_longer_than_the_message_timeout_then_admitted_or_shed(e2e):
 # (4) ---------------------------------------------------------------------------------------
 async def test_disconnect_while_queued_never_reaches_a_backend(e2e):
     url = e2e.base_url + "/chat/completions"
+    counts = e2e.status()["gateway"]
     async with aiohttp.ClientSession() as session:
         holders = await hold_slots(session, url, 8)
         try:
@@ -256,6 +260,18 @@ async def test_disconnect_while_queued_never_reaches_a_backend(e2e):
             await cancel_all(holders)
     e2e.wait_idle()
     assert sum(b["requests_received"] for b in e2e.backend_stats()) == after
+    # Envoy logs the request that left too: known, not a stranger (it was `unmatched`)
+    await wait_for_count(e2e, "left_in_queue", counts["left_in_queue"] + 1)
+    assert e2e.status()["gateway"]["unmatched"] == 0
+
+
+async def wait_for_count(e2e, name: str, at_least: int) -> None:
+    """Until /status's gateway count `name` reaches `at_least` (access-log entries come in
+    batches)."""
+    end = time.monotonic() + 5
+    while e2e.status()["gateway"][name] < at_least:
+        assert time.monotonic() < end, e2e.status()["gateway"]
+        await asyncio.sleep(0.05)
 
 
 async def test_disconnect_mid_stream_aborts_the_backend_within_200ms(e2e):

@@ -30,8 +30,9 @@ phase does not expect is ignored and counted (`ignored`):
     ENDED    --logged-->   (sampled if it still says something; forgotten)
 
 ENDED ids are kept in a bounded book (`RECENT_MAX` ids, `RECENT_TTL_S`) so a late entry still
-finds its ticket; an entry that matches no admitted request is counted (`unmatched`) and never
-reaches the limiter: a forged entry cannot steer it.
+finds its ticket, and so are the ids of requests Envoy logs that hold none (a client that left
+the queue, a reroute to a bare cluster); an entry that matches no admitted request is counted
+(`unmatched`) and never reaches the limiter: a forged entry cannot steer it.
 """
 
 from __future__ import annotations
@@ -212,11 +213,16 @@ class Front:
         self._ended: collections.OrderedDict[str, tuple[Ticket, float]] = (
             collections.OrderedDict())
         self._rerouted: set[str] = set()  # admitted into another pool by a fallback
+        # requests Envoy logs that hold no ticket, and what they were: a client that left
+        # the queue (`left_in_queue`), a reroute to a bare cluster (`rerouted_to_cluster`);
+        # their entries are not strangers (`unmatched`)
+        self._ticketless: collections.OrderedDict[str, tuple[str, float]] = (
+            collections.OrderedDict())
         # tickets closed, by (outcome, what closed them): llmvalve_releases_total
         self.releases: collections.Counter[tuple[str, str]] = collections.Counter()
         self.counts = collections.Counter({k: 0 for k in (
-            "released", "joined", "late", "unmatched", "ignored", "reclaimed", "reconciled",
-            "errors")})
+            "released", "joined", "late", "left_in_queue", "rerouted_to_cluster", "unmatched",
+            "ignored", "reclaimed", "reconciled", "errors")})
 
     # ---- the check ---------------------------------------------------------------------------
     def check(self, check: Check, now: float) -> Verdict:
@@ -338,6 +344,7 @@ class Front:
         if phase is Phase.WAITING:
             waiting = self._waiting.pop(check_id)
             self.admission.cancel(check_id, now)
+            self._ticketless_logged(check_id, "left_in_queue", now)
             return Record("cancelled_in_queue", waiting.klass, "cancelled",
                           waiting.info.tenant)
         if phase is Phase.OPEN:  # decided Go, but the answer never left
@@ -350,6 +357,9 @@ class Front:
 
     # ---- the end -----------------------------------------------------------------------------
     def access_log(self, entry: LogEntry, now: float) -> Joined | None:
+        if (known := self._ticketless.pop(entry.check_id, None)) is not None:
+            self.counts[known[0]] += 1
+            return None
         phase = self._advance(entry.check_id, Event.LOGGED)
         if phase is Phase.OPEN:
             ticket = self.admission.ticket(entry.check_id)
@@ -549,6 +559,7 @@ class Front:
         if target is None or target.name == waiting.info.pool:
             if not fallback.cluster:
                 return None
+            self._ticketless_logged(waiting.info.request_id, "rerouted_to_cluster", now)
             return Go(waiting.info.request_id, None, fallback.cluster, None,
                       (*self._identity(waiting, waiting.info.pool, reject.wait_s), *extra),
                       self._client_headers(waiting.klass, reject.wait_s, rerouted=True),
@@ -597,6 +608,14 @@ class Front:
         while self._ended and (len(self._ended) > RECENT_MAX
                                or next(iter(self._ended.values()))[1] < now - RECENT_TTL_S):
             self._rerouted.discard(self._ended.popitem(last=False)[0])
+
+    def _ticketless_logged(self, check_id: str, what: str, now: float) -> None:
+        """Envoy will log this request, which holds no ticket (`what` counts its entry)."""
+        book = self._ticketless
+        book[check_id] = (what, now)
+        while book and (len(book) > RECENT_MAX
+                        or next(iter(book.values()))[1] < now - RECENT_TTL_S):
+            book.popitem(last=False)
 
     def _class_name(self, priority: int) -> str:
         try:
