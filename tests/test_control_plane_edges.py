@@ -239,3 +239,35 @@ def test_max_body_bytes_is_at_most_envoys_buffer():
 queues: [{priority: 0, name: top, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}]
 requests: {maxBodyBytes: 4194304}
 """)
+
+
+@pytest.mark.parametrize("text, message", [
+    # a priority of 5,000 digits: int() refused it with a traceback
+    ("queues: [{priority: 0, name: top, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}]\n"
+     "anonymous: {maxPriority: P" + "9" * 5000 + "}", "anonymous.maxPriority"),
+    ("queues: " + "[" * 1000 + "]" * 1000, "nested too deeply"),  # RecursionError
+    ("queues: [{priority: 0, name: top, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}]\n"
+     "pools: [{name: main, breaker: {window: 1.0e-310}}]", "breaker.window: at least 0.01s"),
+    ("queues: [{priority: 0, name: top, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}]\n"
+     "pools: [{name: main, backends: [{name: b, metricsUrl: \"http://a\\x00b:80/m\"}]}]",
+     "no host"),
+])
+def test_a_policy_that_crashed_the_loader_is_one_error_line(text, message):
+    with pytest.raises(PolicyError) as err:
+        load_policy(text)
+    assert message in str(err.value) and "\n" not in str(err.value).strip()
+
+
+def test_a_configmap_with_two_data_blocks_is_refused():
+    """The second `data` replaced the first without a word (a key given twice is an error
+    everywhere else in a policy)."""
+    with pytest.raises(PolicyError, match="data: given twice"):
+        load_policy("""kind: ConfigMap
+data:
+  policy.yaml: |
+    queues: [{priority: 0, name: top, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}]
+    anonymous: null
+data:
+  policy.yaml: |
+    queues: [{priority: 0, name: top, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}]
+""")

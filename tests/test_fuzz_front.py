@@ -597,3 +597,45 @@ anonymous: null
     assert front.access_log(LogEntry("w1", None, frozenset({"DC"})), 2.1) is None
     assert front.access_log(LogEntry("forged", 200), 2.2) is None
     assert (front.counts["left_in_queue"], front.counts["unmatched"]) == (1, 1)
+
+
+def test_a_reload_that_demotes_or_revokes_a_tenant_reaches_its_queued_requests():
+    """A reload re-homed queued requests by class and pool only: a tenant demoted to P1 kept
+    its queued P0 requests at P0, and one whose keys were revoked (or removed) had them
+    served when a slot freed. Now the first are lowered, the second refused with a 401."""
+    def policy(app: str | None) -> object:  # app's tenant entry, or None: no such tenant
+        kb = hash_api_key("kb")
+        b = f'{{name: b, apiKeyHashes: ["{kb}"], maxPriority: 0}}'
+        return load_policy(f"""
+queues:
+  - {{priority: 0, name: top, maxQueueSize: 5, timeout: 30s, dropPolicy: tail}}
+  - {{priority: 1, name: low, maxQueueSize: 5, timeout: 30s, dropPolicy: tail}}
+limiter: {{controller: static, static: {{limit: 1}}}}
+tenants: [{b}{", " + app if app else ""}]
+anonymous: null
+""")
+
+    key = f'"{hash_api_key("ka")}"'
+
+    def run(new_policy) -> dict:
+        front = Front(Admission(policy(f"{{name: app, apiKeyHashes: [{key}], maxPriority: 0}}"),
+                                random.Random(1), now=0.0))
+        for check_id, k in (("hold", "kb"), ("a1", "ka"), ("b1", "kb")):
+            front.check(Check(check_id, {"authorization": f"Bearer {k}",
+                                         "x-llmvalve-priority": "0"},
+                              path="/v1/chat/completions", method="POST"), 1.0)
+        front.replace_policy(new_policy, 2.0)
+        front.access_log(LogEntry("hold", 200), 3.0)
+        verdicts = {v.check_id: v for v in front.poll(3.0)}
+        if "a1" not in verdicts:  # b1 (still P0) went first: free its slot too
+            front.access_log(LogEntry("b1", 200), 4.0)
+            verdicts.update({v.check_id: v for v in front.poll(4.0)})
+        return verdicts
+
+    demoted = run(policy(f"{{name: app, apiKeyHashes: [{key}], maxPriority: 1}}"))
+    assert isinstance(demoted["b1"], Go)  # P0 goes first now
+    assert dict(demoted["a1"].headers)["x-llmvalve-priority"] == "1"
+    for revoked in (policy("{name: app, apiKeyHashes: [], maxPriority: 0}"), policy(None)):
+        refused = run(revoked)["a1"]
+        assert isinstance(refused, Answer) and refused.reply.status == 401
+        assert refused.record.reason == "revoked"

@@ -511,7 +511,7 @@ class Admission:
             pool.spec = spec
             pool.scheduler = Scheduler(policy)
             for w in waiting:
-                pool.scheduler.push(self.rehome(w.req), now, enqueued_at=w.enqueued_at)
+                self._requeue(pool, w.req, w.enqueued_at, old_policy, now)
             pool.picker.retarget(*self._picker_targets())
             for b in spec.backends:
                 pool.picker.include(b.name)
@@ -528,16 +528,31 @@ class Admission:
             if name not in names:
                 for w in sorted(pool.scheduler.waiting(), key=lambda w: w.enqueued_at):
                     pool.scheduler.remove(w.req.request_id)
-                    first.scheduler.push(self.rehome(w.req), now, enqueued_at=w.enqueued_at)
+                    self._requeue(first, w.req, w.enqueued_at, old_policy, now)
                 pool.scheduler = Scheduler(policy)  # empty, with the new classes (status())
+
+    def _requeue(self, pool: Pool, req: RequestInfo, enqueued_at: float, old: Policy,
+                 now: float) -> None:
+        """A queued request into the current policy's queues of `pool`, where it waited since
+        `enqueued_at`; refused (401, at the next poll) when the reload from `old` took its
+        tenant's keys away or removed the tenant (anonymous access included)."""
+        if _admits(old, req.tenant) and not _admits(self.policy, req.tenant):
+            pool.pushed_out.append(self._reject(pool, req, Reason.UNAUTHORIZED, now,
+                                                now - enqueued_at, status=401))
+            return
+        pool.scheduler.push(self.rehome(req), now, enqueued_at=enqueued_at)
 
     def rehome(self, req: RequestInfo) -> RequestInfo:
         """Where a request of the previous policy belongs in the current one: its pool, or
         the first where its pool left; its class, or the next lower one where its class left
-        (the lowest where none is lower)."""
+        (the lowest where none is lower); never above its tenant's maximum now (a reload
+        that lowered it lowers the requests that wait)."""
         policy = self.policy
         if policy.pool(req.pool) is None:
             req = replace(req, pool=policy.pools[0].name)
+        tenant = policy.tenant(req.tenant)
+        if tenant is not None and req.priority < tenant.max_priority:
+            req = replace(req, priority=tenant.max_priority)
         if req.priority not in self._ranks:
             lower = [p for p in policy.priorities if p > req.priority]
             req = replace(req, priority=lower[0] if lower else policy.lowest_priority)
@@ -583,3 +598,10 @@ class Admission:
             }
         return {"policy_version": self.policy.version, "controller": self.controller,
                 "draining": self.draining, "pools": pools, "tenants": self.budgets.status(now)}
+
+
+def _admits(policy: Policy, tenant: str) -> bool:
+    """Whether requests of `tenant` can get in under `policy`: it has keys, or it is the
+    anonymous tenant."""
+    spec = policy.tenant(tenant)
+    return spec is not None and bool(spec.api_key_hashes or spec is policy.anonymous)

@@ -497,6 +497,11 @@ class Front:
 
     def _rejected(self, waiting: _Waiting, reject: Reject, now: float,
                   queued: bool) -> Go | Answer:
+        if reject.reason is Reason.UNAUTHORIZED:  # a reload revoked its key while it waited
+            return Answer(waiting.info.request_id, replies.unauthorized(
+                "This API key was revoked while the request waited in the queue.",
+                "invalid_api_key"), Record("unauthorized", waiting.klass, "revoked",
+                                           waiting.info.tenant, reject.wait_s))
         if reject.reason in replies.BUDGET:  # the tenant's own doing: not an overload shed
             return Answer(waiting.info.request_id,
                           replies.over_budget(reject, waiting.klass, waiting.info.tenant),

@@ -2,15 +2,16 @@
 
 Theory of operation. `PolicyWatcher` polls once per `interval_s` (1 s) with no dependency and
 no inotify: it takes a cheap fingerprint of the policy file and of the `secretsFile` it names —
-the path with every symlink resolved, inode, size and mtime — and only when that changes does it
-read both files and hash their bytes. A new content hash calls `on_change` (the server's one
-reload path, the same one SIGHUP uses). This follows the Kubernetes ConfigMap pattern, where
-`policy.yaml` is a symlink to `..data/policy.yaml` and `..data` is itself a symlink swapped
-atomically to a new timestamped directory: the resolved path changes even when size and mtime
-happen to match, and an editor that rewrites the file in place changes the mtime. A change is
-acted on once it has held still for one `settle_s` (a file half-written by a non-atomic writer
-is read when the writer is done, not in between). Content that fails to load is reported once,
-not on every poll; the running policy stays until content that loads arrives.
+the path with every symlink resolved, inode, size, mtime and ctime — and only when that changes
+does it read both files and hash their bytes. A new content hash calls `on_change` (the
+server's one reload path, the same one SIGHUP uses). This follows the Kubernetes ConfigMap
+pattern, where `policy.yaml` is a symlink to `..data/policy.yaml` and `..data` is itself a
+symlink swapped atomically to a new timestamped directory: the resolved path changes even when
+size and mtime happen to match, and an editor that rewrites the file in place changes the
+mtime. A change is acted on once it has held still for `settle_s` (0.5 s: a file half-written
+by a non-atomic writer is read when the writer is done, unless it pauses longer than that
+midway; see SETTLE_S). Content that fails to load is reported once, not on every poll; the
+running policy stays until content that loads arrives.
 
 `ReloadLog` keeps the outcome of the last reload for `/status` (`policy: {version, path,
 watching, last_reload: {ok, error, at, trigger, version}, reloads: {ok, error}}`) and counts
@@ -37,7 +38,11 @@ from llmvalve.gateway.tasks import Background
 log = logging.getLogger("llmvalve.policy_watch")
 
 DEFAULT_INTERVAL_S = 1.0
-SETTLE_S = 0.1
+# How long a changed file must hold still before it is read: a writer that is not atomic
+# (`cat >`, scp) and pauses longer than this mid-file can have its part loaded (a cut policy
+# may even load: one that lost its last line `anonymous: null` let keyless requests in).
+# Rename into place (kubelet's ConfigMap swap, `mv`, most editors) and nothing is half-read.
+SETTLE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,8 @@ def _stat_key(path: Path) -> tuple[Any, ...] | None:
         st = os.stat(real)
     except OSError:
         return None
-    return (real, st.st_ino, st.st_size, st.st_mtime_ns)
+    # ctime too: `cp -p` or `rsync -t --inplace` can restore size and mtime, never ctime
+    return (real, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _read(path: Path) -> bytes | None:
@@ -153,7 +159,9 @@ class PolicyWatcher:
             if again == stat:
                 break
             stat = again
-        digest = self._digest_now()
+        # off the event loop: finding the secrets file parses the YAML, and a policy of
+        # thousands of tenants takes seconds to parse (admission would stop meanwhile)
+        digest = await asyncio.to_thread(self._digest_now)
         self._stat = self._stat_now()  # the secrets file may have just been found
         if digest == self._digest:
             return False  # touched, or swapped for identical content

@@ -23,6 +23,9 @@ def compose_document(text: str, r: NodeReader, field: str) -> Node | None:
     except yaml.YAMLError as exc:
         r.issues.append(syntax_issue(exc, text, r))
         return None
+    except RecursionError:  # PyYAML's composer recurses once per level of nesting
+        r.error(None, field, "nested too deeply to read (hundreds of levels)")
+        return None
     if not docs:
         r.error(None, field, "empty document")
         return None
@@ -93,14 +96,21 @@ def holds_policy(doc: Node) -> bool:
     return isinstance(data, MappingNode) and "policy.yaml" in _keys(data)
 
 
-def _policy_given_twice(doc: Node) -> Node | None:
-    """The second data."policy.yaml" key of a ConfigMap that has two."""
+def _policy_given_twice(doc: Node) -> tuple[Node, str] | None:
+    """The second `data` of a ConfigMap that has two, or its second data."policy.yaml", with
+    the field it is."""
     top = _configmap(doc)
-    data = top.get("data") if top is not None else None
+    if top is None:
+        return None
+    assert isinstance(doc, MappingNode)
+    datas = [k for k, _ in doc.value if isinstance(k, ScalarNode) and k.value == "data"]
+    if len(datas) > 1:
+        return datas[1], "data"
+    data = top.get("data")
     if not isinstance(data, MappingNode):
         return None
     keys = [k for k, _ in data.value if isinstance(k, ScalarNode) and k.value == "policy.yaml"]
-    return keys[1] if len(keys) > 1 else None
+    return (keys[1], 'data."policy.yaml"') if len(keys) > 1 else None
 
 
 def _configmap(doc: Node) -> dict[str, Node] | None:
@@ -125,8 +135,8 @@ def policy_root(text: str, source: str,
     value = configmap_policy(doc)
     twice = _policy_given_twice(doc)
     if twice is not None:
-        outer.error(twice, 'data."policy.yaml"', "given twice in the ConfigMap (the first "
-                    "would be replaced)")
+        outer.error(twice[0], twice[1], "given twice in the ConfigMap (the first would be "
+                    "replaced)")
         return None
     if value is None:
         outer.prepare(doc)

@@ -163,7 +163,9 @@ class NodeReader:
         value, exc = self._construct(node)
         if exc is None:
             return value
-        reason = str(exc).split(":")[0]  # not the value: it may be a long line
+        # not the value (it may be a long line), nor PyYAML's mark (a line of its own, in the
+        # embedded text's numbering)
+        reason = (getattr(exc, "problem", None) or str(exc)).split(":")[0].split("\n")[0]
         self.error(node, field, f"cannot be read as {kind_of(node, not self.secret)} ({reason}); "
                    "quote it if you meant text")
         return _UNREADABLE

@@ -142,7 +142,7 @@ def metrics_url_problem(url: str) -> str | None:
         port = 0
     if port == 0:
         return "bad port (a number from 1 to 65535)"
-    if not parts.hostname or any(c.isspace() for c in parts.hostname):
+    if not parts.hostname or any(c.isspace() or not c.isprintable() for c in parts.hostname):
         return "no host (http://HOST:PORT/metrics)"
     try:
         parts.hostname.encode("idna")
@@ -157,6 +157,7 @@ def _breaker(f: NodeFields) -> BreakerSpec:
     return BreakerSpec(
         failure_ratio=bk.number("failureRatio", d.failure_ratio, gt=0, le=1),
         min_requests=bk.integer("minRequests", d.min_requests, ge=1),
-        window_s=bk.duration("window", d.window_s),
+        window_s=_at_least(bk, "window", d.window_s, 0.01, "a tenth of it is one "
+                           "bucket of the failure count"),
         open_s=bk.duration("open", d.open_s),
     )

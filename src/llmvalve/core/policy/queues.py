@@ -102,7 +102,7 @@ def _check_queue_name(f: NodeFields, name: str, priority: int | None,
     folded = name.strip().lower()
     if name != name.strip():
         f.r.error(node, field, f"{name!r}: no spaces around a queue name")
-    elif (number := re.fullmatch(r"p?(\d+)", folded)) and priority is not None \
+    elif (number := re.fullmatch(r"p?(\d{1,18})", folded)) and priority is not None \
             and int(number.group(1)) != priority:
         f.r.error(node, field, f"{name!r} reads as a priority: a queue may be named after its "
                   f"own priority only (P{priority}), or a word")
@@ -147,7 +147,7 @@ def priority_ref(r: NodeReader, node: Node, field: str, queues: tuple[QueueSpec,
         by_name = {q.name: q.priority for q in queues}
         if text in by_name:
             return by_name[text]
-        if not re.fullmatch(r"[pP]\d+", text):
+        if not re.fullmatch(r"[pP]\d{1,18}", text):
             if queues_ok:
                 r.error(node, field, f"{text!r} is not a queue priority or name; queues: {known}")
             return None

@@ -322,6 +322,13 @@ class Policy:
     def _tenants_by_name(self) -> dict[str, TenantSpec]:
         return {t.name: t for t in self.tenants}
 
+    def tenant(self, name: str) -> TenantSpec | None:
+        """The tenant of that name, the anonymous one included; None: no such tenant."""
+        anonymous = self.anonymous
+        if anonymous is not None and anonymous.name == name:
+            return anonymous
+        return self._tenants_by_name.get(name)
+
     def tenant_may_use(self, tenant: str, model: str | None) -> bool:
         """Whether the tenant may use `model` (None: it names none; the check refuses that
         for a `model_bound` tenant before asking)."""
