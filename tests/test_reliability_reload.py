@@ -299,3 +299,18 @@ async def test_every_broken_policy_of_the_corpus_is_refused_at_reload(tmp_path):
         assert await reloads_metric(cp, "error") == len(CASES)
     finally:
         await cp.stop()
+
+
+async def test_a_reload_that_changes_what_envoy_reads_says_so(plane, caplog):
+    """`failureModeAllow` flipped in the policy during an incident was reloaded "ok" while
+    Envoy, which reads it from its own config, went on failing closed: nothing said so."""
+    cp, volume = plane
+    volume.update(POLICY.replace("limit: 2", "limit: 3") + "failureModeAllow: true\n")
+    with caplog.at_level(logging.WARNING):
+        assert await cp.reload("sighup") is True
+    needs = (await status_of(cp))["policy"]["last_reload"]["needs_envoy"]
+    assert needs == ["failureModeAllow"]
+    assert "render Envoy's config again" in caplog.text and "failureModeAllow" in caplog.text
+    volume.update(POLICY.replace("limit: 2", "limit: 4") + "failureModeAllow: true\n")
+    assert await cp.reload("sighup") is True
+    assert (await status_of(cp))["policy"]["last_reload"]["needs_envoy"] == []

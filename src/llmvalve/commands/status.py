@@ -40,8 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _fmt(value: Any) -> str:
+    """A float as people read it: 27680, 3.2, 0.042 (not 2.768e+04)."""
     if isinstance(value, float):
-        return f"{value:.4g}"
+        if abs(value) >= 100:
+            return f"{value:.0f}"
+        return f"{value:.3g}" if abs(value) >= 0.001 or value == 0 else f"{value:.1e}"
     return str(value)
 
 
@@ -53,6 +56,14 @@ def render(status: dict[str, Any]) -> str:
     lines = [f"policy {status.get('policy_version') or '-'}  controller "
              f"{status.get('controller', '-')}  ready {status.get('ready')}  draining "
              f"{status.get('draining')}"]
+    reload = (status.get("policy") or {}).get("last_reload") or {}
+    if reload and not reload.get("ok"):
+        lines.append(f"policy: the last reload ({reload.get('trigger')}) FAILED, the policy "
+                     f"above still runs: {reload.get('error')}")
+    elif reload.get("needs_envoy"):
+        lines.append("policy: the last reload changed what Envoy reads from its own config "
+                     "(render and roll out Envoy's config for it): "
+                     + "; ".join(reload["needs_envoy"]))
     gateway = status.get("gateway", {})
     if gateway:
         lines.append("gateway  " + "  ".join(f"{k} {_fmt(v)}" for k, v in gateway.items()

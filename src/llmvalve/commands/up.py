@@ -98,6 +98,10 @@ def banner(stack: Stack) -> str:
         f"{pool}: " + ", ".join(f"http://{c.host}:{port}" for _, port in procs)
         for pool, procs in stack.pool_backends.items())
     keys = "\n".join(f"    {who:22s} {key}" for who, key in DEMO_KEYS.items())
+    # this environment's (the checkout's .venv has the openai package: its dev extra)
+    python = sys.executable
+    script = Path(sys.executable).with_name("llmvalve")
+    llmvalve = str(script) if script.exists() else "llmvalve"
     p0 = DEMO_KEYS["interactive-app (P0)"]
     return f"""
 llmvalve is up.
@@ -116,16 +120,18 @@ try:
     -H 'content-type: application/json' \\
     -d '{{"model": "sim-{c.profile}", "messages": [{{"role": "user", "content": "hi"}}]}}' -i
 
-  python - <<'EOF'
-  from openai import OpenAI
-  client = OpenAI(base_url="{gw}/v1", api_key="{p0}")
-  for chunk in client.chat.completions.create(model="sim-{c.profile}", stream=True,
-          messages=[{{"role": "user", "content": "hello"}}]):
-      print(chunk.choices[0].delta.content or "", end="", flush=True)
-  EOF
-
   # the small model's own pool (policy: pools[].models): ask for model "sim-tiny"
-  llmvalve load --target {gw} --scenario burst     # then watch the dashboard
-  llmvalve top --grpc {c.host}:{c.admin_grpc_port}
-Ctrl-C stops everything.
+
+{python} - <<'EOF'
+from openai import OpenAI
+client = OpenAI(base_url="{gw}/v1", api_key="{p0}")
+for chunk in client.chat.completions.create(model="sim-{c.profile}", stream=True,
+        messages=[{{"role": "user", "content": "hello"}}]):
+    print(chunk.choices[0].delta.content or "", end="", flush=True)
+EOF
+
+  {llmvalve} load --target {gw} --scenario burst     # then watch the dashboard
+  {llmvalve} top --grpc {c.host}:{c.admin_grpc_port}
+Ctrl-C stops everything at once: Envoy first, so streams in flight are cut (`serve` alone
+drains on SIGTERM: docs/reliability.md).
 """

@@ -40,6 +40,7 @@ from llmvalve.gateway.admin_http import AdminState, build_app
 from llmvalve.gateway.authz_grpc import AuthzGrpc
 from llmvalve.gateway.authz_http import AuthzHttp
 from llmvalve.gateway.driver import Driver
+from llmvalve.gateway.envoy_config import envoy_read_changes
 from llmvalve.gateway.front import Front
 from llmvalve.gateway.metrics import GatewayMetrics
 from llmvalve.gateway.policy_file import load_policy_file
@@ -263,10 +264,15 @@ class ControlPlane:
                 log.error("policy reload failed, keeping the current policy: %s", exc)
                 self.reloads.failed(trigger, exc, self.policy.version)
                 return False
-            self.policy = policy
+            old, self.policy = self.policy, policy
             await self.scraper.start(policy)
-            self.reloads.applied(trigger, policy.version)
+            envoy = envoy_read_changes(old, policy)
+            self.reloads.applied(trigger, policy.version, envoy)
             log.info("policy reloaded (%s): %s", trigger, policy.version or "-")
+            if envoy:
+                log.warning("the reload changed what Envoy reads from its own config, which "
+                            "it does not reload: render Envoy's config again and roll it out "
+                            "for these to apply: %s", "; ".join(envoy))
             return True
 
     async def drain(self, timeout_s: float) -> None:

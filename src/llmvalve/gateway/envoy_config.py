@@ -17,6 +17,7 @@ from importlib import resources
 
 import yaml
 
+from llmvalve.core.policy import Policy
 from llmvalve.core.policy.requests import ENVOY_BUFFER_BYTES, SET_BY_LLMVALVE
 
 Endpoint = tuple[str, int]
@@ -114,6 +115,35 @@ max_requests: 100000, max_retries: 3}}
 
 def _seconds(value: float) -> str:
     return f"{value:g}"
+
+
+def envoy_read_changes(old: Policy, new: Policy) -> list[str]:
+    """What a reload from `old` to `new` changed that Envoy reads from its own config, which
+    is rendered from the policy when it starts (`llmvalve up`, `--compose`): those apply only
+    once the config is rendered again and Envoy rolled out (docs/policy.md)."""
+    out = []
+    if new.failure_mode_allow != old.failure_mode_allow:
+        out.append("failureModeAllow")
+    if new.requests.max_body_bytes > old.requests.max_body_bytes:
+        out.append("requests.maxBodyBytes raised (Envoy's max_request_bytes)")
+    if max(q.timeout_s for q in new.queues) > max(q.timeout_s for q in old.queues):
+        out.append("the longest queue timeout raised (Envoy's check timeout)")
+    for key, attr in (("priorityHeader", "priority_header"), ("featureHeader", "feature_header"),
+                      ("deadlineHeader", "deadline_header"), ("modelHeader", "model_header")):
+        header = getattr(new.requests, attr)
+        if header != getattr(old.requests, attr) and not header.startswith("x-llmvalve-"):
+            out.append(f"requests.{key} (a header Envoy must pass to the check)")
+    added = sorted(_clusters(new) - _clusters(old))
+    if added:
+        out.append("new clusters " + ", ".join(added))
+    return out
+
+
+def _clusters(policy: Policy) -> set[str]:
+    """The clusters Envoy's config must define for `policy`: its pools' and its reroutes'."""
+    return {p.cluster for p in policy.pools} | {
+        f.fallback.cluster for f in policy.features
+        if f.fallback is not None and f.fallback.kind == "reroute" and f.fallback.cluster}
 
 
 def _admission_service(params: EnvoyParams) -> str:

@@ -14,7 +14,8 @@ midway; see SETTLE_S). Content that fails to load is reported once, not on every
 running policy stays until content that loads arrives.
 
 `ReloadLog` keeps the outcome of the last reload for `/status` (`policy: {version, path,
-watching, last_reload: {ok, error, at, trigger, version}, reloads: {ok, error}}`) and counts
+watching, last_reload: {ok, error, at, trigger, version, needs_envoy}, reloads: {ok,
+error}}`) and counts
 every attempt in `llmvalve_policy_reloads_total{result="ok"|"error"}`.
 """
 
@@ -52,6 +53,8 @@ class ReloadOutcome:
     trigger: str  # "sighup" | "watch"
     version: str | None = None  # the policy that applied (ok) or the one that stayed (error)
     error: str | None = None
+    # what it changed that Envoy reads from its own config (not applied until re-rendered)
+    needs_envoy: tuple[str, ...] = ()
 
 
 class ReloadLog:
@@ -72,8 +75,10 @@ class ReloadLog:
         for result in self.counts:
             self.counter.labels(result)  # both series exist from the start, at 0
 
-    def applied(self, trigger: str, version: str | None) -> None:
-        self._record(ReloadOutcome(True, self.wall_clock(), trigger, version))
+    def applied(self, trigger: str, version: str | None,
+                needs_envoy: list[str] | tuple[str, ...] = ()) -> None:
+        self._record(ReloadOutcome(True, self.wall_clock(), trigger, version,
+                                   needs_envoy=tuple(needs_envoy)))
 
     def failed(self, trigger: str, error: BaseException | str, running: str | None) -> None:
         message = error if isinstance(error, str) else (str(error) or type(error).__name__)
