@@ -73,6 +73,7 @@ def check_of(job: Job, check_id: str, policy: Policy, stream: bool, now: float) 
         if job.max_tokens:
             doc["max_tokens"] = job.max_tokens
         body = json.dumps(doc).encode()
+        headers["x-llmvalve-content-length"] = str(len(body))  # as Envoy stamps it
     return Check(check_id, headers, body, path="/v1/chat/completions",
                  method="POST")
 
