@@ -19,9 +19,9 @@ wall clock (`llmvalve up --time-scale X`, `sim-backend --time-scale X`); times a
 scenario seconds. The control plane of `llmvalve up` keeps wall-clock timeouts and SLOs, so
 against it X = 1 (the default) is the faithful setting: a 120 s scenario takes two minutes.
 
-Exit status: 0 when the gateway answered (a refusal is an answer: that is what overload
-looks like), 1 when every request failed (no connection, an HTTP error that is not the
-gateway's refusal), 2 for bad arguments.
+Exit status: 0 when some request was served or shed (a 429/503 refusal is an answer: that is
+what overload looks like), 1 when every request failed (no connection, a cut stream, an HTTP
+error that is not a shed, such as 401 for a wrong key), 2 for bad arguments.
 """
 
 from __future__ import annotations

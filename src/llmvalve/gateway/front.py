@@ -117,7 +117,9 @@ class Check:
     body_complete: bool = True  # False: Envoy cut it at max_request_bytes
     path: str = ""  # the client's (query included); none is refused (404)
     method: str = ""  # the client's; none is refused where `requests.paths` names methods
-    age_s: float = 0.0  # how long before the check the gateway's proxy received the request
+    # how late the check reached the control plane, counted from when Envoy had the whole
+    # request (0: unknown, as for a check sent before the body's end)
+    age_s: float = 0.0
 
 
 @dataclass(frozen=True)
