@@ -2,11 +2,13 @@
 up`, the end-to-end tests and the benchmarks start).
 
 Children are started as `sys.executable -m llmvalve.cli …` (and the venv's Envoy), each in its
-own process group with its output in a log file of a run directory; readiness is awaited
-(a ready line from each backend, /readyz of the control plane, Envoy's /ready route). `stop`
-stops Envoy, then the control plane, then the backends (SIGTERM to each group, SIGKILL after a
-grace period). On Linux the children also get a parent-death signal, so even a killed
-`up` leaves no orphans (`llmvalve.processes`).
+own process group with its output in a log file of a run directory; readiness is awaited (a
+ready line from each backend, /readyz of the control plane, Envoy's /ready route). `stop` stops
+the control plane, then Envoy, then the backends (SIGTERM to each group, SIGKILL after a grace
+period): the control plane drains first (`--drain-timeout 5`: new requests get 503 draining,
+queued and in-flight ones may finish) while Envoy still carries their streams. On Linux the
+children also get a parent-death signal, so even a killed `up` leaves no orphans
+(`llmvalve.processes`).
 """
 
 from __future__ import annotations
@@ -287,10 +289,10 @@ class Stack:
         return self
 
     def stop(self) -> None:
+        if self.control_plane is not None:  # drains (at most 5 s) while Envoy streams
+            self.control_plane.stop(grace_s=8.0)
         if self.envoy is not None:
             self.envoy.stop(grace_s=3.0)
-        if self.control_plane is not None:
-            self.control_plane.stop(grace_s=8.0)
         for backends in self.pool_backends.values() or [self.backends]:
             for proc, _ in backends:
                 proc.stop(grace_s=3.0)

@@ -1,6 +1,6 @@
 """`llmvalve up`: simulated backends + control plane + Envoy on this machine, in one command
-(the stack is `llmvalve.stack.Stack`). Ctrl-C or SIGTERM stops Envoy, then the control plane,
-then the backends."""
+(the stack is `llmvalve.stack.Stack`). Ctrl-C or SIGTERM stops the control plane (it drains
+for at most 5 s: requests in flight may finish), then Envoy, then the backends."""
 
 from __future__ import annotations
 
@@ -132,6 +132,6 @@ EOF
 
   {llmvalve} load --target {gw} --scenario burst     # then watch the dashboard
   {llmvalve} top --grpc {c.host}:{c.admin_grpc_port}
-Ctrl-C stops everything at once: Envoy first, so streams in flight are cut (`serve` alone
-drains on SIGTERM: docs/reliability.md).
+Ctrl-C stops everything: the control plane drains first (at most 5 s: streams in flight
+may finish, new requests get 503), then Envoy and the backends.
 """
