@@ -271,3 +271,57 @@ data:
   policy.yaml: |
     queues: [{priority: 0, name: top, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}]
 """)
+
+
+def test_status_text_shows_a_failed_reload_and_whole_numbers():
+    """`status` printed 2.768e+04 for a limit, and showed a failed reload only in --json."""
+    from llmvalve.commands.status import render
+
+    text = render({"policy_version": "v1", "policy": {"last_reload": {
+        "ok": False, "trigger": "watch", "error": "p.yaml:3: queues: bad"}},
+        "pools": {"main": {"limit": 27680.4, "inflight": 13220.0, "inflight_requests": 3,
+                           "saturation": 0.042, "breaker": "closed"}}})
+    assert "last reload (watch) FAILED" in text and "p.yaml:3: queues: bad" in text
+    assert "limit 27680  in flight 13220" in text and "saturation 0.042" in text
+    assert "e+" not in text
+
+
+def test_an_unknown_tag_is_one_error_line_with_the_files_line():
+    """PyYAML's message ran onto a second line, with a line number of the embedded text."""
+    with pytest.raises(PolicyError) as err:
+        load_policy("""kind: ConfigMap
+metadata: {name: p}
+data:
+  policy.yaml: |
+    queues:
+      - priority: 0
+        name: top
+        maxQueueSize: !custom 200
+        timeout: 1s
+        dropPolicy: tail
+""", source="cm.yaml")
+    message = str(err.value)
+    assert message.startswith("cm.yaml:8: queues[0].maxQueueSize") and "\n" not in message
+    assert "line " not in message
+
+
+async def test_the_watcher_sees_an_edit_that_kept_size_and_mtime(tmp_path):
+    """`cp -p` or `rsync -t --inplace` can write new content of the same size and restore the
+    mtime: only the ctime tells."""
+    import os
+
+    from llmvalve.gateway.policy_watch import PolicyWatcher
+
+    path = tmp_path / "policy.yaml"
+    path.write_text("limit: 11\n")
+    changes = []
+
+    async def on_change() -> None:
+        changes.append(path.read_text())
+
+    watcher = PolicyWatcher(path, on_change, settle_s=0.01)
+    stat = path.stat()
+    await asyncio.sleep(0.02)
+    path.write_text("limit: 99\n")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert await watcher.check() and changes == ["limit: 99\n"]
