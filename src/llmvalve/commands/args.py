@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
+
+# the limit controllers a gateway runs (`simulate` also takes its hindsight `schedule:`)
+CONTROLLERS = re.compile(r"none|seed|adaptive|static(:[1-9][0-9]*)?")
 
 
 def port_number(text: str) -> int:
@@ -64,9 +68,7 @@ def count(text: str) -> int:
 def controller(text: str) -> str:
     """An argparse type: a limit controller a gateway runs (adaptive, seed, static,
     static:N with N >= 1, none)."""
-    kind, sep, limit = text.partition(":")
-    if text in ("adaptive", "seed", "static", "none") or (
-            kind == "static" and sep and limit.isdigit() and int(limit) >= 1):
+    if CONTROLLERS.fullmatch(text):
         return text
     raise argparse.ArgumentTypeError(
         f"unknown controller {text!r} (adaptive, seed, static, static:N, none)")
@@ -75,11 +77,8 @@ def controller(text: str) -> str:
 def pool_metrics_url(text: str) -> str:
     """An argparse type: [POOL=]URL, a backend's metrics URL (the pool is checked against
     the policy when it is read)."""
-    from llmvalve.core.policy.pools import metrics_url_problem
+    from llmvalve.core.policy.pools import metrics_url_problem, pool_and_url
 
-    pool, sep, url = text.partition("=")
-    if not sep or "://" in pool:
-        url = text
-    if problem := metrics_url_problem(url):
+    if problem := metrics_url_problem(pool_and_url(text)[1]):
         raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
     return text

@@ -10,9 +10,10 @@ import sys
 import time
 from dataclasses import replace
 
+from llmvalve.commands.args import CONTROLLERS
 from llmvalve.commands.output import unwritable
 
-_CONTROLLER_RE = re.compile(r"none|seed|adaptive|static(:[1-9][0-9]*)?|schedule:.+")
+_CONTROLLER_RE = re.compile(rf"{CONTROLLERS.pattern}|schedule:.+")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

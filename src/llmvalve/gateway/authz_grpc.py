@@ -19,7 +19,13 @@ from envoy.type.v3 import http_status_pb2
 from google.rpc import code_pb2, status_pb2
 
 from llmvalve.gateway import replies
-from llmvalve.gateway.authz_http import ID_HEADER, RECEIVED_HEADER, age_s, go_headers
+from llmvalve.gateway.authz_http import (
+    ID_HEADER,
+    PARTIAL_BODY_HEADER,
+    RECEIVED_HEADER,
+    age_s,
+    go_headers,
+)
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.front import Answer, Check
 
@@ -58,7 +64,7 @@ class AuthzGrpc(pb_grpc.AuthorizationServicer):
         body = http.raw_body or (http.body.encode() if http.body else None)
         check = Check(
             check_id=headers.get(ID_HEADER) or "", headers=headers, body=body,
-            body_complete=headers.get("x-envoy-auth-partial-body") != "true",
+            body_complete=headers.get(PARTIAL_BODY_HEADER) != "true",
             path=http.path, method=http.method,
             age_s=age_s(headers, self.wall_clock, _metadata(context, RECEIVED_HEADER)))
         if not check.check_id:

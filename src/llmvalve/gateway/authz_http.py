@@ -43,6 +43,7 @@ CHECK_PREFIX = "/check"
 CLUSTER_HEADER = "x-llmvalve-cluster"
 UPSTREAM_HEADER = "x-llmvalve-upstream"  # IP:PORT for the ORIGINAL_DST cluster
 ID_HEADER = "x-llmvalve-id"
+PARTIAL_BODY_HEADER = "x-envoy-auth-partial-body"  # ext_authz's mark on a body it cut
 START_HEADER = "x-llmvalve-start"  # Envoy's %START_TIME(%s.%3f)%: when the request arrived
 # ext_authz takes an HTTP 5xx from its service for the service's own failure (and answers with
 # its status_on_error): "unavailable" goes on the wire as 418, which Envoy's local reply
@@ -74,7 +75,7 @@ def age_s(headers: Mapping[str, str], wall_clock: Callable[[], float],
         age = wall_clock() - float(headers.get(START_HEADER, ""))
         if received_ms is not None:
             age -= float(received_ms) / 1000.0
-        elif headers.get("x-envoy-auth-partial-body") == "true":
+        elif headers.get(PARTIAL_BODY_HEADER) == "true":
             return 0.0
     except ValueError:
         return 0.0
@@ -114,7 +115,7 @@ class AuthzHttp:
             check_id=headers.get(ID_HEADER) or "",
             headers=headers, body=request.body or None,
             body_complete=(request.body_complete
-                           and headers.get("x-envoy-auth-partial-body") != "true"),
+                           and headers.get(PARTIAL_BODY_HEADER) != "true"),
             path=request.path[len(CHECK_PREFIX):], method=request.method,
             age_s=age_s(headers, self.wall_clock, headers.get(RECEIVED_HEADER)))
         if not check.check_id:

@@ -31,7 +31,7 @@ from envoy.service.auth.v3 import external_auth_pb2_grpc
 from llmvalve.admin.v1 import admin_pb2_grpc
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy import BackendSpec, Policy
-from llmvalve.core.policy.pools import metrics_url_problem
+from llmvalve.core.policy.pools import metrics_url_problem, pool_and_url
 from llmvalve.gateway import dashboard
 from llmvalve.gateway.access_log import AccessLogServicer
 from llmvalve.gateway.admin_auth import AdminToken, TokenInterceptor, http_guard, is_loopback
@@ -98,17 +98,16 @@ def with_backends(policy: Policy, urls: tuple[str, ...]) -> Policy:
     those URLs instead of their configured backends."""
     if not urls:
         return policy
+    first = policy.pools[0].name
     by_pool: dict[str, list[str]] = {}
     for item in urls:
-        pool, sep, url = item.partition("=")
-        if not sep or "://" in pool:
-            pool, url = policy.pools[0].name, item
+        named, url = pool_and_url(item)
+        pool = named or first
         if policy.pool(pool) is None:
             raise ValueError(f"--metrics-url {item!r}: the policy has no pool {pool!r}")
         if problem := metrics_url_problem(url):
             raise ValueError(f"--metrics-url {item!r}: {problem}")
         by_pool.setdefault(pool, []).append(url)
-    first = policy.pools[0].name
     pools = tuple(
         p if p.name not in by_pool else dataclasses.replace(p, backends=tuple(
             BackendSpec(f"backend-{i}" if p.name == first else f"{p.name}-{i}", url)

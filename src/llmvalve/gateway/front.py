@@ -21,18 +21,20 @@ Lifecycle of a check id (Envoy's `%UNIQUE_ID%` in `x-llmvalve-id`, also logged w
 request, so the access log joins on it). `TRANSITIONS` is the whole table; an event a request's
 phase does not expect is ignored and counted (`ignored`):
 
-    (new)    --check-->    WAITING | OPEN | (answered: forgotten)
-    WAITING  --decided-->  OPEN (Go) | (answered: forgotten)
-    WAITING  --left-->     (forgotten: dequeued)
+    (new)    --check-->    WAITING | OPEN | SLOTLESS | (answered: forgotten)
+    WAITING  --decided-->  OPEN (Go) | SLOTLESS | (answered: forgotten)
+    WAITING  --left-->     SLOTLESS (dequeued)
     OPEN     --logged-->   (released with the entry's outcome, sampled, forgotten)
     OPEN     --left-->     ENDED (released IGNORE: the Go never reached Envoy)
     OPEN     --lost-->     ENDED (released: lease expired or reconciled)
     ENDED    --logged-->   (sampled if it still says something; forgotten)
+    SLOTLESS --logged-->   (counted by what it was: `left_in_queue`, `rerouted_to_cluster`)
 
-ENDED ids are kept in a bounded book (`RECENT_MAX` ids, `RECENT_TTL_S`) so a late entry still
-finds its ticket, and so are the ids of requests Envoy logs that hold none (a client that left
-the queue, a reroute to a bare cluster); an entry that matches no admitted request is counted
-(`unmatched`) and never reaches the limiter: a forged entry cannot steer it.
+SLOTLESS is a request Envoy logs that never held a slot: its client left the queue, or a
+feature's reroute sent it to a bare cluster. ENDED and SLOTLESS ids are kept in bounded books
+(`RECENT_MAX` ids, `RECENT_TTL_S`) so a late entry still finds them; an entry that matches no
+request is counted (`unmatched`) and never reaches the limiter: a forged entry cannot steer
+it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import enum
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from llmvalve.core.admission import Admission
 from llmvalve.core.classify import AuthFailure, Classified, Classifier, Unauthorized
@@ -87,6 +90,7 @@ class Phase(enum.Enum):
     WAITING = "waiting"
     OPEN = "open"
     ENDED = "ended"
+    SLOTLESS = "slotless"
 
 
 class Event(enum.Enum):
@@ -99,11 +103,12 @@ class Event(enum.Enum):
 # (phase, event) → the phase after it (None: forgotten). Pairs not listed are ignored.
 TRANSITIONS: dict[tuple[Phase, Event], Phase | None] = {
     (Phase.WAITING, Event.DECIDED): Phase.OPEN,
-    (Phase.WAITING, Event.LEFT): None,
+    (Phase.WAITING, Event.LEFT): Phase.SLOTLESS,
     (Phase.OPEN, Event.LOGGED): None,
     (Phase.OPEN, Event.LEFT): Phase.ENDED,
     (Phase.OPEN, Event.LOST): Phase.ENDED,
     (Phase.ENDED, Event.LOGGED): None,
+    (Phase.SLOTLESS, Event.LOGGED): None,
 }
 
 
@@ -215,10 +220,8 @@ class Front:
         self._ended: collections.OrderedDict[str, tuple[Ticket, float]] = (
             collections.OrderedDict())
         self._rerouted: set[str] = set()  # admitted into another pool by a fallback
-        # requests Envoy logs that hold no ticket, and what they were: a client that left
-        # the queue (`left_in_queue`), a reroute to a bare cluster (`rerouted_to_cluster`);
-        # their entries are not strangers (`unmatched`)
-        self._ticketless: collections.OrderedDict[str, tuple[str, float]] = (
+        # SLOTLESS ids → what they were (the count their entry goes to), when
+        self._slotless: collections.OrderedDict[str, tuple[str, float]] = (
             collections.OrderedDict())
         # tickets closed, by (outcome, what closed them): llmvalve_releases_total
         self.releases: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -346,7 +349,7 @@ class Front:
         if phase is Phase.WAITING:
             waiting = self._waiting.pop(check_id)
             self.admission.cancel(check_id, now)
-            self._ticketless_logged(check_id, "left_in_queue", now)
+            self._slotless_now(check_id, "left_in_queue", now)
             return Record("cancelled_in_queue", waiting.klass, "cancelled",
                           waiting.info.tenant)
         if phase is Phase.OPEN:  # decided Go, but the answer never left
@@ -359,10 +362,10 @@ class Front:
 
     # ---- the end -----------------------------------------------------------------------------
     def access_log(self, entry: LogEntry, now: float) -> Joined | None:
-        if (known := self._ticketless.pop(entry.check_id, None)) is not None:
-            self.counts[known[0]] += 1
-            return None
         phase = self._advance(entry.check_id, Event.LOGGED)
+        if phase is Phase.SLOTLESS:
+            self.counts[self._slotless.pop(entry.check_id)[0]] += 1
+            return None
         if phase is Phase.OPEN:
             ticket = self.admission.ticket(entry.check_id)
             self.counts["joined"] += 1
@@ -566,7 +569,7 @@ class Front:
         if target is None or target.name == waiting.info.pool:
             if not fallback.cluster:
                 return None
-            self._ticketless_logged(waiting.info.request_id, "rerouted_to_cluster", now)
+            self._slotless_now(waiting.info.request_id, "rerouted_to_cluster", now)
             return Go(waiting.info.request_id, None, fallback.cluster, None,
                       (*self._identity(waiting, waiting.info.pool, reject.wait_s), *extra),
                       self._client_headers(waiting.klass, reject.wait_s, rerouted=True),
@@ -588,6 +591,8 @@ class Front:
             return Phase.OPEN
         if check_id in self._ended:
             return Phase.ENDED
+        if check_id in self._slotless:
+            return Phase.SLOTLESS
         return None
 
     def _advance(self, check_id: str, event: Event) -> Phase | None:
@@ -612,17 +617,12 @@ class Front:
         """Released before its access-log entry: keep it for the entry to find."""
         self._release(ticket, outcome, now, by)
         self._ended[ticket.request_id] = (ticket, now)
-        while self._ended and (len(self._ended) > RECENT_MAX
-                               or next(iter(self._ended.values()))[1] < now - RECENT_TTL_S):
-            self._rerouted.discard(self._ended.popitem(last=False)[0])
+        self._rerouted.difference_update(_trim(self._ended, now))
 
-    def _ticketless_logged(self, check_id: str, what: str, now: float) -> None:
-        """Envoy will log this request, which holds no ticket (`what` counts its entry)."""
-        book = self._ticketless
-        book[check_id] = (what, now)
-        while book and (len(book) > RECENT_MAX
-                        or next(iter(book.values()))[1] < now - RECENT_TTL_S):
-            book.popitem(last=False)
+    def _slotless_now(self, check_id: str, what: str, now: float) -> None:
+        """Envoy will log this request, which held no slot (`what` counts its entry)."""
+        self._slotless[check_id] = (what, now)
+        _trim(self._slotless, now)
 
     def _class_name(self, priority: int) -> str:
         try:
@@ -630,3 +630,11 @@ class Front:
         except KeyError:
             return f"p{priority}"
 
+
+def _trim(book: collections.OrderedDict[str, tuple[Any, float]], now: float) -> list[str]:
+    """Forget a book's oldest ids past `RECENT_MAX` or `RECENT_TTL_S`; the ids forgotten."""
+    gone = []
+    while book and (len(book) > RECENT_MAX
+                    or next(iter(book.values()))[1] < now - RECENT_TTL_S):
+        gone.append(book.popitem(last=False)[0])
+    return gone

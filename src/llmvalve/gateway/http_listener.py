@@ -113,7 +113,7 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         path = httptools.parse_url(self._url).path.decode("latin-1")
         request = Request(self.parser.get_method().decode("latin-1"), path, self._headers,
-                          b"".join(self._body)[:MAX_BODY_BYTES],
+                          b"".join(self._body),
                           body_complete=self._size <= MAX_BODY_BYTES)
         self.pending.append((request, self.parser.should_keep_alive()))
         if self.task is None or self.task.done():

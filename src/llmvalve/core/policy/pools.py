@@ -128,6 +128,12 @@ def _backends(r: NodeReader, f: NodeFields, known: _BackendNames) -> tuple[Backe
     return tuple(backends)
 
 
+def pool_and_url(item: str) -> tuple[str | None, str]:
+    """`serve --metrics-url`'s [POOL=]URL: the pool named (None: the first) and the URL."""
+    pool, sep, url = item.partition("=")
+    return (None, item) if not sep or "://" in pool else (pool, url)
+
+
 def metrics_url_problem(url: str) -> str | None:
     """What is wrong with a metrics URL, or None."""
     try:
