@@ -101,3 +101,19 @@ def test_short_answers_that_finish_first_do_not_price_a_long_class():
     [row] = pool["answer_tokens"]  # chat only: reasoning is not learned yet
     assert row["tenant"] == "app" and row["tokens"] == 70.0
     assert reason == 300 + 35.0 * 40  # 40 s at 35 tokens a second (70 tokens in 2 s)
+
+
+def test_each_answer_is_charged_and_a_request_that_decodes_none_teaches_nothing():
+    """`n` answers (or a batch's) cost n × the class's length; an embeddings request costs
+    its prompt, and its short upstream time is not read as an answer of its class."""
+    a = _admission()
+    assert _cost(a, RequestInfo("n", "solver", 1, 0.0, prompt_tokens=300, max_tokens=100,
+                                answers=8), 0.0) == 300 + 8 * 100
+    assert _admit(a, RequestInfo("e", "solver", 1, 0.0, prompt_tokens=300, answers=0),
+                  0.0) == 300
+    ticket = a.ticket("e")
+    assert ticket is not None and ticket.answers == 0
+    a.release(ticket, Outcome.SUCCESS, 0.1)
+    a.observe(Sample("e", "default", Outcome.SUCCESS, duration_s=0.1, prompt_tokens=300,
+                     tenant="solver", priority=1, answers=ticket.answers), 0.1)
+    assert next(iter(a.pools.values())).answers.learned() == []

@@ -102,6 +102,24 @@ def test_the_default_max_tokens_is_charged_when_the_request_does_not_say():
     assert headers(go.client_headers)["x-ratelimit-remaining-tokens"] == str(6000 - 10 - 256)
 
 
+def test_each_answer_a_request_decodes_is_charged_and_embeddings_none():
+    """`n` answers cost n × max_tokens, as OpenAI counts them; an embeddings request its
+    input alone (a review found `n=8` charged as one answer, and every embeddings request
+    charged `defaultMaxTokens` it never writes)."""
+    f = front()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x" * 10}],
+            "n": 8, "max_tokens": 100}
+    go = f.check(Check("n8", {"authorization": "Bearer k-tpm"}, json.dumps(body).encode(),
+                       path="/v1/chat/completions", method="POST"), 0.0)
+    assert isinstance(go, Go) and go.ticket is not None
+    assert headers(go.client_headers)["x-ratelimit-remaining-tokens"] == str(6000 - 10 - 800)
+    embed = {"model": "tiny", "input": "y" * 40}
+    go = f.check(Check("e", {"authorization": "Bearer k-tpm"}, json.dumps(embed).encode(),
+                       path="/v1/embeddings", method="POST"), 0.0)
+    assert isinstance(go, Go) and go.ticket is not None and go.ticket.answers == 0
+    assert headers(go.client_headers)["x-ratelimit-remaining-tokens"] == str(6000 - 810 - 40)
+
+
 def test_a_request_larger_than_the_budget_is_told_not_to_retry():
     answer = front().check(check("big", "k-tpm", max_tokens=700), 0.0)
     h = headers(answer.reply.headers)

@@ -23,6 +23,7 @@ from llmvalve.core.policy import (
     PoolSpec,
     RequestSpec,
 )
+from llmvalve.core.policy.spec import writes_answer
 from llmvalve.core.types import Reason, Reject
 from llmvalve.gateway import http_listener, replies
 from llmvalve.gateway import request_facts as reading
@@ -86,6 +87,12 @@ def test_a_request_shed_for_the_gateways_own_lag_gets_its_features_fallback():
     plain = front.check(Check("c2", {}, path="/v1/chat/completions", method="POST", age_s=5.0),
                         now=1.0)
     assert isinstance(plain, Answer) and plain.reply.status == 429
+    # a static answer has a chat completion's or a completion's shape: on another route
+    # (embeddings, the Responses API) the SDK could not read it, so the client gets the 429
+    for path in ("/v1/embeddings", "/v1/responses", "/v1/chat/completions/batch"):
+        other = front.check(Check("c3", {"x-llmvalve-feature": "suggest"}, path=path,
+                                  method="POST", age_s=5.0), now=1.0)
+        assert isinstance(other, Answer) and other.reply.status == 429, path
 
 
 def test_a_route_outside_the_inference_api_is_refused_before_anything_else():
@@ -200,7 +207,10 @@ MESSAGES = '"messages": [{"role": "user", "content": "hi"}]'
     (b"{", "", "not valid JSON"),
     (b"[1]", "", "a JSON object"),
     (b'{"max_tokens": -1}', "", "max_tokens must be a non-negative integer"),
-    (b'{"max_tokens": "9"}', "", "max_tokens must be a non-negative integer"),
+    (b'{"max_tokens": "nine"}', "", "max_tokens must be a non-negative integer"),
+    (b'{"max_tokens": 9.5}', "", "max_tokens must be a non-negative integer"),
+    (b'{"max_tokens": true}', "", "max_tokens must be a non-negative integer"),
+    (('{"n": 0, ' + MESSAGES + "}").encode(), CHAT, "n must be a positive integer"),
     (b"\xff", "", "not valid JSON"),
     # found by a fuzz of the running gateway: each of these was a 503 (the check crashed)
     (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', CHAT, "unpaired UTF-16"),
@@ -218,10 +228,11 @@ MESSAGES = '"messages": [{"role": "user", "content": "hi"}]'
     (b'{"model": "m", "messages": "hi"}', CHAT, "messages must be a non-empty list"),
     (b'{"model": "m", "messages": [1, 2]}', CHAT, "messages must be a non-empty list"),
     (b'{"model": "m"}', "/v1/completions", "prompt must be a string or a list"),
-    (('{"stream": "false", ' + MESSAGES + "}").encode(), CHAT, "stream must be true or false"),
+    (('{"stream": "maybe", ' + MESSAGES + "}").encode(), CHAT, "stream must be true or false"),
+    (b'{"input": "hi", "background": true}', "/v1/responses", "background responses"),
     (('{"model": 5, ' + MESSAGES + "}").encode(), CHAT, "model must be a non-empty string"),
     (('{"max_completion_tokens": null, "max_tokens": 1e12, ' + MESSAGES + "}").encode(), CHAT,
-     "max_tokens must be a non-negative integer"),
+     "max_tokens must be at most 16777216"),
     (('{"max_completion_tokens": 5, "max_tokens": -1, ' + MESSAGES + "}").encode(), CHAT,
      "max_tokens must be a non-negative integer"),
 ])
@@ -242,6 +253,70 @@ def test_valid_openai_bodies_pass():
         ('{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}', CHAT + "/"),
     ]:
         assert isinstance(reading.parse_body(body.encode(), path), reading.BodyFacts), body
+
+
+def _estimate(doc: dict, path: str = CHAT, method: str = "POST",
+              spec: RequestSpec | None = None) -> reading.Estimate:
+    facts = reading.parse_body(json.dumps(doc).encode(), path)
+    assert isinstance(facts, reading.BodyFacts), facts
+    return reading.estimate(spec or RequestSpec(), 0, facts, writes_answer(method, path))
+
+
+def test_every_answer_a_request_decodes_is_charged():
+    """`n` answers per prompt, each prompt of a completions list, each conversation of a
+    batch (a review found each charged as one answer: an `n=8` request as one eighth of it)."""
+    chat = [{"role": "user", "content": "abcd"}]
+    assert _estimate({"messages": chat, "max_tokens": 10}).answers == 1
+    assert _estimate({"messages": chat, "n": 8, "max_completion_tokens": 1000}).answers == 8
+    assert _estimate({"messages": chat, "n": "2", "best_of": 3}).answers == 3
+    prompts = {"prompt": ["a" * 40] * 32, "n": 2, "max_tokens": 500}
+    assert _estimate(prompts, "/v1/completions").answers == 64
+    assert _estimate({"prompt": [[1, 2, 3]] * 8}, "/v1/completions").answers == 8
+    assert _estimate({"prompt": [1, 2, 3]}, "/v1/completions").answers == 1
+    assert _estimate({"messages": [chat] * 16}, CHAT + "/batch").answers == 16
+    # routes that decode no answer are charged their prompt alone
+    assert _estimate({"input": "hello"}, "/v1/embeddings").answers == 0
+    assert _estimate({"query": "q", "documents": ["d"]}, "/v1/rerank").answers == 0
+    assert reading.estimate(RequestSpec(), 0, None, writes_answer("GET", "/v1/responses/r1")
+                            ).answers == 0
+    assert reading.estimate(RequestSpec(), 80, None, writes_answer("POST", "/v1/responses")
+                            ) == reading.Estimate(20, 0, 1)
+
+
+def test_the_whole_prompt_is_counted():
+    """Token ids as tokens, media parts at `tokensPerMediaPart`, and the prompt's other
+    places: Anthropic's `system`, the Responses API's `instructions` and `input`, tool
+    schemas and tool-call arguments (a review found each counted as nothing: a 2,000-id
+    prompt as 0 tokens, a 20 KB system prompt as 1)."""
+    spec = RequestSpec(bytes_per_token=4, tokens_per_media_part=700)
+    assert _estimate({"prompt": list(range(2000))}, "/v1/completions").prompt_tokens == 2000
+    assert _estimate({"prompt": [list(range(500))] * 8}, "/v1/completions").prompt_tokens == 4000
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 9999}}
+    parts = [{"role": "user", "content": [{"type": "text", "text": "abcd" * 5}, image, image]}]
+    assert _estimate({"messages": parts}, spec=spec).prompt_tokens == 5 + 2 * 700
+    assert _estimate({"messages": [{"role": "user", "content": "hi"}], "system": "s" * 400},
+                     "/v1/messages").prompt_tokens == 101
+    responses = {"input": [{"type": "message", "role": "user",
+                            "content": [{"type": "input_text", "text": "t" * 40}]}],
+                 "instructions": "i" * 40, "max_output_tokens": 8000}
+    assert (_estimate(responses, "/v1/responses").prompt_tokens, _estimate(
+        responses, "/v1/responses").max_tokens) == (20, 8000)
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "a" * 400}}]}
+    tools = [{"type": "function", "function": {"name": "f", "description": "d" * 396}}]
+    assert _estimate({"messages": [call]}).prompt_tokens == 100  # its arguments
+    assert 120 < _estimate({"messages": [call], "tools": tools}).prompt_tokens < 240
+
+
+def test_fields_read_as_vllm_reads_them():
+    """vLLM's request models are pydantic's, in lax mode: it serves these, so the gateway
+    reads them alike (they were refused 400), and the simulated backend takes them too."""
+    facts = reading.parse_body(b"\xef\xbb\xbf" + json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}], "stream": "false",
+         "max_tokens": "100", "n": 2.0}).encode(), CHAT)
+    assert isinstance(facts, reading.BodyFacts)
+    assert (facts.stream, facts.max_tokens, facts.answers) == (False, 100, 2)
+    assert reading.parse_body(b'{"prompt": "x", "stream": 1}', "/v1/completions").stream
 
 
 def test_content_nested_deeply_is_counted_not_recursed():

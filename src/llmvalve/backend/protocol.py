@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmvalve.engine.profiles import EngineProfile
+from llmvalve.lax import lax_bool, lax_int
 
 WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed",
          "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et", "dolore", "magna",
@@ -137,7 +138,8 @@ def _int_field(body: Mapping[str, Any], name: str, minimum: int) -> int | None:
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
+    value = lax_int(value)
+    if value is None:
         raise BadRequest(f"{name} must be an integer")
     if value < minimum:
         raise BadRequest(f"{name} must be at least {minimum}, got {value}.")
@@ -204,10 +206,9 @@ def _json_object(raw: bytes) -> dict[str, Any]:
 
 
 def _stream(body: Mapping[str, Any]) -> bool:
-    stream = body.get("stream", False)
+    raw = body.get("stream", False)
+    stream = False if raw is None else lax_bool(raw)
     if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
         raise BadRequest("stream must be a boolean")
     n = _int_field(body, "n", 1)
     if n is not None and n != 1:

@@ -136,7 +136,8 @@ class Admission:
 
     def cost_of(self, req: RequestInfo, pool: Pool, now: float) -> float:
         """A request's cost in the limit's unit: 1 request, or KV tokens = its prompt plus the
-        answer it is expected to write: 1.25 × its class's mean answer length, at most its
+        answers it is expected to write (one, or `n` for each prompt it holds, or none on a
+        route that decodes none), each 1.25 × its class's mean answer length, at most its
         `max_tokens` (or the policy's default when it states none); before a request of its
         class has finished, that `max_tokens`, or what the class's oldest request in flight
         has written by now if more (see `core/answer_lengths.py`)."""
@@ -153,7 +154,7 @@ class Admission:
             out = req.max_tokens
         else:
             out = max(cap, pool.answers.written(key, now))
-        return float(req.prompt_tokens) + out
+        return float(req.prompt_tokens) + req.answers * out
 
     def _gate_allows(self, pool: Pool, priority: int, now: float) -> bool:
         sigma = pool.limit.saturation(now)
@@ -275,7 +276,7 @@ class Admission:
         if top:
             pool.top_tickets.add(req.request_id)
         ticket = Ticket(req.request_id, pool.spec.name, req.priority, req.tenant, cost, now,
-                        pool.limit.epoch, backend, req.prompt_tokens, wait_s)
+                        pool.limit.epoch, backend, req.prompt_tokens, wait_s, req.answers)
         pool.inflight += cost
         pool.inflight_by_class[req.priority] = pool.inflight_by_class.get(req.priority, 0) + cost
         # Tickets are kept in the order of admission, oldest first (`expired_leases` relies on
@@ -444,7 +445,8 @@ class Admission:
         """Per-request feedback (an access-log entry joined to its ticket), after release."""
         pool = self._pool(sample.pool)
         pool.samples += 1
-        if sample.outcome is Outcome.SUCCESS and sample.duration_s is not None:
+        if (sample.outcome is Outcome.SUCCESS and sample.duration_s is not None
+                and sample.answers):
             pool.answers.on_sample((sample.tenant, sample.priority),
                                    sample.duration_s - (sample.ttft_s or 0.0))
         pool.limit.on_sample(sample, pool.limit.epoch if ticket_epoch is None else ticket_epoch,

@@ -175,10 +175,10 @@ class Budgets:
         return None
 
     def submit(self, req: RequestInfo, default_max_tokens: int, now: float) -> Reject | None:
-        """`charge` for a request entering admission (1 request; its prompt + max_tokens, or
-        the policy's default, tokens), or its 429: refused at once, never queued, with the
+        """`charge` for a request entering admission (1 request; `RequestInfo.budget_tokens`
+        tokens), or its 429: refused at once, never queued, with the
         time the buckets need to refill as its Retry-After (none when it can never fit)."""
-        tokens = req.prompt_tokens + (req.max_tokens or default_max_tokens)
+        tokens = req.budget_tokens(default_max_tokens)
         refusal = self.charge(req.request_id, req.tenant, req.model, tokens, now)
         if refusal is None:
             return None

@@ -52,6 +52,12 @@ class RequestInfo:
     feature: str | None = None
     pool: str = "default"
     model: str | None = None  # the OpenAI `model` it names (per-model budgets)
+    answers: int = 1  # answers it decodes (`n` per prompt), each up to max_tokens; 0: none
+
+    def budget_tokens(self, default_max_tokens: int) -> int:
+        """What token budgets charge it: its prompt and each answer's `max_tokens` (the
+        policy's default when it states none), as OpenAI counts at request time."""
+        return self.prompt_tokens + self.answers * (self.max_tokens or default_max_tokens)
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ class Ticket:
     backend: str = ""  # the backend picked for it ("" → Envoy's load balancer decides)
     prompt_tokens: int = 0  # the gateway's estimate, joined to the access-log sample
     wait_s: float = 0.0  # how long it waited in the queue before admission
+    answers: int = 1  # as its request (0: its route decodes none)
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,7 @@ class Sample:
     sent_at: float | None = None  # when it was admitted (the control plane's clock)
     tenant: str = ""  # the ticket's class: its answer length is learned per class
     priority: int = 0
+    answers: int = 1  # the ticket's: one that decodes none teaches no answer length
 
 
 class BackendSnapshot(NamedTuple):

@@ -50,6 +50,7 @@ from llmvalve.core.admission import Admission
 from llmvalve.core.classify import AuthFailure, Classified, Classifier, Unauthorized
 from llmvalve.core.outcomes import outcome_of
 from llmvalve.core.policy import FallbackSpec, Policy
+from llmvalve.core.policy.spec import writes_answer
 from llmvalve.core.types import (
     Admit,
     BackendSnapshot,
@@ -203,6 +204,9 @@ class _Waiting:
     stream: bool | None
     # False: a reroute to its feature's fallback model cannot rewrite its body exactly
     rewritable: bool = True
+    # a static fallback has the shape of its answer: a chat completion or a completion (on
+    # another route, embeddings or a Responses call, the SDK could not read one)
+    static_shaped: bool = True
 
 
 class Front:
@@ -292,15 +296,18 @@ class Front:
                               BUFFER_LIMIT_BYTES, "this model's engines take the request's "
                               "priority in its body, and a body this large is not rewritten"),
                           Record("bad_request", klass, "body_too_large", classified.tenant))
-        est = request_facts.estimate(spec, size, facts)
+        est = request_facts.estimate(spec, size, facts,
+                                     writes_answer(check.method, check.path))
         deadline_ms = request_facts.deadline_ms(headers, spec.deadline_header)
         info = RequestInfo(
             request_id=check.check_id, tenant=classified.tenant, priority=classified.priority,
             cost_tokens=0.0, prompt_tokens=est.prompt_tokens, max_tokens=est.max_tokens,
+            answers=est.answers,
             deadline=None if deadline_ms is None else now + deadline_ms / 1000.0,
             feature=headers.get(spec.feature_header), pool=pool.name, model=model)
         stream = facts.stream if facts is not None else request_facts.stream_hint(headers)
-        waiting = _Waiting(info, classified, klass, model, stream)
+        waiting = _Waiting(info, classified, klass, model, stream,
+                           static_shaped=replies.has_static_shape(check.path))
         if check.age_s > TOP_LAG_S / 2 ** policy.priorities.index(classified.priority):
             decision = self.admission.shed(info, Reason.GATEWAY_OVERLOADED, now,
                                            floor_s=check.age_s)
@@ -385,7 +392,8 @@ class Front:
                             ttft_s=entry.ttft_s if entry.streamed else None,
                             duration_s=entry.upstream_s, prompt_tokens=ticket.prompt_tokens,
                             backend=ticket.backend, sent_at=ticket.admitted_at,
-                            tenant=ticket.tenant, priority=ticket.priority)
+                            tenant=ticket.tenant, priority=ticket.priority,
+                            answers=ticket.answers)
             self.admission.observe(sample, now, ticket.epoch)
         rerouted = entry.check_id in self._rerouted
         self._rerouted.discard(entry.check_id)
@@ -475,8 +483,8 @@ class Front:
                         dict(extra).get("x-llmvalve-reason", ""), ticket.tenant, wait_s)
         info = waiting.info
         limits = self.admission.budgets.views(
-            ticket.tenant, model, info.prompt_tokens
-            + (info.max_tokens or self.policy.requests.default_max_tokens), now)
+            ticket.tenant, model, info.budget_tokens(self.policy.requests.default_max_tokens),
+            now)
         upstream = (*self._identity(waiting, ticket.pool, wait_s), *extra)
         if pool is not None and pool.engine_priority:  # Envoy's Lua filter writes it in the body
             upstream = (*upstream, (ENGINE_PRIORITY_HEADER, str(ticket.priority)))
@@ -517,7 +525,7 @@ class Front:
         record = Record("dropped" if queued else "rejected", waiting.klass,
                         reject.reason.value, waiting.info.tenant, reject.wait_s,
                         reject.retry_after_s)
-        if fallback is not None and fallback.kind == "static":
+        if fallback is not None and fallback.kind == "static" and waiting.static_shaped:
             headers: Headers = ((STATIC_FALLBACK_HEADER, waiting.info.feature or ""),
                                 ("x-llmvalve-reason", reject.reason.value))
             return Go(waiting.info.request_id, None, FALLBACK_CLUSTER, None, headers, (),

@@ -208,6 +208,12 @@ def bad_request(message: str) -> Reply:
                  "llmvalve_bad_request")
 
 
+def has_static_shape(path: str) -> bool:
+    """A static fallback can answer it: a chat completion or a completion (one conversation,
+    not a batch of them)."""
+    return endpoint(path).endswith(("/chat/completions", "/v1/completions"))
+
+
 def static_fallback(fallback: FallbackSpec, *, reason: Reason, path: str, model: str | None,
                     stream: bool, request_id: str, created: int) -> Reply:
     """A pre-written answer in the shape the endpoint would have given (SSE when streaming)."""

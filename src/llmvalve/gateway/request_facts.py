@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from llmvalve.core.policy import Policy, RequestSpec
 from llmvalve.core.policy.spec import endpoint
+from llmvalve.lax import lax_bool, lax_int
 
 TRUE = frozenset({"1", "true", "yes", "on"})
 # Larger than any model's context window: a bigger max_tokens is a 400, not a cost estimate
@@ -34,17 +35,65 @@ class BodyFacts:
     max_tokens: int | None = None
     stream: bool | None = None
     model: str | None = None
+    prompt_ids: int = 0  # prompt tokens given as token ids: counted as they are
+    media_parts: int = 0  # images, audio, video and files in the prompt
+    answers: int = 1  # sequences it decodes: `n` (or `best_of`) for each of its prompts
 
 
 @dataclass(frozen=True)
 class Estimate:
     prompt_tokens: int
     max_tokens: int  # as the request says (0: it does not say, or its body was not read)
+    answers: int = 1  # answers it decodes, each up to max_tokens (0: its route decodes none)
 
 
-def _text_bytes(value: Any) -> int:
-    """UTF-8 bytes of the text in a prompt or a message list (iterative: a client controls
-    how deep the lists nest)."""
+# Where a request keeps its prompt: the chat and Anthropic messages, a completion's prompt, the
+# Responses API's and embeddings' input, Anthropic's system and Responses' instructions, a
+# reranker's query and documents, a scorer's texts; `tools` (schemas the chat template writes
+# into the prompt) counts by the names and texts in it.
+PROMPT_FIELDS = ("messages", "prompt", "input", "system", "instructions", "query", "documents",
+                 "text_1", "text_2")
+# Inside a message or an input item, the keys that hold text the model reads (a tool call's
+# arguments, a tool's output, a reasoning summary), not ids, roles or types.
+TEXT_KEYS = ("text", "content", "tool_calls", "function", "arguments", "output", "input",
+             "summary")
+# Content parts the engine turns into tokens of its own (an image's patches, audio frames):
+# charged `requests.tokensPerMediaPart` each, whatever the size of their encoding.
+MEDIA_TYPES = frozenset({"image_url", "input_image", "image", "image_embeds", "input_audio",
+                         "audio_url", "audio", "video_url", "video", "input_file", "file"})
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass
+class _Prompt:
+    text_bytes: int = 0
+    ids: int = 0
+    media: int = 0
+
+
+def _walk_prompt(value: Any, into: _Prompt) -> None:
+    """Add what a prompt field holds: UTF-8 bytes of its text, token ids (integers in a list)
+    and media parts (iterative: a client controls how deep the lists nest)."""
+    stack = [(value, False)]
+    while stack:
+        v, in_list = stack.pop()
+        if isinstance(v, str):
+            into.text_bytes += len(v.encode())
+        elif isinstance(v, int) and not isinstance(v, bool):
+            into.ids += in_list
+        elif isinstance(v, list):
+            stack.extend((item, True) for item in v)
+        elif isinstance(v, dict):
+            if v.get("type") in MEDIA_TYPES:
+                into.media += 1
+            else:
+                stack.extend((v[k], False) for k in TEXT_KEYS if k in v)
+
+
+def _schema_bytes(value: Any) -> int:
+    """UTF-8 bytes of every name and text in a JSON value (tool schemas, which the chat
+    template writes into the prompt whole; iterative, and not through json.dumps, which
+    recurses)."""
     total, stack = 0, [value]
     while stack:
         v = stack.pop()
@@ -53,10 +102,8 @@ def _text_bytes(value: Any) -> int:
         elif isinstance(v, list):
             stack.extend(v)
         elif isinstance(v, dict):
-            if "text" in v:
-                stack.append(v["text"])
-            elif "content" in v:
-                stack.append(v["content"])
+            stack.extend(v.keys())
+            stack.extend(v.values())
     return total
 
 
@@ -78,24 +125,42 @@ def _has_lone_surrogate(doc: Any) -> bool:
     return False
 
 
-def _token_count(doc: dict, key: str) -> int | str | None:
-    """`doc[key]` as a token count (None: absent or null), or the error message."""
+def _count(doc: dict, key: str, least: int = 0) -> int | str | None:
+    """`doc[key]` as a count of at least `least` (None: absent or null), or the error
+    message."""
     value = doc.get(key)
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        return f"{key} must be a non-negative integer"
-    if value > MAX_TOKENS:
+    count = lax_int(value)
+    if count is None or count < least:
+        what = "a non-negative" if least == 0 else "a positive"
+        return f"{key} must be {what} integer"
+    if count > MAX_TOKENS:
         return f"{key} must be at most {MAX_TOKENS}"
-    return value
+    return count
+
+
+def _prompts(doc: dict, judged: str) -> int:
+    """How many prompts a request holds: a completion's list of prompts (texts, or lists of
+    token ids), a batch's list of conversations; 1 otherwise."""
+    batch = doc.get("messages") if judged.endswith("/chat/completions/batch") else None
+    if isinstance(batch, list) and batch and all(isinstance(c, list) for c in batch):
+        return len(batch)
+    prompt = doc.get("prompt")
+    if judged.endswith("/v1/completions") and isinstance(prompt, list) and prompt and all(
+            isinstance(p, str | list) for p in prompt):
+        return len(prompt)
+    return 1
 
 
 def parse_body(body: bytes, path: str = "") -> BodyFacts | str:
     """The facts of an OpenAI request body, or an error message for the 400. What the
-    gateway reads must have the type OpenAI's API gives it (a `stream` of "false" is not
-    false); on the chat and completions paths the prompt must be there."""
+    gateway reads is read as vLLM's request models read it (pydantic's lax mode: a `stream`
+    of "false" is false, a `max_tokens` of "100" is 100); on the chat and completions paths
+    the prompt must be there."""
     try:
-        text = body.decode("utf-8")  # JSON's only encoding (json.loads would take UTF-16 too)
+        # JSON's only encoding (json.loads would take UTF-16 too), a byte-order mark allowed
+        text = body.removeprefix(UTF8_BOM).decode("utf-8")
         doc = json.loads(text)
     except UnicodeDecodeError:
         return "request body is not valid JSON: not UTF-8"
@@ -118,24 +183,35 @@ def parse_body(body: bytes, path: str = "") -> BodyFacts | str:
     if (judged.endswith("/v1/completions") and "prompt_embeds" not in doc
             and not isinstance(doc.get("prompt"), str | list)):
         return "prompt must be a string or a list"
-    if "messages" in doc:
-        prompt_bytes = _text_bytes(messages)
-    elif "prompt" in doc:
-        prompt_bytes = _text_bytes(doc["prompt"])
-    else:
-        prompt_bytes = len(body)
-    counts = [_token_count(doc, k) for k in ("max_completion_tokens", "max_tokens")]
-    bad = next((c for c in counts if isinstance(c, str)), None)
+    if judged.endswith("/v1/responses") and lax_bool(doc.get("background")):
+        return ("background responses are not served through this gateway: admission would "
+                "not see when they end (send the request without `background`)")
+    prompt = _Prompt()
+    fields = [doc[k] for k in PROMPT_FIELDS if k in doc]
+    for field in fields:
+        _walk_prompt(field, prompt)
+    if "tools" in doc:
+        prompt.text_bytes += _schema_bytes(doc["tools"])
+    elif not fields:
+        prompt.text_bytes = len(body)
+    counts = [_count(doc, k) for k in ("max_completion_tokens", "max_tokens",
+                                       "max_output_tokens")]
+    per_prompt = [_count(doc, k, least=1) for k in ("n", "best_of")]
+    bad = next((c for c in (*counts, *per_prompt) if isinstance(c, str)), None)
     if bad is not None:
         return bad
     max_tokens = next((c for c in counts if c is not None), None)
     stream, model = doc.get("stream"), doc.get("model")
-    if stream is not None and not isinstance(stream, bool):
-        return "stream must be true or false"
+    if stream is not None:
+        stream = lax_bool(stream)
+        if stream is None:
+            return "stream must be true or false"
     if model is not None and not (isinstance(model, str) and model):
         return "model must be a non-empty string"
-    return BodyFacts(prompt_bytes=prompt_bytes, max_tokens=max_tokens, stream=stream,
-                     model=model)
+    answers = max([c for c in per_prompt if c is not None], default=1) * _prompts(doc, judged)
+    return BodyFacts(prompt_bytes=prompt.text_bytes, max_tokens=max_tokens, stream=stream,
+                     model=model, prompt_ids=prompt.ids, media_parts=prompt.media,
+                     answers=answers)
 
 
 # What the Lua filter of Envoy's template rewrites for a reroute to another model: the first
@@ -160,10 +236,15 @@ def model_rewrite_is_exact(body: bytes | None, model: str) -> bool:
     return n == 1 and isinstance(before, dict) and after == {**before, "model": name}
 
 
-def estimate(spec: RequestSpec, content_length: int, facts: BodyFacts | None) -> Estimate:
-    prompt_bytes = facts.prompt_bytes if facts is not None else max(0, content_length)
-    return Estimate(prompt_tokens=math.ceil(prompt_bytes / spec.bytes_per_token),
-                    max_tokens=(facts.max_tokens or 0) if facts is not None else 0)
+def estimate(spec: RequestSpec, content_length: int, facts: BodyFacts | None,
+             answered: bool = True) -> Estimate:
+    """`answered`: the route decodes an answer (`core.policy.spec.writes_answer`)."""
+    if facts is None:
+        return Estimate(math.ceil(max(0, content_length) / spec.bytes_per_token), 0,
+                        int(answered))
+    return Estimate(math.ceil(facts.prompt_bytes / spec.bytes_per_token) + facts.prompt_ids
+                    + facts.media_parts * spec.tokens_per_media_part,
+                    facts.max_tokens or 0, facts.answers if answered else 0)
 
 
 def content_length(headers: Mapping[str, str]) -> int:

@@ -49,7 +49,7 @@ def read_retry_after(top: NodeFields) -> RetryAfterSpec:
 def read_requests(top: NodeFields) -> RequestSpec:
     f = top.sub("requests", ("priorityHeader", "featureHeader", "deadlineHeader", "modelHeader",
                              "bodyInspection", "maxBodyBytes", "defaultMaxTokens",
-                             "bytesPerToken", "paths"))
+                             "bytesPerToken", "tokensPerMediaPart", "paths"))
     d = RequestSpec()
     headers = {}
     for key, default in (("priorityHeader", d.priority_header),
@@ -79,6 +79,8 @@ def read_requests(top: NodeFields) -> RequestSpec:
                                  le=ENVOY_BUFFER_BYTES),
         default_max_tokens=f.integer("defaultMaxTokens", d.default_max_tokens, ge=1),
         bytes_per_token=f.number("bytesPerToken", d.bytes_per_token, gt=0),
+        tokens_per_media_part=f.integer("tokensPerMediaPart", d.tokens_per_media_part, ge=0,
+                                        le=1 << 20),
         paths=_read_paths(f),
     )
 

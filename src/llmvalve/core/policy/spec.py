@@ -196,6 +196,16 @@ INFERENCE_PATHS = (
     # a stored response: retrieved (GET /v1/responses/{id}) or cancelled (POST …/cancel)
     "GET /v1/responses/*", "POST /v1/responses/*",
 )
+# The routes among those whose answer decodes no tokens (vectors, scores, token ids, a count,
+# a stored response read or cancelled): such a request is charged its prompt alone. Any other
+# route, a policy's own included, is charged an answer.
+ANSWERLESS_PATHS = (
+    *(f"POST {path}" for path in (
+        "/v1/embeddings", "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/pooling",
+        "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/v2/embed",
+        "/v1/responses/*")),
+    "GET /v1/responses/*",
+)
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 ANY_METHOD = "*"
 
@@ -220,6 +230,15 @@ def route(entry: str) -> tuple[str, str]:
     return method, path
 
 
+def writes_answer(method: str, path: str) -> bool:
+    """Whether a request decodes an answer (the routes of `ANSWERLESS_PATHS` do not)."""
+    judged = endpoint(path)
+    return not any(m == method and _matches(p, judged) for m, p in _ANSWERLESS)
+
+
+_ANSWERLESS = tuple(map(route, ANSWERLESS_PATHS))
+
+
 @dataclass(frozen=True)
 class RequestSpec:
     """How requests are read at the gateway."""
@@ -232,6 +251,7 @@ class RequestSpec:
     max_body_bytes: int = 262_144
     default_max_tokens: int = 256
     bytes_per_token: float = 4.0
+    tokens_per_media_part: int = 1024  # an image, audio or video part of a prompt
     # The routes a client may reach: [METHOD ]PATH, the path exact or a prefix ending in `*`;
     # ("*",) passes every request.
     paths: tuple[str, ...] = INFERENCE_PATHS
