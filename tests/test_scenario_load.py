@@ -15,7 +15,7 @@ from llmvalve.sim.gateway import check_of
 from llmvalve.sim.runner import default_policy
 from llmvalve.sim.scenario import ScenarioError, load_scenario
 from llmvalve.sim.scenario_load import parse_scenario
-from llmvalve.sim.workload import generate, on_off_schedule
+from llmvalve.sim.workload import MAX_TRACE_BYTES, generate, on_off_schedule
 
 BASE = """\
 name: t
@@ -70,6 +70,14 @@ def test_bad_events(event, expect):
      "twice"),
     ("{at: 5s, backend: 0, leave: true, rejoin: true}", "t.yaml:9: events[0]: leave and "
      "rejoin at once"),
+    ("{at: 5s, backend: 1, rejoin: true}", "t.yaml:9: events[0]: backend 1 rejoins at 5 s "
+     "without having left"),
+    ("{at: 5s, backend: 0, leave: true}\n  - {at: 9s, backend: [1, 0], leave: true}",
+     "t.yaml:10: events[1]: backend 0 leaves again at 9 s without having rejoined"),
+    ("{at: 9s, backend: 0, leave: true}\n  - {at: 5s, backend: 0, rejoin: true}",
+     "t.yaml:10: events[1]: backend 0 rejoins at 5 s without having left"),
+    ("{at: 5s, backend: " + "9" * 300 + ", leave: true}", "t.yaml:9: events[0].backend: "
+     "backend 99999"),
 ])
 def test_events_that_would_do_nothing_or_contradict_themselves(event, expect):
     assert error_of(BASE + f"events:\n  - {event}\n").startswith(expect)
@@ -79,6 +87,27 @@ def test_events_that_would_do_nothing_or_contradict_themselves(event, expect):
     (("rate: 1.0", "rate: 1e9"), "t.yaml:7: classes[0].rate: expected a number, got a string "
      "(YAML reads 1e9 as text: write the exponent with a dot and a sign, 1.0e+9"),
     (("rate: 1.0", "rate: 1.0e+6"), "t.yaml:5: classes: about 60,000,000 requests"),
+    # found by a review: each of these hung, or filled the memory, or was taken and ignored
+    (("duration: 60s", "duration: 60s\nsweepLoads: [1.0e+6]"),
+     "t.yaml:6: classes: about 60,000,000 requests"),
+    (("rate: 1.0", "rate: {onOff: {onRate: 0, offRate: 1.0e+9, onFor: 1s, offFor: 1s}}"),
+     "t.yaml:5: classes: about 60,000,000,000 requests"),
+    (("rate: 1.0", "rate: 1.0e+300"), "t.yaml:5: classes: about 6e+301 requests"),
+    (("rate: 1.0", "rate: 20000.0\n    retry: {mode: immediate, maxAttempts: 50}"),
+     "t.yaml:5: classes: about 60,000,000 requests"),
+    (("rate: 1.0", "rate: 1.0\n    retry: {mode: immediate, maxAttempts: 10000}"),
+     "t.yaml:8: classes[0].retry.maxAttempts: must be >= 1 and <= 100"),
+    (("duration: 60s", "duration: 60s\nmetrics: {scrapeInterval: 10us}"),
+     "t.yaml:3: metrics.scrapeInterval: at least 0.01s"),
+    (("rate: 1.0", "rate: 1.0\n    prompt: {mean: 500, cv: 1.0e+300}"),
+     "t.yaml:8: classes[0].prompt.cv: must be >= 0 and <= 100"),
+    (("rate: 1.0", "rate: null"), "t.yaml:7: classes[0].rate: missing: a class has a rate"),
+    (("rate: 1.0", "rate: {ramp: null}"), "t.yaml:7: classes[0].rate.ramp: missing its value"),
+    (("rate: 1.0", "rate: {onOff: null}"), "t.yaml:7: classes[0].rate.onOff: missing its value"),
+    (("rate: 1.0", "rate: [[0, 1], [100s, 5]]"),
+     "t.yaml:7: classes[0].rate[1]: a step after the run ends (60 s)"),
+    (("duration: 60s", "duration: " + "9" * 5000),
+     "t.yaml:2: duration: cannot be read as an integer"),
     (("    rate: 1.0\n", ""), "t.yaml:5: classes[0].rate: missing: a class has a rate"),
     (("rate: 1.0", "rate: 1.0\n    prompt: {mean: 500, max: 100}"),
      "t.yaml:8: classes[0].prompt: mean 500 is outside [min 1, max 100]"),
@@ -124,7 +153,12 @@ def test_duplicate_class_names_and_own_keys():
     ("", "no requests"),
     ("t,p,o\n", "no requests"),
     ("t,p,o\n0,100,50\n1,abc,50\n", "x.csv:3: expected timestamp"),
-    ("0,100\n", "no requests"),  # a first row that does not parse is taken for a header
+    # a first row is a header when it has no numbers where the token counts go; a data row
+    # that does not parse is an error there too (found by a review: it was skipped)
+    ("0,100\n", "x.csv:1: expected timestamp"),
+    ("0,-5,50\n1,100,50\n", "x.csv:1: expected timestamp"),
+    ("0,1.5,50\n1,100,50\n", "x.csv:1: expected timestamp"),
+    ("t,p,o\n0,100," + "5" * 200_000 + "\n", "x.csv:2: field larger than field limit"),
     ("0,100,50\n1,100\n", "x.csv:2: expected timestamp"),
     ("0,100,50\n1,-100,50\n", "x.csv:2: expected timestamp"),
     ("0;100;50\n1;100;50\n", "x.csv:2: expected timestamp"),
@@ -139,6 +173,15 @@ def test_a_trace_that_cannot_be_replayed_is_one_line_naming_its_row(tmp_path, ro
         load_scenario(str(f))
     [line] = str(exc.value).splitlines()
     assert line.startswith(f"{f}:4: classes[0].trace.file: ") and expect in line
+
+
+def test_a_trace_that_unpacks_past_its_bound_is_refused_without_unpacking_it(tmp_path):
+    """Found by a review: a 97 KB gzip of newlines took 620 MB and 8 s before its error."""
+    (tmp_path / "x.csv").write_bytes(gzip.compress(b"\n" * (MAX_TRACE_BYTES + 1)))
+    f = tmp_path / "s.yaml"
+    f.write_text("duration: 30s\nclasses:\n  - name: r\n    trace: {file: x.csv}\n")
+    with pytest.raises(ScenarioError, match="more than 64 MiB of CSV"):
+        load_scenario(str(f))
 
 
 def test_trace_files_gzip_or_not_whatever_their_name(tmp_path):

@@ -298,8 +298,9 @@ each as long as a uniform draw from its `[min, max]` range, starting with an on 
 periods are drawn per seed, and classes with the same `onFor` and `offFor` switch together.
 
 A trace is a CSV of `timestamp, prompt tokens, output tokens` (timestamps in seconds or ISO 8601,
-token counts whole numbers ≥ 0; the first row may be a header; gzip allowed, whatever the file's
-name); a relative path is read from the scenario file's folder. A row that is not of this form
+token counts whole numbers ≥ 0; the first row may be a header, one with no numbers where the
+token counts go; gzip allowed, whatever the file's name, up to 64 MiB of CSV unpacked); a relative
+path is read from the scenario file's folder. A row that is not of this form
 is an error naming the trace file and its line: a row skipped in silence would change the
 replay. `azure-conv` is the Azure LLM inference conversation trace
 shipped with the package (CC-BY 4.0, see `src/llmvalve/sim/traces/ATTRIBUTION.md`). Replayed
@@ -315,8 +316,10 @@ with several pools), a model listed by two pools are each one line `file:line: f
 all reported at once (a class's `model` once `pools` itself is valid), and `llmvalve simulate`
 exits 2. So are values that would be ignored or
 would contradict themselves: an event after the run ends, for no backend or one backend twice,
-or that leaves and rejoins at once; a class without a `rate` (write `rate: 0`) or a trace, a
-class name used twice; a length distribution whose mean lies outside its `[min, max]`; a retry
+or that leaves and rejoins at once, a backend that rejoins without having left or leaves again
+before it rejoined (in time order); a rate step after the run ends; a class without a `rate`
+(write `rate: 0`; `rate: null` and `{ramp: null}` are none either) or a trace, a class name
+used twice; a length distribution whose mean lies outside its `[min, max]`; a retry
 `cap` below its `base`; retry settings with no `mode` (the default, `none`); `cancel.after`
 without `prob`; `priority`, `prompt` or `output` on a trace class (the split and the trace set
 them); an empty `controllers`, `oracleSweep` or `sweepLoads` list; an on/off period under
@@ -327,7 +330,9 @@ priorities do not match,
 trace `tenants` for a priority the split gives nothing, a `start` past the trace's end. And
 sizes that are typos, not simulations: more than a day of virtual time, more than 4,096
 backends, more than 2,000,000 requests at the classes' peak rates (40 times `fleet`, the
-largest built-in; `--load-scale` counts). A top-level key starting with `x-` is yours (a place
+largest built-in; the largest of `sweepLoads`, each class's retry attempts and `--load-scale`
+count), more than 100 attempts of a request, a length distribution's `cv` over 100, a
+`scrapeInterval` under 10ms. A top-level key starting with `x-` is yours (a place
 for YAML anchors) and is ignored.
 
 `expect` says what a scenario is judged on (issue 10's targets): `doNoHarm` — a low-load

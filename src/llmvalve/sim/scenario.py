@@ -131,11 +131,15 @@ class Scenario:
     pools: tuple[PoolDef, ...] = ()
 
     def requests_bound(self, load_scale: float = 1.0) -> float:
-        """At most about this many requests arrive: each rate class at its peak for the whole
-        run (traces are bounded by their files)."""
-        peak = sum(max([r for _, r in c.rate] + [c.on_off.on if c.on_off else 0.0])
+        """At most about this many attempts are sent: each rate class at its peak (of its
+        steps, or its on and off rates) for the whole run, at the largest of `sweep_loads`,
+        each request tried as often as its retries allow (traces are bounded by their
+        files)."""
+        peak = sum(max([r for _, r in c.rate]
+                       + ([c.on_off.on, c.on_off.off] if c.on_off else []), default=0.0)
+                   * (c.retry.max_attempts if c.retry.mode != "none" else 1)
                    for c in self.classes if c.trace is None)
-        return peak * load_scale * self.duration_s
+        return peak * max(self.sweep_loads, default=1.0) * load_scale * self.duration_s
 
     def engine_profile(self) -> EngineProfile:
         """The backends' profile with the scenario's overrides (e.g. a smaller max_num_seqs)."""

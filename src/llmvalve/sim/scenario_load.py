@@ -8,6 +8,7 @@ backend count, profiles against the known engine profiles.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from llmvalve.core.policy import Policy, PolicyError, PolicyIssue, load_policy
 from llmvalve.core.policy.document import compose_document
-from llmvalve.core.policy.nodes import NodeFields, NodeReader
+from llmvalve.core.policy.nodes import NodeFields, NodeReader, duration_at_least, shown
 from llmvalve.engine.profiles import PROFILES
 from llmvalve.gateway.policy_file import load_policy_file
 from llmvalve.sim.scenario import (
@@ -57,6 +58,9 @@ MAX_BACKENDS = 4096
 MAX_GATEWAYS = 1024  # replicas: each runs its own core; 32 is the largest measured (scenarios.md)
 MAX_REQUESTS = 2_000_000  # rate × duration: 40x `fleet`, the largest built-in (~1 h to run)
 MIN_PERIOD_S = 0.1  # an on/off period (workload.py draws none shorter)
+MAX_ATTEMPTS = 100  # a client's tries of one request (the openai SDK makes 3 by default)
+MIN_SCRAPE_S = 0.01  # as the policy's pools[].scrapeInterval
+MAX_CV = 100.0  # a length distribution's coefficient of variation
 
 
 class _Ctx:
@@ -66,6 +70,7 @@ class _Ctx:
         self.r = r
         self.priorities = priorities
         self.base = base
+        self.duration_s = math.inf  # the run's, once read
 
     def priority(self, node: Node, field: str) -> int | None:
         p = self.r.integer(node, field)
@@ -133,11 +138,11 @@ def _backend_indices(c: _Ctx, node: Node | None, field: str, count: int,
     for item in items:
         v = c.r.scalar(item) if isinstance(item, ScalarNode) else item
         if isinstance(v, bool) or not isinstance(v, int):
-            c.r.error(item, field, f"{hint}; got {v!r}" if isinstance(item, ScalarNode)
-                      else hint)
+            c.r.error(item, field, f"{hint}; got {shown(item.value)}"
+                      if isinstance(item, ScalarNode) else hint)
         elif not 0 <= v < count:
-            c.r.error(item, field, f"backend {v} is out of range: there are {count} backends "
-                      f"(0..{count - 1})")
+            c.r.error(item, field, f"backend {shown(v)} is out of range: there are {count} "
+                      f"backends (0..{count - 1})")
         else:
             out.append(v)
     return out
@@ -148,6 +153,7 @@ def _events(c: _Ctx, top: NodeFields, count: int,
     node = top.get("events")
     items = c.r.seq(node, "events") if node is not None else []
     out = []
+    moves: list[tuple[float, int, Node, int, bool]] = []  # leaves and rejoins
     for i, item in enumerate(items or []):
         e = c.r.fields(item, f"events[{i}]", EVENT_KEYS, required=True)
         if e.node is None:
@@ -175,6 +181,14 @@ def _events(c: _Ctx, top: NodeFields, count: int,
                       "never happen")
         out.extend(CapacityEvent(at_s, b, slowdown or None, leave, rejoin, kv or None)
                    for b in backends)
+        moves.extend((at_s, i, item, b, leave) for b in backends if leave or rejoin)
+    gone: set[int] = set()  # in time order, the file's order at equal times (as they run)
+    for at_s, i, item, b, leave in sorted(moves, key=lambda m: m[0]):
+        if leave == (b in gone):
+            c.r.error(item, f"events[{i}]", f"backend {b} " + (
+                "leaves again" if leave else "rejoins") + f" at {at_s:g} s without having "
+                + ("rejoined" if leave else "left") + ": it would be ignored")
+        (gone.add if leave else gone.discard)(b)
     return tuple(out)
 
 
@@ -189,7 +203,7 @@ def _dist(c: _Ctx, node: Node | None, field: str, default: Dist) -> Dist:
         return default
     mean = d.require("mean")
     m = c.r.number(mean, d.field("mean"), gt=0) if mean is not None else None
-    out = Dist(m or default.mean, d.number("cv", 0.0, ge=0), d.integer("min", 1, ge=1),
+    out = Dist(m or default.mean, d.number("cv", 0.0, ge=0, le=MAX_CV), d.integer("min", 1, ge=1),
                d.integer("max", 1_000_000, ge=1))
     if out.min > out.max:
         c.r.error(d.get("min"), d.field("min"), f"min {out.min} is above max {out.max}")
@@ -212,6 +226,10 @@ def _points(c: _Ctx, node: Node, field: str, ramp: bool) -> tuple[tuple[float, f
         t = c.r.duration(pair[0], f, allow_zero=True)
         r = c.r.number(pair[1], f, ge=0)
         if t is None or r is None:
+            continue
+        if t > c.duration_s and not ramp:  # a ramp's later point still sets its slope
+            c.r.error(item, f, f"a step after the run ends ({c.duration_s:g} s): it would "
+                      "never apply")
             continue
         if out and (t < out[-1][0] or (t == out[-1][0] and not ramp)):
             c.r.error(item, f, f"times must increase: {t:g} s after {out[-1][0]:g} s"
@@ -271,13 +289,16 @@ def _rate(c: _Ctx, node: Node | None, field: str
         c.r.error(node, field, "a rate mapping has exactly one of ramp: [[time, req/s], ...] "
                   "or onOff: {onRate, offRate, onFor, offFor}")
         return ((0.0, 0.0),), False, None
-    if f.has("ramp"):
-        ramp = f.get("ramp")
-        return ((_points(c, ramp, f.field("ramp"), ramp=True) if ramp is not None else ()),
-                True, None)
-    on_off_node = f.get("onOff")
-    on_off = _on_off(c, on_off_node, f.field("onOff")) if on_off_node is not None else None
-    return (), False, on_off
+    key = "ramp" if f.has("ramp") else "onOff"
+    value = f.get(key)
+    if value is None:
+        c.r.error(f.key_node(key), f.field(key), "missing its value: "
+                  + ("[[time, req/s], ...]" if key == "ramp"
+                     else "{onRate, offRate, onFor, offFor}"))
+        return ((0.0, 0.0),), False, None
+    if key == "ramp":
+        return _points(c, value, f.field("ramp"), ramp=True), True, None
+    return (), False, _on_off(c, value, f.field("onOff"))
 
 
 def _resolve(c: _Ctx, node: Node, field: str, value: str, what: str) -> str | None:
@@ -374,7 +395,7 @@ def _retry(c: _Ctx, node: Node | None, field: str) -> RetrySpec:
     mode_node = r.get("mode")
     mode = (c.r.choice(mode_node, r.field("mode"), RETRY_MODES, "retry mode")
             if mode_node is not None else None)
-    spec = RetrySpec(mode or "none", r.integer("maxAttempts", 3, ge=1),
+    spec = RetrySpec(mode or "none", r.integer("maxAttempts", 3, ge=1, le=MAX_ATTEMPTS),
                      r.duration("base", 1.0), r.duration("cap", 30.0))
     tuned = [k for k in ("maxAttempts", "base", "cap") if r.has(k)]
     if spec.mode == "none" and tuned:
@@ -425,9 +446,10 @@ def _class(c: _Ctx, node: Node, i: int) -> TrafficClass | None:
                          ("output", "a trace sets each request's lengths")):
             if f.has(key):
                 c.r.error(f.key_node(key), f.field(key), f"{why}: it would be ignored")
-    if trace_node is None and not f.has("rate"):
-        c.r.error(f.node, f.field("rate"), "missing: a class has a rate (req/s) or a trace "
-                  "(rate: 0 for a class that sends nothing)")
+    if trace_node is None and f.get("rate") is None:
+        c.r.error(f.key_node("rate"), f.field("rate"),
+                  "missing: a class has a rate (req/s) or a trace (rate: 0 for a class that "
+                  "sends nothing)")
     rate, ramp, on_off = _rate(c, f.get("rate"), f.field("rate"))
     prob, after = _cancel(c, f.get("cancel"), f.field("cancel"))
     return TrafficClass(
@@ -566,25 +588,25 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
     if not named:
         policy = _priority_where_engines_take_it(policy, pools, overrides)
     defaults = Scenario(name="", duration_s=0.0, classes=())
-    duration_s = top.duration("duration", 120.0)
+    duration_s = c.duration_s = top.duration("duration", 120.0)
     if duration_s > MAX_DURATION_S:
         r.error(top.get("duration"), "duration", f"at most {MAX_DURATION_S:g} s (a day) of "
                 "virtual time")
     classes = []
     class_node = top.get("classes")
     class_nodes = r.seq(class_node, "classes") if class_node is not None else []
+    names: dict[str, int] = {}
     for i, node in enumerate(class_nodes or []):
         cls = _class(c, node, i)
-        if cls is not None:
-            classes.append(cls)
-    if class_nodes == []:
-        r.error(top.key_node("classes"), "classes", "no traffic classes")
-    names: dict[str, int] = {}
-    for i, cls in enumerate(classes):
+        if cls is None:
+            continue
+        classes.append(cls)
         if cls.name in names:
-            r.error(class_nodes[i] if class_nodes else None, f"classes[{i}].name",
+            r.error(node, f"classes[{i}].name",
                     f"duplicate class name {cls.name!r} (already classes[{names[cls.name]}])")
         names.setdefault(cls.name, i)
+    if class_nodes == []:
+        r.error(top.key_node("classes"), "classes", "no traffic classes")
     if class_nodes:
         from llmvalve.sim.runner import default_policy
 
@@ -598,7 +620,8 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
         backends=count, profile=profile, profile_overrides=overrides,
         events=_events(c, top, count, duration_s),
         gateways=top.integer("gateways", 1, ge=1, le=MAX_GATEWAYS),
-        scrape_interval_s=m.duration("scrapeInterval", 0.5),
+        scrape_interval_s=duration_at_least(m, "scrapeInterval", 0.5, MIN_SCRAPE_S,
+                                            "as the policy's pools[].scrapeInterval"),
         als_delay_s=m.duration("alsDelay", 0.05, allow_zero=True),
         policy=policy,
         controllers=_controllers(c, top, defaults.controllers),
@@ -606,8 +629,11 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
         sweep_loads=_numbers(c, top, "sweepLoads", False) or (),
         classes=tuple(classes), extra=_expect(c, top), pools=pools)
     if sc.requests_bound() > MAX_REQUESTS:
-        r.error(class_node, "classes", f"about {sc.requests_bound():,.0f} requests at the "
-                f"classes' peak rates over {sc.duration_s:g} s: at most {MAX_REQUESTS:,}")
+        bound = sc.requests_bound()
+        count_text = f"{bound:,.0f}" if bound < 1e12 else f"{bound:.3g}"
+        r.error(class_node, "classes", f"about {count_text} requests at the classes' peak rates "
+                f"over {sc.duration_s:g} s (sweepLoads and retries counted): at most "
+                f"{MAX_REQUESTS:,}")
     if issues:
         raise ScenarioError("\n".join(str(i) for i in sorted(issues, key=lambda i: i.line)))
     return sc

@@ -9,6 +9,7 @@ import io
 import itertools
 import math
 import random
+import zlib
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -129,6 +130,11 @@ def on_off_schedule(cls: TrafficClass, duration_s: float,
     return _on_off_steps(spec, duration_s, rng)
 
 
+# A trace's CSV, decompressed: 2,000,000 rows of ~30 bytes (a scenario's most requests). A
+# gzip of 100 KB could otherwise unpack to gigabytes.
+MAX_TRACE_BYTES = 64 << 20
+
+
 class TraceError(ValueError):
     """A trace file that cannot be replayed: `file:line: problem`."""
 
@@ -138,23 +144,36 @@ def read_trace(file: str) -> tuple[tuple[float, int, int], ...]:
     """(seconds from the trace's first arrival, prompt tokens, output tokens). The first row
     may be a header; any other row that is not `timestamp, prompt tokens, output tokens` is a
     `TraceError` naming its line (a row skipped in silence would change the replay)."""
-    if file == "azure-conv":
-        raw = resources.files("llmvalve.sim").joinpath("traces", "azure_conv.csv.gz").read_bytes()
-    else:
-        raw = Path(file).read_bytes()
+    source = (resources.files("llmvalve.sim").joinpath("traces", "azure_conv.csv.gz")
+              if file == "azure-conv" else Path(file))
     try:
-        data = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
-        text = data.decode("utf-8-sig")
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        with source.open("rb") as f:
+            raw = f.read(MAX_TRACE_BYTES + 1)
+            if raw[:2] == b"\x1f\x8b":
+                raw = gzip.GzipFile(fileobj=io.BytesIO(raw)).read(MAX_TRACE_BYTES + 1)
+        text = raw.decode("utf-8-sig")
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
         raise TraceError(f"{file}: cannot read it as a CSV (or gzip of one): {exc}") from None
+    if len(raw) > MAX_TRACE_BYTES:
+        raise TraceError(f"{file}: more than {MAX_TRACE_BYTES >> 20} MiB of CSV (about "
+                         "2,000,000 rows, as many requests as a scenario may send)")
     rows, first = [], True
-    for line, rec in enumerate(csv.reader(io.StringIO(text)), start=1):
+    reader = csv.reader(io.StringIO(text))
+    line = 0
+    while True:
+        try:
+            rec = next(reader, None)
+        except csv.Error as exc:
+            raise TraceError(f"{file}:{reader.line_num}: {exc}") from None
+        if rec is None:
+            break
+        line = reader.line_num
         if not rec or not "".join(rec).strip():
             continue
         row = _trace_row(rec)
-        if row is None and first:
+        if row is None and first and not any(map(_is_number, rec[1:3])):
             first = False
-            continue  # the header
+            continue  # the header: names where the token counts go
         first = False
         if row is None:
             raise TraceError(f"{file}:{line}: expected timestamp (seconds or ISO 8601), "
@@ -167,6 +186,14 @@ def read_trace(file: str) -> tuple[tuple[float, int, int], ...]:
     rows.sort()
     t0 = rows[0][0]
     return tuple((t - t0, p, o) for t, p, o in rows)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _trace_row(rec: list[str]) -> tuple[float, int, int] | None:

@@ -132,7 +132,7 @@ class NodeReader:
         secret = secret or self.secret
         hint = ""
         if not secret and expected == "a string" and isinstance(node, ScalarNode):
-            hint = f" ({node.value!r} was read as {kind_of(node)}; quote it if you meant text)"
+            hint = f" ({shown(node.value)} was read as {kind_of(node)}; quote it if you meant text)"
         elif (not secret and expected in ("a number", "an integer")
               and isinstance(node, ScalarNode) and node.tag == TAG + "str"
               and _EXPONENT.fullmatch(node.value)):
@@ -204,12 +204,13 @@ class NodeReader:
             elif key not in allowed:
                 guess = suggest(key, allowed)
                 if guess:
-                    self.error(key_node, field, f"unknown key {key!r}; did you mean {guess!r}?")
+                    self.error(key_node, field,
+                               f"unknown key {shown(key)}; did you mean {guess!r}?")
                 else:
                     hint = (f" (a key of your own, e.g. to hold a YAML anchor, starts with "
                             f"{free_prefix!r})") if free_prefix else ""
-                    self.error(key_node, field,
-                               f"unknown key {key!r}; allowed here: {', '.join(allowed)}{hint}")
+                    self.error(key_node, field, f"unknown key {shown(key)}; allowed here: "
+                               f"{', '.join(allowed)}{hint}")
             else:
                 entries[key] = (key_node, value_node)
             if is_own:
@@ -274,7 +275,7 @@ class NodeReader:
         elif isinstance(value, str):
             seconds = parse_duration(value)
             if seconds is None:
-                self.error(node, field, f"bad duration {value!r}: use seconds (8, 1.5) or a "
+                self.error(node, field, f"bad duration {shown(value)}: use seconds (8, 1.5) or a "
                            "number with a unit: 150ms, 8s, 1.5s, 2m, 1h")
                 return None
         else:
@@ -313,7 +314,7 @@ class NodeReader:
         if value is None:
             return None
         if value not in allowed:
-            self.error(node, field, f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
+            self.error(node, field, f"unknown {what} {shown(value)}; allowed: {', '.join(allowed)}")
             return None
         return value
 
@@ -423,7 +424,7 @@ class NodeFields:
             check_header_safe(self.r, node, self.field("name"), f"{what} name", name)
         if name is not None and name in seen:
             where = f" (already used by {seen[name]})" if say_where else ""
-            self.r.error(node, self.field("name"), f"duplicate {what} name {name!r}{where}")
+            self.r.error(node, self.field("name"), f"duplicate {what} name {shown(name)}{where}")
         elif name is not None:
             seen[name] = self.path
         return name
@@ -445,7 +446,7 @@ def check_header_safe(r: NodeReader, node: Node | None, field: str, what: str,
     metric labels: a character Latin-1 cannot write, or a line break, would break the answer
     to Envoy."""
     if not (value.isascii() and value.isprintable()):
-        r.error(node, field, f"{what} {value!r} must be printable ASCII (it is written into "
+        r.error(node, field, f"{what} {shown(value)} must be printable ASCII (it is written into "
                 "HTTP headers)")
 
 
@@ -460,9 +461,24 @@ def read_names(f: NodeFields, key: str, what: str) -> tuple[str, ...]:
         if value is None:
             continue
         if value in out:
-            f.r.error(item, join(f.field(key), j), f"duplicate {what} {value!r}")
+            f.r.error(item, join(f.field(key), j), f"duplicate {what} {shown(value)}")
         else:
             check_header_safe(f.r, item, join(f.field(key), j), what, value)
         out.append(value)
     return tuple(out)
 
+
+def duration_at_least(f: NodeFields, key: str, default: float, floor_s: float, why: str) -> float:
+    """A duration with a floor below which it is a typo (500us for 500ms)."""
+    value = f.duration(key, default)
+    if value < floor_s:
+        f.r.error(f.get(key), f.field(key), f"at least {floor_s:g}s ({why})")
+        return default
+    return value
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """A value as an error quotes it: its repr, cut to `limit` characters (a 100 KB line
+    quoted whole is not an error message)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -15,6 +15,7 @@ from llmvalve.core.policy.nodes import (
     NodeFields,
     NodeReader,
     check_header_safe,
+    duration_at_least,
     join,
     read_names,
 )
@@ -87,22 +88,13 @@ def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str],
     return PoolSpec(
         name=name, cluster=f.string("cluster", d.cluster), engine=engine or d.engine,
         backends=backends, models=models, engine_priority=engine_priority,
-        scrape_interval_s=_at_least(f, "scrapeInterval", d.scrape_interval_s, 0.01,
+        scrape_interval_s=duration_at_least(f, "scrapeInterval", d.scrape_interval_s, 0.01,
                                     "a scrape loop that fast loads the engines it watches"),
         scrape_timeout_s=f.duration("scrapeTimeout", d.scrape_timeout_s),
         breaker=breaker,
-        lease_timeout_s=_at_least(f, "leaseTimeout", d.lease_timeout_s, 1.0,
+        lease_timeout_s=duration_at_least(f, "leaseTimeout", d.lease_timeout_s, 1.0,
                                   "a lease shorter than a request reclaims slots still in use"),
     )
-
-
-def _at_least(f: NodeFields, key: str, default: float, floor_s: float, why: str) -> float:
-    """A duration with a floor below which it is a typo (500us for 500ms)."""
-    value = f.duration(key, default)
-    if value < floor_s:
-        f.r.error(f.get(key), f.field(key), f"at least {floor_s:g}s ({why})")
-        return default
-    return value
 
 
 def _backends(r: NodeReader, f: NodeFields, known: _BackendNames) -> tuple[BackendSpec, ...]:
@@ -163,7 +155,7 @@ def _breaker(f: NodeFields) -> BreakerSpec:
     return BreakerSpec(
         failure_ratio=bk.number("failureRatio", d.failure_ratio, gt=0, le=1),
         min_requests=bk.integer("minRequests", d.min_requests, ge=1),
-        window_s=_at_least(bk, "window", d.window_s, 0.01, "a tenth of it is one "
+        window_s=duration_at_least(bk, "window", d.window_s, 0.01, "a tenth of it is one "
                            "bucket of the failure count"),
         open_s=bk.duration("open", d.open_s),
     )
