@@ -278,10 +278,21 @@ def test_pod_runs_envoy_and_llmvalve_wired_to_each_other(pod, envoy_cfg):
     volume = mounts(pod, cp)[str(args.policy.parent)]
     assert volume["configMap"]["name"] == "gateway-overload-policy"
     assert volume["configMap"]["items"] == [{"key": "policy.yaml", "path": args.policy.name}]
-    # Envoy exits at once on SIGTERM, cutting every stream: its preStop keeps it serving
-    # while llmvalve drains, and the grace period outlasts both.
-    [_, seconds] = envoy["lifecycle"]["preStop"]["exec"]["command"]
-    assert args.drain_timeout < int(seconds) < pod["terminationGracePeriodSeconds"]
+    # Envoy exits at once on SIGTERM, cutting every stream: its preStop (the script of the
+    # Envoy ConfigMap, run by e2e/test_e2e_envoy_prestop.py) waits for them, for at most
+    # MAX_WAIT; llmvalve admits on through its own preStop, then drains; the grace period
+    # outlasts both (a fixed `sleep 35` cut every stream past it).
+    [shell, script] = envoy["lifecycle"]["preStop"]["exec"]["command"]
+    mounted = mounts(pod, envoy)[str(Path(script).parent)]
+    assert shell == "/bin/bash" and mounted["configMap"]["name"] == "llm-gateway-envoy"
+    kustomization = load(K8S / "kustomization.yaml")
+    [generated] = [g for g in kustomization["configMapGenerator"]
+                   if g["name"] == "llm-gateway-envoy"]
+    assert Path(script).name in generated["files"] and (K8S / Path(script).name).is_file()
+    max_wait = int({e["name"]: e["value"] for e in envoy["env"]}["MAX_WAIT"])
+    [_, pause] = cp["lifecycle"]["preStop"]["exec"]["command"]
+    grace = pod["terminationGracePeriodSeconds"]
+    assert max_wait < grace and int(pause) + args.drain_timeout < grace
 
 
 def test_probes_hit_endpoints_that_exist(pod, envoy_cfg):

@@ -228,9 +228,11 @@ def test_the_replica_count_comes_from_a_headless_service_of_the_gateway_pods(dep
     assert args.replica_share == 0.5  # until the first answer: the HPA's minimum
 
 
-def test_prometheus_annotations_name_the_admin_port(deployment):
-    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-    assert int(annotations["prometheus.io/port"]) == ports_by_name(deployment)["admin"][1]
+def test_no_prometheus_annotations_beside_the_shipped_scrape_configs(deployment):
+    """An annotation-based job beside kubernetes-scrape.yml or the ServiceMonitor scraped each
+    pod twice, doubling the decision rate the HPA scales on (found by a review)."""
+    annotations = deployment["spec"]["template"]["metadata"].get("annotations", {})
+    assert not [a for a in annotations if a.startswith("prometheus.io/")]
 
 
 def test_docs_quote_the_hpa_and_pdb_as_shipped():
