@@ -72,6 +72,12 @@ def test_output_length_model_and_overrides():
     (b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested too deeply"),  # was a 500
     (b'{"messages": [{"role": "user", "content": "x"}], "priority": "high"}', "priority"),
     (b'{"messages": [{"role": "user", "content": "x"}], "priority": true}', "priority"),
+    # found by a review: each was taken (vLLM refuses it)
+    (b'{"messages": [{"role": "user", "content": "x"}], "stream": true, '
+     b'"stream_options": {"include_usage": "bogus"}}', "include_usage"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "min_tokens": 50, "max_tokens": 2}',
+     "min_tokens must be less than or equal to max_tokens"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "model": 5}', "model"),
 ])
 def test_bad_requests_raise_with_a_message(raw, needle):
     with pytest.raises(BadRequest) as err:
@@ -83,8 +89,9 @@ def test_fields_are_read_as_vllm_reads_them():
     """pydantic's lax mode, as vLLM's request models: the gateway admits these, so the
     backend that stands in for vLLM serves them."""
     req = parse_request(Kind.CHAT, b'{"messages": [{"role": "user", "content": "x"}], '
-                        b'"max_tokens": "5", "stream": "true", "n": 1.0}', {}, TINY)
-    assert (req.max_tokens, req.stream) == (5, True)
+                        b'"max_tokens": "5", "stream": "true", "n": 1.0, "priority": "1", '
+                        b'"stream_options": {"include_usage": "false"}}', {}, TINY)
+    assert (req.max_tokens, req.stream, req.priority, req.include_usage) == (5, True, 1, False)
 
 
 def test_the_last_priority_of_a_body_is_the_one_read():

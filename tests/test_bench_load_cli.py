@@ -101,5 +101,23 @@ def test_load_exits_1_when_every_request_failed(tmp_path, capsys):
                  "--time-scale", "4", "--drain", "1", "--every", "0", "--model", "m"])
     assert code == 1
     captured = capsys.readouterr()
-    assert "every request failed" in captured.err and "ClientConnectorError" in captured.err
+    assert "no request was answered or shed" in captured.err
+    assert "ClientConnectorError" in captured.err
     assert "goodput" in captured.out  # the table
+
+
+def test_load_exits_1_when_nothing_was_answered(tmp_path, capsys):
+    """A target that takes connections and never answers (a hung gateway): no request failed,
+    none was answered; the exit status said 0 (found by a review)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(128)  # connections complete in the kernel's backlog; nobody reads them
+        sc = tmp_path / "tiny.yaml"
+        sc.write_text(SCENARIO)
+        code = main(["load", "--target", f"http://127.0.0.1:{s.getsockname()[1]}",
+                     "--scenario", str(sc), "--time-scale", "4", "--drain", "1", "--every",
+                     "0", "--model", "m"])
+    assert code == 1
+    assert "no request was answered or shed" in capsys.readouterr().err

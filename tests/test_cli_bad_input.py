@@ -48,6 +48,19 @@ def run(args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess:
     (["up", "--policy", "/no/such/policy.yaml"], 2),
     (["serve", "--controller", "static:0"], 2),
     (["serve", "--metrics-url", "nonsense"], 2),  # it was scraped, and failed, forever
+    # found by a review: a traceback, a whole run against a URL that could not work, a run
+    # that filled the memory, a backend whose clock was NaN, a benchmark that started anyway
+    (["load", "--scenario", "steady", "--target", "http://127.0.0.1:abc"], 2),
+    (["load", "--scenario", "steady", "--target", "http://127.0.0.1:99999"], 2),
+    (["load", "--scenario", "steady", "--target", "http://127.0.0.1:8080/?x=1"], 2),
+    (["load", "--scenario", "steady", "--path", "v1/chat/completions"], 2),
+    (["load", "--scenario", "steady", "--load-scale", "1e6"], 2),
+    (["sim-backend", "--time-scale", "nan"], 2),
+    (["bench", "--scenario", "overhead", "--json", "/no/such/dir/x.json"], 2),
+    (["bench", "--scenario", "overhead", "--rates", "abc"], 2),
+    (["bench", "--scenario", "overhead", "--duration", "0"], 2),
+    (["bench", "--scenario", "overhead", "--plot", "x.png"], 2),
+    (["bench", "--scenario", "overload-sweep", "--sweep-loads", "1,nan"], 2),
 ])
 def test_a_bad_value_is_one_line_and_exit_2(args, code):
     done = run(args)

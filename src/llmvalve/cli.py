@@ -46,11 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if getattr(args, "_missing", None):
-        print(f"llmvalve {args.command}: not available in this build", file=sys.stderr)
-        return 2
-    return int(args._run(args) or 0)
+    try:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "_missing", None):
+            print(f"llmvalve {args.command}: not available in this build", file=sys.stderr)
+            return 2
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C where a command does not handle it (its imports)
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -80,8 +80,9 @@ def filler(start: int, end: int) -> str:
 
 
 def error_body(status: int, message: str, err_type: str, param: str | None = None) -> bytes:
-    return json.dumps({"object": "error", "message": message, "type": err_type,
-                       "param": param, "code": status}).encode()
+    """vLLM's error answer (its `ErrorResponse` since v0.10.1: OpenAI's nesting)."""
+    return json.dumps({"error": {"message": message, "type": err_type, "param": param,
+                                 "code": status}}).encode()
 
 
 # ---- parsing ---------------------------------------------------------------------------------
@@ -174,22 +175,27 @@ def parse_request(kind: Kind, raw: bytes, headers: Mapping[str, str],
     options = options or {}
     if options and not stream:
         raise BadRequest("Stream options can only be defined when `stream=True`.")
+    usage = {k: lax_bool(options.get(k, False))
+             for k in ("include_usage", "continuous_usage_stats")}
+    if None in usage.values():
+        raise BadRequest("stream_options: include_usage and continuous_usage_stats are "
+                         "booleans")
     request_id = body.get("request_id")
     model = body.get("model")
-    priority = body.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise BadRequest("priority must be an integer")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("model must be a string")
+    priority = _int_field(body, "priority", -(1 << 63))
     return SimRequest(
         kind=kind,
         prompt_tokens=prompt,
         output_tokens=output,
         max_tokens=max_tokens,
         stream=stream,
-        include_usage=bool(options.get("include_usage", False)),
-        continuous_usage=bool(options.get("continuous_usage_stats", False)),
+        include_usage=bool(usage["include_usage"]),
+        continuous_usage=bool(usage["continuous_usage_stats"]),
         request_id=request_id if isinstance(request_id, str) and request_id else None,
-        model=model if isinstance(model, str) and model else None,
-        priority=priority,
+        model=model or None,
+        priority=priority or 0,
     )
 
 
@@ -255,6 +261,9 @@ def _output_tokens(body: Mapping[str, Any], headers: Mapping[str, str], max_toke
         ignore_eos = body.get("ignore_eos", False)
         output = max_tokens if ignore_eos is True else profile.default_output_tokens
     min_tokens = _int_field(body, "min_tokens", 0) or 0
+    if min_tokens > max_tokens:
+        raise BadRequest(f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
+                         f"got {min_tokens}.")
     return max(1, min(max(output, min_tokens), max_tokens))
 
 

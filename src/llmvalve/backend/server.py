@@ -90,6 +90,11 @@ class SimBackend:
         return self.port
 
     async def stop(self) -> None:
+        """Stop serving: requests in flight are cut first (as the fault "down" cuts them: the
+        engine is going away), then the server closes. Stopping the engine alone left every
+        handler waiting for tokens that never came, and the server waited on them for its
+        60 s shutdown timeout."""
+        self.runner.fail_all()
         await self.runner.stop()
         if self._web is not None:
             await self._web.cleanup()

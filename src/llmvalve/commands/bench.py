@@ -62,9 +62,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "PNG-ttft.png (TTFT per class), PNG-sweep.png (overload-sweep)")
     p.add_argument("--workdir", type=Path, help="keep logs and generated configs here")
     p.add_argument("--rates", help="overhead: open-loop request rates (req/s), default 500,1000")
-    p.add_argument("--duration", type=float, default=None,
+    p.add_argument("--duration", type=positive_number, default=None,
                    help="overhead: seconds per measurement (default 6)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+def _loads(flag: str, text: str) -> list[float]:
+    """A comma list of finite numbers > 0 (ValueError naming the flag)."""
+    try:
+        return [positive_number(x) for x in text.split(",") if x.strip()]
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
 
 
 def _run_overhead(args: argparse.Namespace) -> int:
@@ -72,6 +80,19 @@ def _run_overhead(args: argparse.Namespace) -> int:
 
     from llmvalve.bench.overhead import measure_to
 
+    try:  # checked before anything starts; the scenarios' flags are no overhead's
+        _loads("--rates", args.rates or "")
+        if why := unwritable(args.json):
+            raise ValueError(f"--json {why}")
+        given = [flag for flag, value, default in (
+            ("--plot", args.plot, None), ("--time-scale", args.time_scale, None),
+            ("--repeat", args.repeat, 1), ("--sweep-loads", args.sweep_loads, None),
+            ("--load-scale", args.load_scale, 1.0)) if value != default]
+        if given:
+            raise ValueError(f"{', '.join(given)}: not for the overhead measurement")
+    except ValueError as exc:
+        print(f"llmvalve bench: {exc}", file=sys.stderr)
+        return 2
     out = Path(args.json) if args.json and args.json != "-" else \
         Path(tempfile.mkdtemp(prefix="llmvalve-overhead-")) / "overhead.json"
     try:
@@ -81,6 +102,9 @@ def _run_overhead(args: argparse.Namespace) -> int:
         print(f"llmvalve bench: the overhead measurement is not available: {exc}",
               file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     if code == 0 and args.json == "-":
         print(out.read_text())
     return code
@@ -157,11 +181,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         sc = load_scenario(args.scenario)
         modes = resolve_modes(sc, args.modes.split(",") if args.modes else None)
-        loads = ([float(x) for x in args.sweep_loads.split(",") if x]
-                 if args.sweep_loads else list(sc.sweep_loads))
+        loads = (_loads("--sweep-loads", args.sweep_loads) if args.sweep_loads
+                 else list(sc.sweep_loads))
         if loads and args.load_scale != 1.0:
             raise ValueError(f"--load-scale {args.load_scale:g}: {sc.name} runs a sweep of "
-                             "loads; give them with --sweep-loads")
+                             "loads; scale the loads of --sweep-loads instead")
         for flag, dest in (("--plot", args.plot), ("--json", args.json)):
             if why := unwritable(dest):
                 raise ValueError(f"{flag} {why}")

@@ -20,8 +20,9 @@ scenario seconds. The control plane of `llmvalve up` keeps wall-clock timeouts a
 against it X = 1 (the default) is the faithful setting: a 120 s scenario takes two minutes.
 
 Exit status: 0 when some request was served or shed (a 429/503 refusal is an answer: that is
-what overload looks like), 1 when every request failed (no connection, a cut stream, an HTTP
-error that is not a shed, such as 401 for a wrong key), 2 for bad arguments.
+what overload looks like), 1 when none was: each failed (no connection, a cut stream, an HTTP
+error that is not a shed, such as 401 for a wrong key) or got no answer (a hung gateway), 2 for
+bad arguments.
 """
 
 from __future__ import annotations
@@ -124,18 +125,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     raise_fd_limit()
     key = args.key or DEMO_KEY
-    model = args.model or _discover_model(args.target, key) or "sim-model"
     seed = sc.seed if args.seed is None else args.seed
-    jobs = generate(sc, args.load_scale, seed)
-    target = Target(args.target.rstrip("/"), path=args.path, model=model, keys=keys,
-                    default_key=key, priority_header=policy.requests.priority_header,
-                    sim_headers=not args.no_sim_headers)
-    gen = LoadGenerator(jobs, target, time_scale=args.time_scale, duration_s=sc.duration_s,
-                        drain_s=args.drain, seed=seed)
-    print(f"llmvalve load: {sc.name} ({len(jobs)} requests over {sc.duration_s:.0f} s of "
-          f"scenario time, {sc.duration_s / args.time_scale:.0f} s wall) → {args.target}, "
-          f"model {model}", file=sys.stderr, flush=True)
     try:
+        model = args.model or _discover_model(args.target, key) or "sim-model"
+        jobs = generate(sc, args.load_scale, seed)
+        target = Target(args.target.rstrip("/"), path=args.path, model=model, keys=keys,
+                        default_key=key, priority_header=policy.requests.priority_header,
+                        sim_headers=not args.no_sim_headers)
+        gen = LoadGenerator(jobs, target, time_scale=args.time_scale,
+                            duration_s=sc.duration_s, drain_s=args.drain, seed=seed)
+        print(f"llmvalve load: {sc.name} ({len(jobs)} requests over {sc.duration_s:.0f} s of "
+              f"scenario time, {sc.duration_s / args.time_scale:.0f} s wall) → "
+              f"{args.target}, model {model}", file=sys.stderr, flush=True)
         load = asyncio.run(_drive(gen, args.every))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -143,9 +144,12 @@ def run(args: argparse.Namespace) -> int:
     res = _results(args, sc, seed, len(jobs), load, policy)
     if not (args.json and write_json(res, args.json)):
         _print(res, load)
-    if load.attempts and sum(load.errors.values()) >= load.attempts:
-        print(f"llmvalve load: every request failed ({_errors(load.errors)}); is the gateway "
-              f"at {args.target} and does it take the key?", file=sys.stderr)
+    served = sum(st.status == "completed" for st in load.states)
+    if load.states and not served and not sum(load.rejections_by_s.values()):
+        failed = f"{_errors(load.errors)}, " if load.errors else ""
+        print(f"llmvalve load: no request was answered or shed ({failed}{load.unfinished} "
+              f"unanswered); is the gateway at {args.target} and does it take the key?",
+              file=sys.stderr)
         return 1
     return 0
 
@@ -155,14 +159,26 @@ def _inputs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from llmvalve.gateway.policy_file import load_policy_file
     from llmvalve.sim.runner import default_policy
     from llmvalve.sim.scenario import load_scenario
+    from llmvalve.sim.scenario_load import MAX_REQUESTS
 
     sc = load_scenario(args.scenario)
     policy = (load_policy_file(args.policy) if args.policy else None) or sc.policy \
         or default_policy()
     keys = _keys(args.keys)
     target = urlsplit(args.target)
-    if target.scheme not in ("http", "https") or not target.hostname:
+    try:
+        target.port  # noqa: B018 (it raises for a port that is no number from 0 to 65535)
+    except ValueError as exc:
+        raise ValueError(f"--target {args.target!r}: {exc}") from None
+    if (target.scheme not in ("http", "https") or not target.hostname or target.query
+            or target.fragment):
         raise ValueError(f"--target {args.target!r}: expected http://HOST:PORT")
+    if not args.path.startswith("/"):
+        raise ValueError(f"--path {args.path!r}: a path starting with /")
+    if sc.requests_bound(args.load_scale) > MAX_REQUESTS:
+        raise ValueError(f"--load-scale {args.load_scale:g}: about "
+                         f"{sc.requests_bound(args.load_scale):,.0f} requests, at most "
+                         f"{MAX_REQUESTS:,}")
     if why := unwritable(args.json):
         raise ValueError(f"--json {why}")
     return sc, policy, keys

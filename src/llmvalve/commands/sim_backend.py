@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llmvalve.commands.args import port_number
+from llmvalve.commands.args import port_number, positive_number
 
 
 def _ports(text: str) -> list[int]:
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"engine profile: {', '.join(PROFILES)} (default small)")
     parser.add_argument("--model", default=None, help="served model name (default: profile's)")
     add_engine_flags(parser)
-    parser.add_argument("--time-scale", type=float, default=1.0,
+    parser.add_argument("--time-scale", type=positive_number, default=1.0,
                         help="engine time = X × wall time (2: twice as fast)")
     parser.add_argument("--tokens-per-chunk", type=int, default=1,
                         help="output tokens per SSE chunk (bounds the event rate)")
@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
         initial = fault_mod.apply(fault_mod.Faults(), {
             "slowdown": args.slowdown, "kv_blocks": args.kv_blocks,
             "error_rate": args.error_rate, "hang": args.hang, "down": args.down})
-        if args.time_scale <= 0 or args.tokens_per_chunk < 1 or args.count < 1:
-            raise ValueError("--time-scale must be > 0, --tokens-per-chunk and --count ≥ 1")
+        if args.tokens_per_chunk < 1 or args.count < 1:
+            raise ValueError("--tokens-per-chunk and --count must be ≥ 1")
         if args.port and args.port + args.count > 65536:
             raise ValueError(f"--port {args.port} --count {args.count}: past port 65535")
     except ValueError as exc:
