@@ -105,15 +105,25 @@ def test_short_answers_that_finish_first_do_not_price_a_long_class():
 
 def test_each_answer_is_charged_and_a_request_that_decodes_none_teaches_nothing():
     """`n` answers (or a batch's) cost n × the class's length; an embeddings request costs
-    its prompt, and its short upstream time is not read as an answer of its class."""
+    its prompt, and neither its time in flight nor its short upstream time is read as an
+    answer of its class (a review found an embeddings request 100 s in flight raising its
+    class's chat requests from 266 to 2,510 tokens)."""
     a = _admission()
+    a.on_snapshot("default", BackendSnapshot("b0", 0.0, kv_capacity_tokens=1_000_000.0,
+                                             output_tokens_mean=10.0,
+                                             finished_in_window=1.0), 0.0)
+    a.observe(Sample("x", "default", Outcome.SUCCESS, ttft_s=0.5, duration_s=1.5,
+                     tenant="other", priority=0), 0.0)  # the pool writes 10 tokens a second
     assert _cost(a, RequestInfo("n", "solver", 1, 0.0, prompt_tokens=300, max_tokens=100,
                                 answers=8), 0.0) == 300 + 8 * 100
     assert _admit(a, RequestInfo("e", "solver", 1, 0.0, prompt_tokens=300, answers=0),
                   0.0) == 300
+    chat = RequestInfo("c", "solver", 1, 0.0, prompt_tokens=10)
+    assert _cost(a, chat, 100.0) == 10 + 256  # the default: nothing of the class in flight
     ticket = a.ticket("e")
     assert ticket is not None and ticket.answers == 0
-    a.release(ticket, Outcome.SUCCESS, 0.1)
-    a.observe(Sample("e", "default", Outcome.SUCCESS, duration_s=0.1, prompt_tokens=300,
-                     tenant="solver", priority=1, answers=ticket.answers), 0.1)
-    assert next(iter(a.pools.values())).answers.learned() == []
+    a.release(ticket, Outcome.SUCCESS, 100.0)
+    a.observe(Sample("e", "default", Outcome.SUCCESS, ttft_s=0.05, duration_s=100.0,
+                     prompt_tokens=300, tenant="solver", priority=1, answers=ticket.answers),
+              100.0)
+    assert next(iter(a.pools.values())).answers.expected(("solver", 1)) is None

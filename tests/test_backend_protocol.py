@@ -71,7 +71,7 @@ def test_output_length_model_and_overrides():
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}', "context length"),
     (b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested too deeply"),  # was a 500
     (b'{"messages": [{"role": "user", "content": "x"}], "priority": "high"}', "priority"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "priority": true}', "priority"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "priority": [1]}', "priority"),
     # found by a review: each was taken (vLLM refuses it)
     (b'{"messages": [{"role": "user", "content": "x"}], "stream": true, '
      b'"stream_options": {"include_usage": "bogus"}}', "include_usage"),

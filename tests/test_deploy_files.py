@@ -289,10 +289,13 @@ def test_pod_runs_envoy_and_llmvalve_wired_to_each_other(pod, envoy_cfg):
     [generated] = [g for g in kustomization["configMapGenerator"]
                    if g["name"] == "llm-gateway-envoy"]
     assert Path(script).name in generated["files"] and (K8S / Path(script).name).is_file()
-    max_wait = int({e["name"]: e["value"] for e in envoy["env"]}["MAX_WAIT"])
+    env = {e["name"]: int(e["value"]) for e in envoy["env"]}
+    args_ = envoy["args"]
+    assert env["MIN_WAIT"] == int(args_[args_.index("--drain-time-s") + 1])
     [_, pause] = cp["lifecycle"]["preStop"]["exec"]["command"]
     grace = pod["terminationGracePeriodSeconds"]
-    assert max_wait < grace and int(pause) + args.drain_timeout < grace
+    assert int(pause) >= env["MIN_WAIT"]  # llmvalve admits while Envoy drains
+    assert env["MAX_WAIT"] < grace and int(pause) + args.drain_timeout < grace
 
 
 def test_probes_hit_endpoints_that_exist(pod, envoy_cfg):

@@ -209,7 +209,11 @@ MESSAGES = '"messages": [{"role": "user", "content": "hi"}]'
     (b'{"max_tokens": -1}', "", "max_tokens must be a non-negative integer"),
     (b'{"max_tokens": "nine"}', "", "max_tokens must be a non-negative integer"),
     (b'{"max_tokens": 9.5}', "", "max_tokens must be a non-negative integer"),
-    (b'{"max_tokens": true}', "", "max_tokens must be a non-negative integer"),
+    (b'{"max_tokens": "1e3"}', "", "max_tokens must be a non-negative integer"),
+    (('{"n": 129, ' + MESSAGES + "}").encode(), CHAT, "n must be at most 128"),
+    # found by a review: a content part whose type is no string crashed the check
+    (b'{"messages": [{"role": "user", "content": [{"type": ["x"], "text": "hi"}]}]}', CHAT,
+     None),
     (('{"n": 0, ' + MESSAGES + "}").encode(), CHAT, "n must be a positive integer"),
     (b"\xff", "", "not valid JSON"),
     # found by a fuzz of the running gateway: each of these was a 503 (the check crashed)
@@ -238,7 +242,10 @@ MESSAGES = '"messages": [{"role": "user", "content": "hi"}]'
 ])
 def test_bad_bodies(body, path, says):
     message = reading.parse_body(body, path)
-    assert isinstance(message, str) and says in message
+    if says is None:  # read, not refused
+        assert isinstance(message, reading.BodyFacts)
+    else:
+        assert isinstance(message, str) and says in message
 
 
 def test_valid_openai_bodies_pass():
@@ -268,7 +275,8 @@ def test_every_answer_a_request_decodes_is_charged():
     chat = [{"role": "user", "content": "abcd"}]
     assert _estimate({"messages": chat, "max_tokens": 10}).answers == 1
     assert _estimate({"messages": chat, "n": 8, "max_completion_tokens": 1000}).answers == 8
-    assert _estimate({"messages": chat, "n": "2", "best_of": 3}).answers == 3
+    assert _estimate({"messages": chat, "n": "2", "best_of": 3}).answers == 2  # n alone
+    assert _estimate({"input": "x", "n": 50}, "/v1/responses").answers == 1  # it has no n
     prompts = {"prompt": ["a" * 40] * 32, "n": 2, "max_tokens": 500}
     assert _estimate(prompts, "/v1/completions").answers == 64
     assert _estimate({"prompt": [[1, 2, 3]] * 8}, "/v1/completions").answers == 8

@@ -90,6 +90,8 @@ def test_events_that_would_do_nothing_or_contradict_themselves(event, expect):
     # found by a review: each of these hung, or filled the memory, or was taken and ignored
     (("duration: 60s", "duration: 60s\nsweepLoads: [1.0e+6]"),
      "t.yaml:6: classes: about 60,000,000 requests"),
+    (("rate: 1.0", "rate: 40000.0\nsweepLoads: [0.5]"),  # the run at load 1 counts too
+     "t.yaml:5: classes: about 2,400,000 requests"),
     (("rate: 1.0", "rate: {onOff: {onRate: 0, offRate: 1.0e+9, onFor: 1s, offFor: 1s}}"),
      "t.yaml:5: classes: about 60,000,000,000 requests"),
     (("rate: 1.0", "rate: 1.0e+300"), "t.yaml:5: classes: about 6e+301 requests"),

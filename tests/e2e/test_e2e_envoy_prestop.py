@@ -23,9 +23,11 @@ pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).parents[2] / "deploy" / "kubernetes" / "envoy-prestop.sh"
 
 
-def prestop(stack: Stack, max_wait: int) -> subprocess.Popen:
-    env = {**os.environ, "ENVOY_ADMIN_PORT": str(urlsplit(stack.envoy_admin_url).port),
-           "MAX_WAIT": str(max_wait)}
+def prestop(stack: Stack, max_wait: int, min_wait: int = 0,
+            admin_port: int | None = None) -> subprocess.Popen:
+    port = admin_port or urlsplit(stack.envoy_admin_url).port
+    env = {**os.environ, "ENVOY_ADMIN_PORT": str(port), "MAX_WAIT": str(max_wait),
+           "MIN_WAIT": str(min_wait)}
     return subprocess.Popen(["bash", str(SCRIPT)], env=env)
 
 
@@ -71,3 +73,26 @@ async def test_the_hook_gives_up_at_its_max_wait(stack):
         assert await asyncio.to_thread(hook.wait, 20) == 0
         assert 1.5 < time.monotonic() - started < 15
         assert not response.content.at_eof()  # the stream was still going
+
+
+async def test_the_hook_waits_out_the_drain_time_even_when_idle(stack):
+    """Found by a review: idle, it returned at once, so Envoy exited before the Service had
+    dropped the pod and refused the connections still sent to it."""
+    started = time.monotonic()
+    hook = prestop(stack, max_wait=60, min_wait=2)
+    assert await asyncio.to_thread(hook.wait, 20) == 0
+    assert 1.5 < time.monotonic() - started < 10
+
+
+def test_the_hook_keeps_its_max_wait_when_the_admin_api_stalls(stack):
+    """Found by a review: a read from an admin API that accepted and never answered had no
+    end, past MAX_WAIT and up to the grace period."""
+    import socket
+
+    with socket.socket() as stalled:
+        stalled.bind(("127.0.0.1", 0))
+        stalled.listen(16)  # accepted by the kernel; nobody answers
+        started = time.monotonic()
+        hook = prestop(stack, max_wait=2, admin_port=stalled.getsockname()[1])
+        assert hook.wait(20) == 0
+        assert time.monotonic() - started < 10

@@ -282,7 +282,8 @@ class Admission:
         # Tickets are kept in the order of admission, oldest first (`expired_leases` relies on
         # it): time only goes forward, and ids are unique (the gateway refuses a repeated one).
         pool.tickets[req.request_id] = ticket
-        pool.answers.on_sent((req.tenant, req.priority), req.request_id, now)
+        if req.answers:  # one that decodes nothing says nothing of its class's answers
+            pool.answers.on_sent((req.tenant, req.priority), req.request_id, now)
         pool.breaker.admitted(now)
         self.budgets.settle(req.request_id)
         return Admit(req.request_id, ticket, wait_s)

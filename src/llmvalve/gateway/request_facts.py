@@ -5,7 +5,10 @@ By default only headers are read: the prompt size comes from `content-length` (b
 by `requests.bytesPerToken`) and the output is not known (the core charges its class's learned
 answer length, at most `requests.defaultMaxTokens`: `core/answer_lengths.py`). With body
 inspection the JSON body (up to `requests.maxBodyBytes`) gives `max_tokens` (or
-`max_completion_tokens`), `stream`, `model` and the size of the prompt text itself.
+`max_completion_tokens`, `max_output_tokens`), the answers it decodes (`n` per prompt),
+`stream`, `model` and the size of the prompt itself (docs/policy.md, "How a request is read").
+A route that decodes no answer (embeddings, scores) is charged its prompt alone, bodies read
+or not.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import ipaddress
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,6 +30,9 @@ TRUE = frozenset({"1", "true", "yes", "on"})
 # Larger than any model's context window: a bigger max_tokens is a 400, not a cost estimate
 # (10**400 would not even convert to a float).
 MAX_TOKENS = 1 << 24
+# Answers one request may ask for (`n`): OpenAI's own bound. vLLM takes more, but n × max_tokens
+# past it is a batch job, not a request, and one such would hold a pool alone.
+MAX_ANSWERS = 128
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,7 @@ class BodyFacts:
     model: str | None = None
     prompt_ids: int = 0  # prompt tokens given as token ids: counted as they are
     media_parts: int = 0  # images, audio, video and files in the prompt
-    answers: int = 1  # sequences it decodes: `n` (or `best_of`) for each of its prompts
+    answers: int = 1  # sequences it decodes: `n` for each of its prompts
 
 
 @dataclass(frozen=True)
@@ -84,49 +90,39 @@ def _walk_prompt(value: Any, into: _Prompt) -> None:
         elif isinstance(v, list):
             stack.extend((item, True) for item in v)
         elif isinstance(v, dict):
-            if v.get("type") in MEDIA_TYPES:
+            if isinstance(kind := v.get("type"), str) and kind in MEDIA_TYPES:
                 into.media += 1
             else:
                 stack.extend((v[k], False) for k in TEXT_KEYS if k in v)
 
 
-def _schema_bytes(value: Any) -> int:
-    """UTF-8 bytes of every name and text in a JSON value (tool schemas, which the chat
-    template writes into the prompt whole; iterative, and not through json.dumps, which
-    recurses)."""
-    total, stack = 0, [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            total += len(v.encode())
-        elif isinstance(v, list):
-            stack.extend(v)
-        elif isinstance(v, dict):
-            stack.extend(v.keys())
-            stack.extend(v.values())
-    return total
-
-
-def _has_lone_surrogate(doc: Any) -> bool:
-    """A string no UTF-8 can hold (JSON's `\\ud800` alone: only an escape can make one)."""
+def _strings(doc: Any) -> Iterator[str]:
+    """Every key and string in a JSON value (iterative: a client controls how deep it nests;
+    json.dumps would recurse)."""
     stack = [doc]
     while stack:
         v = stack.pop()
         if isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
+            yield v
         elif isinstance(v, list):
             stack.extend(v)
         elif isinstance(v, dict):
             stack.extend(v.keys())
             stack.extend(v.values())
+
+
+def _has_lone_surrogate(doc: Any) -> bool:
+    """A string no UTF-8 can hold (JSON's `\\ud800` alone: only an escape can make one)."""
+    for text in _strings(doc):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
     return False
 
 
-def _count(doc: dict, key: str, least: int = 0) -> int | str | None:
-    """`doc[key]` as a count of at least `least` (None: absent or null), or the error
+def _count(doc: dict, key: str, least: int = 0, most: int = MAX_TOKENS) -> int | str | None:
+    """`doc[key]` as a count from `least` to `most` (None: absent or null), or the error
     message."""
     value = doc.get(key)
     if value is None:
@@ -135,22 +131,25 @@ def _count(doc: dict, key: str, least: int = 0) -> int | str | None:
     if count is None or count < least:
         what = "a non-negative" if least == 0 else "a positive"
         return f"{key} must be {what} integer"
-    if count > MAX_TOKENS:
-        return f"{key} must be at most {MAX_TOKENS}"
+    if count > most:
+        return f"{key} must be at most {most}"
     return count
 
 
-def _prompts(doc: dict, judged: str) -> int:
-    """How many prompts a request holds: a completion's list of prompts (texts, or lists of
-    token ids), a batch's list of conversations; 1 otherwise."""
-    batch = doc.get("messages") if judged.endswith("/chat/completions/batch") else None
-    if isinstance(batch, list) and batch and all(isinstance(c, list) for c in batch):
-        return len(batch)
-    prompt = doc.get("prompt")
-    if judged.endswith("/v1/completions") and isinstance(prompt, list) and prompt and all(
-            isinstance(p, str | list) for p in prompt):
-        return len(prompt)
-    return 1
+def _answers(doc: dict, judged: str) -> int | str:
+    """How many answers a request decodes: `n` for each prompt on the routes that take it — a
+    completion's list of prompts (texts, or lists of token ids), a batch's conversations —
+    and one elsewhere; or the error message for a bad `n`."""
+    if not judged.endswith(("/chat/completions", "/chat/completions/batch",
+                            "/v1/completions")):
+        return 1
+    n = _count(doc, "n", least=1, most=MAX_ANSWERS)
+    if isinstance(n, str):
+        return n
+    prompts = doc.get("messages" if judged.endswith("/batch") else "prompt")
+    many = (judged.endswith(("/batch", "/v1/completions")) and isinstance(prompts, list)
+            and prompts and all(isinstance(p, str | list) for p in prompts))
+    return (n or 1) * (len(prompts) if many else 1)
 
 
 def parse_body(body: bytes, path: str = "") -> BodyFacts | str:
@@ -191,13 +190,14 @@ def parse_body(body: bytes, path: str = "") -> BodyFacts | str:
     for field in fields:
         _walk_prompt(field, prompt)
     if "tools" in doc:
-        prompt.text_bytes += _schema_bytes(doc["tools"])
+        # tool schemas, which the chat template writes into the prompt whole
+        prompt.text_bytes += sum(len(t.encode()) for t in _strings(doc["tools"]))
     elif not fields:
         prompt.text_bytes = len(body)
     counts = [_count(doc, k) for k in ("max_completion_tokens", "max_tokens",
                                        "max_output_tokens")]
-    per_prompt = [_count(doc, k, least=1) for k in ("n", "best_of")]
-    bad = next((c for c in (*counts, *per_prompt) if isinstance(c, str)), None)
+    answers = _answers(doc, judged)
+    bad = next((c for c in (*counts, answers) if isinstance(c, str)), None)
     if bad is not None:
         return bad
     max_tokens = next((c for c in counts if c is not None), None)
@@ -208,7 +208,7 @@ def parse_body(body: bytes, path: str = "") -> BodyFacts | str:
             return "stream must be true or false"
     if model is not None and not (isinstance(model, str) and model):
         return "model must be a non-empty string"
-    answers = max([c for c in per_prompt if c is not None], default=1) * _prompts(doc, judged)
+    assert isinstance(answers, int)
     return BodyFacts(prompt_bytes=prompt.text_bytes, max_tokens=max_tokens, stream=stream,
                      model=model, prompt_ids=prompt.ids, media_parts=prompt.media,
                      answers=answers)

@@ -299,8 +299,9 @@ periods are drawn per seed, and classes with the same `onFor` and `offFor` switc
 
 A trace is a CSV of `timestamp, prompt tokens, output tokens` (timestamps in seconds or ISO 8601,
 token counts whole numbers ≥ 0; the first row may be a header, one with no numbers where the
-token counts go; gzip allowed, whatever the file's name, up to 64 MiB of CSV unpacked); a relative
-path is read from the scenario file's folder. A row that is not of this form
+token counts go; gzip allowed, whatever the file's name, up to 64 MiB of CSV unpacked, the
+whole file whatever part `start` replays); a relative path is read from the scenario file's
+folder. A row that is not of this form
 is an error naming the trace file and its line: a row skipped in silence would change the
 replay. `azure-conv` is the Azure LLM inference conversation trace
 shipped with the package (CC-BY 4.0, see `src/llmvalve/sim/traces/ATTRIBUTION.md`). Replayed
@@ -330,8 +331,8 @@ priorities do not match,
 trace `tenants` for a priority the split gives nothing, a `start` past the trace's end. And
 sizes that are typos, not simulations: more than a day of virtual time, more than 4,096
 backends, more than 2,000,000 requests at the classes' peak rates (40 times `fleet`, the
-largest built-in; the largest of `sweepLoads`, each class's retry attempts and `--load-scale`
-count), more than 100 attempts of a request, a length distribution's `cv` over 100, a
+largest built-in; the largest of 1 and `sweepLoads`, each class's retry attempts and
+`--load-scale` count), more than 100 attempts of a request, a length distribution's `cv` over 100, a
 `scrapeInterval` under 10ms. A top-level key starting with `x-` is yours (a place
 for YAML anchors) and is ignored.
 

@@ -106,7 +106,7 @@ def _profile(c: _Ctx, b: NodeFields) -> tuple[str, tuple[tuple[str, int | str], 
     name = b.string("profile", "small")
     if name not in PROFILES:
         c.r.error(b.get("profile"), b.field("profile"),
-                  f"unknown engine profile {name!r}; known: {', '.join(PROFILES)}")
+                  f"unknown engine profile {shown(name)}; known: {', '.join(PROFILES)}")
         name = "small"
     overrides: list[tuple[str, int | str]] = []
     for key, attr in PROFILE_OVERRIDES.items():
@@ -522,7 +522,7 @@ def _controllers(c: _Ctx, top: NodeFields, default: tuple[str, ...]) -> tuple[st
     for i, item in enumerate(_items(c, node, "controllers")):
         name = c.r.string(item, f"controllers[{i}]")
         if name is not None and not _CONTROLLER_RE.fullmatch(name):
-            c.r.error(item, f"controllers[{i}]", f"unknown controller {name!r}; "
+            c.r.error(item, f"controllers[{i}]", f"unknown controller {shown(name)}; "
                       "allowed: none, static, static:N, seed, adaptive")
         elif name is not None:
             out.append(name)
@@ -603,7 +603,8 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
         classes.append(cls)
         if cls.name in names:
             r.error(node, f"classes[{i}].name",
-                    f"duplicate class name {cls.name!r} (already classes[{names[cls.name]}])")
+                    f"duplicate class name {shown(cls.name)} (already "
+                    f"classes[{names[cls.name]}])")
         names.setdefault(cls.name, i)
     if class_nodes == []:
         r.error(top.key_node("classes"), "classes", "no traffic classes")
@@ -628,8 +629,7 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
         oracle_sweep=_numbers(c, top, "oracleSweep", True) or defaults.oracle_sweep,
         sweep_loads=_numbers(c, top, "sweepLoads", False) or (),
         classes=tuple(classes), extra=_expect(c, top), pools=pools)
-    if sc.requests_bound() > MAX_REQUESTS:
-        bound = sc.requests_bound()
+    if (bound := sc.requests_bound()) > MAX_REQUESTS:
         count_text = f"{bound:,.0f}" if bound < 1e12 else f"{bound:.3g}"
         r.error(class_node, "classes", f"about {count_text} requests at the classes' peak rates "
                 f"over {sc.duration_s:g} s (sweepLoads and retries counted): at most "

@@ -159,7 +159,6 @@ def read_trace(file: str) -> tuple[tuple[float, int, int], ...]:
                          "2,000,000 rows, as many requests as a scenario may send)")
     rows, first = [], True
     reader = csv.reader(io.StringIO(text))
-    line = 0
     while True:
         try:
             rec = next(reader, None)
