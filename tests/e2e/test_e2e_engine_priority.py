@@ -40,7 +40,7 @@ async def test_each_class_reaches_the_engine_with_its_priority(e2e):
     assert status == 200, body  # priority 0 is any engine's default: served
     status, body = await _post(e2e, P2_KEY, {**CHAT, "max_tokens": 4})
     assert status == 400
-    assert body["message"] == (  # vLLM's error shape
+    assert body["error"]["message"] == (  # vLLM's error shape
         "Got priority 2 but Priority scheduling is not enabled.")
     e2e.wait_idle()
 
@@ -51,7 +51,7 @@ async def test_a_clients_own_priority_is_overruled(e2e):
                  b' "messages": [{"role": "user", "content": "hi {}"}]}\n  '):
         status, answer = await _post(e2e, P2_KEY, body)
         assert status == 400
-        assert answer["message"].startswith("Got priority 2 "), answer
+        assert answer["error"]["message"].startswith("Got priority 2 "), answer
     e2e.wait_idle()
 
 

@@ -39,7 +39,7 @@ async def test_a_reroute_gets_both_its_model_and_its_priority(e2e):
                     P2_KEY, **{"x-llmvalve-feature": "summarize"})) as r:
                 answer = await r.json()
                 assert r.status == 400, answer
-                assert answer["message"] == (
+                assert answer["error"]["message"] == (
                     "Got priority 2 but Priority scheduling is not enabled.")
         finally:
             await cancel_all(holders)

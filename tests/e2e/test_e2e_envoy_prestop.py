@@ -69,7 +69,7 @@ async def test_the_hook_gives_up_at_its_max_wait(stack):
         assert response.status == 200
         await response.content.readline()
         started = time.monotonic()
-        hook = prestop(stack, max_wait=2)
+        hook = prestop(stack, max_wait=3)  # bash counts whole seconds: 2 to 3 s
         assert await asyncio.to_thread(hook.wait, 20) == 0
         assert 1.5 < time.monotonic() - started < 15
         assert not response.content.at_eof()  # the stream was still going
@@ -79,7 +79,7 @@ async def test_the_hook_waits_out_the_drain_time_even_when_idle(stack):
     """Found by a review: idle, it returned at once, so Envoy exited before the Service had
     dropped the pod and refused the connections still sent to it."""
     started = time.monotonic()
-    hook = prestop(stack, max_wait=60, min_wait=2)
+    hook = prestop(stack, max_wait=60, min_wait=3)  # whole seconds: 2 to 3 s
     assert await asyncio.to_thread(hook.wait, 20) == 0
     assert 1.5 < time.monotonic() - started < 10
 

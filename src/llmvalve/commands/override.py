@@ -8,7 +8,7 @@ import re
 import sys
 
 from llmvalve.commands.args import positive_number
-from llmvalve.commands.status import add_connection_arguments
+from llmvalve.commands.status import add_connection_arguments, admin_channel
 from llmvalve.commands.top import short_number
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         metadata = call_metadata(client_token(args.token_file))
-        with grpc.insecure_channel(args.grpc) as channel:
+        with admin_channel(args) as channel:
             stub = pb_grpc.AdminStub(channel)
             if args.clear:
                 reply = stub.ClearLimitOverride(pb.ClearLimitOverrideRequest(pool=args.pool),

@@ -61,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_ADMIN_GRPC}; loopback only without a token)")
     parser.add_argument("--admin-token-file", type=Path, default=None, metavar="FILE",
                         help="the admin APIs' bearer token (e.g. a mounted Secret)")
+    parser.add_argument("--admin-tls-cert", type=Path, default=None, metavar="FILE",
+                        help="TLS on both admin listeners: this PEM certificate chain (with "
+                        "--admin-tls-key; read again when it changes)")
+    parser.add_argument("--admin-tls-key", type=Path, default=None, metavar="FILE",
+                        help="the PEM private key of --admin-tls-cert")
     parser.add_argument("--controller", type=controller, default=None,
                         help="override the policy's controller: adaptive, seed, static:N, none")
     parser.add_argument("--metrics-url", action="append", default=[], metavar="[POOL=]URL",
@@ -110,6 +115,7 @@ async def _main(args: argparse.Namespace) -> int:
     plane = ControlPlane(policy, ControlPlaneConfig(
         http=args.http, grpc=args.grpc, admin=args.admin, admin_grpc=args.admin_grpc,
         admin_token_file=args.admin_token_file, controller=args.controller,
+        admin_tls=(args.admin_tls_cert, args.admin_tls_key) if args.admin_tls_cert else None,
         policy_path=args.policy or None, metrics_urls=tuple(args.metrics_url),
         watch_interval_s=args.watch_interval, metrics_tenants=args.metrics_tenants,
         replica_share=args.replica_share, replicas_from=args.replicas_from or None,
@@ -134,6 +140,10 @@ def run(args: argparse.Namespace) -> int:
     from llmvalve.gateway import logs
     from llmvalve.processes import event_loop_factory, raise_fd_limit
 
+    if (args.admin_tls_cert is None) != (args.admin_tls_key is None):
+        print("llmvalve serve: --admin-tls-cert and --admin-tls-key go together",
+              file=sys.stderr)
+        return 2
     logs.setup(args.log_level, args.log_format)
     raise_fd_limit()
     try:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
+import ssl
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from llmvalve.commands.args import address, positive_number
@@ -22,12 +25,36 @@ DEFAULT_ADMIN_URL = "http://127.0.0.1:9100"
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """--grpc and --token-file, shared by `status`, `top` and `override`."""
+    """--grpc, --token-file and TLS, shared by `status`, `top` and `override`."""
     parser.add_argument("--grpc", type=address, default=DEFAULT_GRPC_ADDR, metavar="ADDR",
                         help="the control plane's admin gRPC address (default "
                         f"{DEFAULT_GRPC_ADDR})")
     parser.add_argument("--token-file", default=None, metavar="FILE",
                         help="a file holding the admin token (without it: $LLMVALVE_ADMIN_TOKEN)")
+    parser.add_argument("--ca-file", default=None, metavar="FILE",
+                        help="TLS (serve --admin-tls-cert): the PEM certificates to trust "
+                        "(without it: $LLMVALVE_ADMIN_CA; neither: plain gRPC)")
+    parser.add_argument("--tls-server-name", default=None, metavar="NAME",
+                        help="with TLS over gRPC: the name the certificate must hold, when the "
+                        "address is not it (a port-forward to 127.0.0.1)")
+
+
+def ca_file(args: argparse.Namespace) -> str | None:
+    return args.ca_file or os.environ.get("LLMVALVE_ADMIN_CA") or None
+
+
+def admin_channel(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """A channel to the admin gRPC API: TLS when a CA is given, else plain. OSError when the
+    CA file cannot be read."""
+    import grpc
+
+    ca = ca_file(args)
+    if ca is None:
+        return grpc.insecure_channel(args.grpc)
+    credentials = grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes())
+    options = ([("grpc.ssl_target_name_override", args.tls_server_name)]
+               if args.tls_server_name else [])
+    return grpc.secure_channel(args.grpc, credentials, options=options)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,15 +122,14 @@ def render(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def grpc_status(addr: str, timeout_s: float, token: str | None = None) -> dict[str, Any]:
+def grpc_status(args: argparse.Namespace, token: str | None = None) -> dict[str, Any]:
     """GetStatus over gRPC → the /status document (with ready and draining)."""
-    import grpc
-
     from llmvalve.admin.v1 import admin_pb2 as pb
     from llmvalve.admin.v1 import admin_pb2_grpc as pb_grpc
     from llmvalve.gateway.admin_auth import call_metadata
 
-    with grpc.insecure_channel(addr) as channel:
+    timeout_s = args.timeout
+    with admin_channel(args) as channel:
         reply = pb_grpc.AdminStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout_s,
                                                      metadata=call_metadata(token))
     status = _document(json.loads(reply.status_json) if reply.status_json else {})
@@ -111,10 +137,13 @@ def grpc_status(addr: str, timeout_s: float, token: str | None = None) -> dict[s
     return status
 
 
-def http_status(url: str, timeout_s: float, token: str | None = None) -> dict[str, Any]:
+def http_status(url: str, timeout_s: float, token: str | None = None,
+                ca: str | None = None) -> dict[str, Any]:
+    """GET /status; an https URL is checked against `ca` (else the system's certificates)."""
     request = urllib.request.Request(url.rstrip("/") + "/status",
                                      headers={"authorization": f"Bearer {token}"} if token else {})
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+    context = ssl.create_default_context(cafile=ca) if url.startswith("https:") else None
+    with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
         return _document(json.loads(response.read()))
 
 
@@ -134,8 +163,8 @@ def run(args: argparse.Namespace) -> int:
     where = args.admin or args.grpc
     try:
         token = client_token(args.token_file)
-        status = (http_status(args.admin, args.timeout, token) if args.admin
-                  else grpc_status(args.grpc, args.timeout, token))
+        status = (http_status(args.admin, args.timeout, token, ca_file(args)) if args.admin
+                  else grpc_status(args, token))
         text = json.dumps(status, indent=1) if args.json else render(status)
     except (urllib.error.URLError, OSError, ValueError, grpc.RpcError,
             http.client.HTTPException) as exc:  # HTTPException: a port that is not HTTP

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from llmvalve.commands.args import count, positive_number
-from llmvalve.commands.status import add_connection_arguments
+from llmvalve.commands.status import add_connection_arguments, admin_channel
 
 CLEAR = "\x1b[H\x1b[2J"
 BAR = 28
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     shown = 0
     try:
         metadata = call_metadata(client_token(args.token_file))
-        with grpc.insecure_channel(args.grpc) as channel:
+        with admin_channel(args) as channel:
             stream = pb_grpc.AdminStub(channel).WatchStatus(
                 pb.WatchStatusRequest(interval_s=args.interval), metadata=metadata)
             for status in stream:

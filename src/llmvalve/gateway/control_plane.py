@@ -37,6 +37,7 @@ from llmvalve.gateway.access_log import AccessLogServicer
 from llmvalve.gateway.admin_auth import AdminToken, TokenInterceptor, http_guard, is_loopback
 from llmvalve.gateway.admin_grpc import AdminServicer
 from llmvalve.gateway.admin_http import AdminState, build_app
+from llmvalve.gateway.admin_tls import AdminTls
 from llmvalve.gateway.authz_grpc import AuthzGrpc
 from llmvalve.gateway.authz_http import AuthzHttp
 from llmvalve.gateway.driver import Driver
@@ -72,6 +73,8 @@ class ControlPlaneConfig:
     admin: str = "127.0.0.1:0"  # admin HTTP
     admin_grpc: str = "127.0.0.1:0"
     admin_token_file: Path | None = None
+    # TLS on both admin listeners: a PEM certificate chain and its key (None: plain)
+    admin_tls: tuple[Path, Path] | None = None
     controller: str | None = None
     policy_path: Path | None = None
     # Replace pools' backends: "URL" (the first pool) or "POOL=URL", one backend each.
@@ -128,6 +131,7 @@ class ControlPlane:
         self.admin_grpc: grpc.aio.Server | None = None
         self.admin_runner: web.AppRunner | None = None
         self.token = AdminToken(config.admin_token_file)
+        self.tls = AdminTls(*config.admin_tls) if config.admin_tls else None
         prometheus_client.disable_created_metrics()
         self.metrics = GatewayMetrics(tenants=TenantLabels.parse(config.metrics_tenants))
         self.metrics.ttft_slo = lambda klass: ttft_objective(self.policy, klass)
@@ -177,7 +181,9 @@ class ControlPlane:
                                           options=(("grpc.so_reuseport", 0),))
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.status, self.driver),
                                                    self.admin_grpc)
-        self.ports["admin_grpc"] = self._bind_grpc(self.admin_grpc, self._admin_grpc_addr())
+        self.ports["admin_grpc"] = self._bind_grpc(
+            self.admin_grpc, self._admin_grpc_addr(),
+            self.tls.grpc_credentials() if self.tls else None)
         await self.admin_grpc.start()
         self.driver.start()
         if self.replicas is not None:
@@ -217,11 +223,13 @@ class ControlPlane:
         return app
 
     @staticmethod
-    def _bind_grpc(server: grpc.aio.Server, addr: str) -> int:
+    def _bind_grpc(server: grpc.aio.Server, addr: str,
+                   tls: grpc.ServerCredentials | None = None) -> int:
         host, port = split_addr(addr)  # an empty host: every interface, as for HTTP
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            return server.add_insecure_port(f"[{host}]:{port}" if ":" in host
-                                            else f"{host}:{port}")
+            return (server.add_secure_port(target, tls) if tls
+                    else server.add_insecure_port(target))
         except RuntimeError:  # grpcio's "Failed to bind"
             raise OSError(f"cannot listen on {addr} (gRPC): the port is taken or the "
                           "address is not this machine's") from None
@@ -230,7 +238,8 @@ class ControlPlane:
         self.admin_runner = web.AppRunner(app, access_log=None)
         await self.admin_runner.setup()
         host, port = split_addr(addr)
-        await web.TCPSite(self.admin_runner, host, port, reuse_address=True).start()
+        await web.TCPSite(self.admin_runner, host, port, reuse_address=True,
+                          ssl_context=self.tls.http_context() if self.tls else None).start()
         return self.admin_runner.addresses[-1][1]
 
     def status(self) -> dict[str, Any]:
