@@ -12,12 +12,27 @@ from urllib.parse import urlsplit
 import aiohttp
 import openai
 
-from llmvalve.processes import http_get
-from llmvalve.stack import Stack
+from llmvalve.processes import envoy_binary, http_get
+from llmvalve.stack import Stack, StackConfig
 
 HERE = Path(__file__).parent
 P0_KEY = "sk-llmvalve-demo-p0"
 P2_KEY = "sk-llmvalve-demo-p2"
+
+
+async def small_stack(workdir: Path) -> Stack:
+    """A started stack of one small backend at real time, on ports it picks (skips the test
+    without an Envoy binary); the caller stops it."""
+    import pytest
+
+    try:
+        envoy_binary()
+    except FileNotFoundError:
+        pytest.skip("no envoy binary")
+    stack = Stack(StackConfig(backends=1, profile="small", time_scale=1.0, port=0,
+                              admin_port=0, envoy_concurrency=1, workdir=workdir))
+    await asyncio.to_thread(stack.start)
+    return stack
 
 
 def get_json(url: str, timeout_s: float = 2.0) -> dict:

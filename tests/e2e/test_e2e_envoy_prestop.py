@@ -14,10 +14,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
-from e2e_support import P0_KEY, chat_body, headers
+from e2e_support import P0_KEY, chat_body, headers, small_stack
 
-from llmvalve.processes import envoy_binary
-from llmvalve.stack import Stack, StackConfig
+from llmvalve.stack import Stack
 
 pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).parents[2] / "deploy" / "kubernetes" / "envoy-prestop.sh"
@@ -33,13 +32,7 @@ def prestop(stack: Stack, max_wait: int, min_wait: int = 0,
 
 @pytest.fixture
 async def stack(tmp_path):
-    try:
-        envoy_binary()
-    except FileNotFoundError:
-        pytest.skip("no envoy binary")
-    stack = Stack(StackConfig(backends=1, profile="small", time_scale=1.0, port=0,
-                              admin_port=0, envoy_concurrency=1, workdir=tmp_path))
-    await asyncio.to_thread(stack.start)
+    stack = await small_stack(tmp_path)
     try:
         yield stack
     finally:

@@ -9,22 +9,13 @@ import time
 
 import aiohttp
 import pytest
-from e2e_support import P0_KEY, chat_body, headers
-
-from llmvalve.processes import envoy_binary
-from llmvalve.stack import Stack, StackConfig
+from e2e_support import P0_KEY, chat_body, headers, small_stack
 
 pytestmark = pytest.mark.e2e
 
 
 async def test_a_stream_in_flight_ends_whole_when_the_stack_stops(tmp_path):
-    try:
-        envoy_binary()
-    except FileNotFoundError:
-        pytest.skip("no envoy binary")
-    stack = Stack(StackConfig(backends=1, profile="small", time_scale=1.0, port=0,
-                              admin_port=0, envoy_concurrency=1, workdir=tmp_path))
-    await asyncio.to_thread(stack.start)
+    stack = await small_stack(tmp_path)
     stopping = None
     try:
         async with aiohttp.ClientSession() as session, session.post(
