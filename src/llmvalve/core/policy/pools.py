@@ -88,12 +88,14 @@ def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str],
     return PoolSpec(
         name=name, cluster=f.string("cluster", d.cluster), engine=engine or d.engine,
         backends=backends, models=models, engine_priority=engine_priority,
-        scrape_interval_s=duration_at_least(f, "scrapeInterval", d.scrape_interval_s, 0.01,
-                                    "a scrape loop that fast loads the engines it watches"),
+        scrape_interval_s=duration_at_least(
+            f, "scrapeInterval", d.scrape_interval_s, 0.01,
+            "a scrape loop that fast loads the engines it watches"),
         scrape_timeout_s=f.duration("scrapeTimeout", d.scrape_timeout_s),
         breaker=breaker,
-        lease_timeout_s=duration_at_least(f, "leaseTimeout", d.lease_timeout_s, 1.0,
-                                  "a lease shorter than a request reclaims slots still in use"),
+        lease_timeout_s=duration_at_least(
+            f, "leaseTimeout", d.lease_timeout_s, 1.0,
+            "a lease shorter than a request reclaims slots still in use"),
     )
 
 
