@@ -117,3 +117,29 @@ def test_two_backends_one_failing_stays_closed():
     for _ in range(10):
         b.record(D, 1.0, "x")
     assert b.state(1.0) is BreakerState.CLOSED
+
+
+def test_a_pool_that_keeps_failing_never_reads_closed_though_rarely_open_for_long():
+    """What the LlmvalveBreakerOpen alert watches (deploy/prometheus): while every request
+    fails, the breaker cycles open → half open → open, so `state="open"` held for no minute
+    and the alert on it never fired (a review simulated it); `closed` is never read, so "not
+    closed for 1 m" does. Scraped every 5 s, probes failing after 2 s, one request a second."""
+    b = Breaker(SPEC)
+    feed(b, [D] * 10, 0.0)
+    states, sent = [], []
+    for tick in range(1, 3000):  # 0.1 s steps over 300 s
+        now = tick / 10
+        if tick % 10 == 0 and b.allow(now):
+            b.admitted(now)
+            sent.append(now)
+        for t in [t for t in sent if now - t >= 2.0]:
+            sent.remove(t)
+            b.record(D, now)
+        if tick % 50 == 0:
+            states.append(b.state(now))
+    assert BreakerState.CLOSED not in states
+    longest = run = 0
+    for state in states:
+        run = run + 1 if state is BreakerState.OPEN else 0
+        longest = max(longest, run)
+    assert longest * 5 < 60

@@ -239,3 +239,19 @@ def test_state_watch_reports_breaker_override_policy_and_draining_changes():
         ("override", {"pool": "default", "limit": 4.0, "was": None})]
     assert watch.diff(status(breaker="open", override=4.0, version="v2", draining=True)) == [
         ("policy", {"version": "v2", "was": "v1"}), ("draining", {"draining": True})]
+
+
+def test_series_that_alerts_count_exist_at_zero_before_their_first_event():
+    """increase() takes a series' first sample as its base: a burst of refused admin calls,
+    or of lease releases, before the first scrape that saw the series was invisible to the
+    alerts on them (found by a review)."""
+    metrics = GatewayMetrics()
+    metrics.watch_releases(dict)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(
+                   generate_latest(metrics.registry).decode()) for s in family.samples}
+    assert samples[("llmvalve_admin_refusals_total", (("api", "grpc"),))] == 0
+    assert samples[("llmvalve_admin_refusals_total", (("api", "http"),))] == 0
+    assert samples[("llmvalve_releases_total", (("by", "lease"), ("outcome", "dropped")))] == 0
+    assert samples[("llmvalve_releases_total",
+                    (("by", "reconciled"), ("outcome", "ignore")))] == 0

@@ -83,6 +83,8 @@ class GatewayMetrics:
         self.admin_refusals = Counter(
             "llmvalve_admin_refusals", "Admin API calls refused for a missing or wrong token",
             ["api"], registry=r)
+        for api in ("grpc", "http"):  # at 0 from the start: increase() misses a first series
+            self.admin_refusals.labels(api)
         self.budget_refusals = Counter(
             "llmvalve_budget_refusals", "Requests refused because their tenant's budget was "
             "spent (429 rate_limit_exceeded), by the kind of budget", ["tenant", "kind"],
@@ -193,7 +195,12 @@ class _ReleasesCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily("llmvalve_releases", "Tickets closed, by outcome and by "
                                      "what closed them", labels=["outcome", "by"])
-        for (outcome, by), n in sorted(self.tally().items()):
+        tally = dict(self.tally())
+        # the closers that mean lost access-log entries (an alert watches them) are there at
+        # 0 from the start: increase() takes a series' first sample as its base
+        for key in (("dropped", "lease"), ("ignore", "reconciled")):
+            tally.setdefault(key, 0)
+        for (outcome, by), n in sorted(tally.items()):
             family.add_metric([outcome, by], n)
         yield family
 
