@@ -10,6 +10,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -128,3 +129,23 @@ def test_a_certificate_that_does_not_load_stops_serve_with_one_line(certs, tmp_p
     with pytest.raises(ValueError, match="--admin-tls-cert"):
         ControlPlane(POLICY, ControlPlaneConfig(admin_tls=(cert, certs["renewed"][1])))
     assert main(["serve", "--admin-tls-cert", str(cert)]) == 2  # without its key
+
+
+def test_an_encrypted_key_is_refused_without_a_prompt_and_a_bad_ca_is_named(certs, tmp_path):
+    """Found by a review: an encrypted key made OpenSSL ask for a pass phrase (on a terminal
+    it froze the event loop); a CA file that is no PEM gave gRPC's own errors, which never
+    name the file."""
+    cert, key = certs["first"]
+    locked = tmp_path / "locked.key"
+    subprocess.run(["openssl", "pkey", "-in", str(key), "-out", str(locked), "-aes256",
+                    "-passout", "pass:secret"], check=True, capture_output=True)
+    with pytest.raises(ValueError, match="--admin-tls-cert"):
+        ControlPlane(POLICY, ControlPlaneConfig(admin_tls=(cert, locked)))
+    garbage = tmp_path / "ca.pem"
+    garbage.write_text("not a certificate\n")
+    done = subprocess.run([sys.executable, "-m", "llmvalve.cli", "status", "--grpc",
+                           "127.0.0.1:1", "--ca-file", str(garbage)], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert done.returncode == 1 and f"--ca-file {garbage}" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert main(["status", "--admin", "https://127.0.0.1:1", "--tls-server-name", "x"]) == 2

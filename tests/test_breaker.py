@@ -119,17 +119,19 @@ def test_two_backends_one_failing_stays_closed():
     assert b.state(1.0) is BreakerState.CLOSED
 
 
-def test_a_pool_that_keeps_failing_never_reads_closed_though_rarely_open_for_long():
-    """What the LlmvalveBreakerOpen alert watches (deploy/prometheus): while every request
-    fails, the breaker cycles open → half open → open, so `state="open"` held for no minute
-    and the alert on it never fired (a review simulated it); `closed` is never read, so "not
-    closed for 1 m" does. Scraped every 5 s, probes failing after 2 s, one request a second."""
+def test_what_the_breaker_alert_watches():
+    """LlmvalveBreakerOpen (deploy/prometheus) alerts when a pool's breaker was open at least
+    once in each 2 minutes, for 1 minute. While every request fails the breaker cycles open →
+    half open → open, so `state="open"` for a whole minute never held (the alert on it never
+    fired: a review simulated it); and once traffic stops it stays half open with no end, so
+    "not closed" would have fired on after the backends recovered. Scraped every 5 s, probes
+    failing after 2 s, one request a second, then none."""
     b = Breaker(SPEC)
     feed(b, [D] * 10, 0.0)
     states, sent = [], []
-    for tick in range(1, 3000):  # 0.1 s steps over 300 s
+    for tick in range(1, 6000):  # 0.1 s steps: 300 s failing, then 300 s with no traffic
         now = tick / 10
-        if tick % 10 == 0 and b.allow(now):
+        if tick % 10 == 0 and now < 300 and b.allow(now):
             b.admitted(now)
             sent.append(now)
         for t in [t for t in sent if now - t >= 2.0]:
@@ -137,9 +139,11 @@ def test_a_pool_that_keeps_failing_never_reads_closed_though_rarely_open_for_lon
             b.record(D, now)
         if tick % 50 == 0:
             states.append(b.state(now))
-    assert BreakerState.CLOSED not in states
+    failing, idle = states[:60], states[60:]
     longest = run = 0
-    for state in states:
+    for state in failing:
         run = run + 1 if state is BreakerState.OPEN else 0
         longest = max(longest, run)
-    assert longest * 5 < 60
+    assert longest * 5 < 60  # never open for a whole minute
+    assert all(BreakerState.OPEN in failing[i:i + 24] for i in range(len(failing) - 23))
+    assert set(idle[24:]) == {BreakerState.HALF_OPEN}  # never closed, never open again

@@ -36,16 +36,24 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
                         "(without it: $LLMVALVE_ADMIN_CA; neither: plain gRPC)")
     parser.add_argument("--tls-server-name", default=None, metavar="NAME",
                         help="with TLS over gRPC: the name the certificate must hold, when the "
-                        "address is not it (a port-forward to 127.0.0.1)")
+                        "address is not it (a port-forward to 127.0.0.1; not with --admin)")
 
 
 def ca_file(args: argparse.Namespace) -> str | None:
-    return args.ca_file or os.environ.get("LLMVALVE_ADMIN_CA") or None
+    """The CA to trust (--ca-file, else $LLMVALVE_ADMIN_CA), checked: OSError naming it when
+    it cannot be read or holds no PEM certificate (gRPC's own error never names the file)."""
+    ca = args.ca_file or os.environ.get("LLMVALVE_ADMIN_CA") or None
+    if ca is not None:
+        try:
+            ssl.create_default_context(cafile=ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise OSError(f"--ca-file {ca}: {exc.strerror or exc}") from None
+    return ca
 
 
 def admin_channel(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """A channel to the admin gRPC API: TLS when a CA is given, else plain. OSError when the
-    CA file cannot be read."""
+    CA file cannot be used."""
     import grpc
 
     ca = ca_file(args)
@@ -161,6 +169,10 @@ def run(args: argparse.Namespace) -> int:
     from llmvalve.gateway.admin_auth import client_token
 
     where = args.admin or args.grpc
+    if args.admin and args.tls_server_name:
+        print("llmvalve status: --tls-server-name is for the admin gRPC API; with --admin, "
+              "give a URL whose host the certificate names", file=sys.stderr)
+        return 2
     try:
         token = client_token(args.token_file)
         status = (http_status(args.admin, args.timeout, token, ca_file(args)) if args.admin

@@ -42,7 +42,9 @@ class AdminTls:
             pem = (self.cert.read_bytes(), self.key.read_bytes())
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
-            context.load_cert_chain(self.cert, self.key)
+            # no pass phrase: an encrypted key is refused, never prompted for (a prompt on a
+            # terminal froze the event loop it was read on)
+            context.load_cert_chain(self.cert, self.key, password=lambda: b"")
         except (OSError, ssl.SSLError) as exc:
             raise ValueError(f"--admin-tls-cert {self.cert} / --admin-tls-key {self.key}: "
                              f"{exc}") from None
@@ -53,6 +55,10 @@ class AdminTls:
         """The newest pair that loads (read again if the files changed since)."""
         with self._lock:
             stamp = self._stat()
+            if not stamp and self._failed_stamp != ():
+                self._failed_stamp = ()
+                log.warning("admin TLS: %s or %s is gone; kept the last good certificate",
+                            self.cert, self.key)
             if stamp and stamp != self._stamp and stamp != self._failed_stamp:
                 try:
                     self._pem, self._context = self._load()
