@@ -244,7 +244,8 @@ def test_state_watch_reports_breaker_override_policy_and_draining_changes():
 def test_series_that_alerts_count_exist_at_zero_before_their_first_event():
     """increase() takes a series' first sample as its base: a burst of refused admin calls,
     or of lease releases, before the first scrape that saw the series was invisible to the
-    alerts on them (found by a review)."""
+    alerts on them; and a pod with no decision series gave the HPA no decision rate, so an
+    idle fleet never scaled down (found by reviews)."""
     metrics = GatewayMetrics()
     metrics.watch_releases(dict)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -255,3 +256,5 @@ def test_series_that_alerts_count_exist_at_zero_before_their_first_event():
     assert samples[("llmvalve_releases_total", (("by", "lease"), ("outcome", "dropped")))] == 0
     assert samples[("llmvalve_releases_total",
                     (("by", "reconciled"), ("outcome", "ignore")))] == 0
+    decisions = [v for (name, _), v in samples.items() if name == "llmvalve_decisions_total"]
+    assert decisions == [0]  # one series, for the HPA's rate

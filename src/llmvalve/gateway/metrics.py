@@ -52,6 +52,10 @@ class GatewayMetrics:
         self.decisions = Counter(
             "llmvalve_decisions", "Admission decisions delivered to Envoy",
             ["decision", "class", "tenant", "reason"], registry=r)
+        # One series at 0 from the start (a real one: a path outside the inference API): a
+        # pod that had decided nothing had no series, so the HPA's decision rate read as
+        # missing on an idle fleet, and it never scaled down.
+        self.decisions.labels("unknown_path", "", "", "unknown_path")
         self.retry_after = Histogram(
             "llmvalve_retry_after_seconds", "Retry-After handed out with 429/503 answers",
             ["class", "reason"], buckets=RETRY_AFTER_BUCKETS, registry=r)
