@@ -152,9 +152,7 @@ class Stack:
         for pool in pools[1:]:
             pending[(pool.name, 0)] = self._start_backend(f"{pool.name}-0", "tiny",
                                                           pool.engine_priority)[0]
-        bare = {f.fallback.cluster for f in policy.features
-                if f.fallback is not None and f.fallback.kind == "reroute"
-                and f.fallback.cluster} - {p.cluster for p in pools}
+        bare = set(policy.reroute_clusters()) - {p.cluster for p in pools}
         if c.fallback_backend and bare:
             pending[("", 0)] = self._start_backend("fallback-model", "tiny")[0]
         ports: dict[tuple[str, int], int] = {}
@@ -241,10 +239,8 @@ class Stack:
                 (c.host, port) for _, port in self.pool_backends.get(pool.name, self.backends)))
         fallback_endpoints = ((c.host, self.fallback[1]),) if self.fallback else next(
             iter(clusters.values()))
-        for feature in policy.features:
-            if (feature.fallback is not None and feature.fallback.kind == "reroute"
-                    and feature.fallback.cluster):
-                clusters.setdefault(feature.fallback.cluster, fallback_endpoints)
+        for cluster in policy.reroute_clusters():
+            clusters.setdefault(cluster, fallback_endpoints)
         return render(EnvoyParams(
             listen_address=c.listen_address, listen_port=c.port, admin_address=c.host,
             admin_port=c.envoy_admin_port, admission=c.admission,

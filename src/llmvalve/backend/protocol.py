@@ -135,14 +135,14 @@ def _completion_prompt_tokens(body: Mapping[str, Any]) -> int:
                      "prompts are not simulated)")
 
 
-def _int_field(body: Mapping[str, Any], name: str, minimum: int) -> int | None:
+def _int_field(body: Mapping[str, Any], name: str, minimum: int | None) -> int | None:
     value = body.get(name)
     if value is None:
         return None
     value = lax_int(value)
     if value is None:
         raise BadRequest(f"{name} must be an integer")
-    if value < minimum:
+    if minimum is not None and value < minimum:
         raise BadRequest(f"{name} must be at least {minimum}, got {value}.")
     return value
 
@@ -184,7 +184,7 @@ def parse_request(kind: Kind, raw: bytes, headers: Mapping[str, str],
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model must be a string")
-    priority = _int_field(body, "priority", -(1 << 63))
+    priority = _int_field(body, "priority", None)
     return SimRequest(
         kind=kind,
         prompt_tokens=prompt,

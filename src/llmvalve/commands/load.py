@@ -159,7 +159,7 @@ def _inputs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from llmvalve.gateway.policy_file import load_policy_file
     from llmvalve.sim.runner import default_policy
     from llmvalve.sim.scenario import load_scenario
-    from llmvalve.sim.scenario_load import MAX_REQUESTS
+    from llmvalve.sim.scenario_load import over_request_bound
 
     sc = load_scenario(args.scenario)
     policy = (load_policy_file(args.policy) if args.policy else None) or sc.policy \
@@ -175,10 +175,8 @@ def _inputs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         raise ValueError(f"--target {args.target!r}: expected http://HOST:PORT")
     if not args.path.startswith("/"):
         raise ValueError(f"--path {args.path!r}: a path starting with /")
-    if sc.requests_bound(args.load_scale) > MAX_REQUESTS:
-        raise ValueError(f"--load-scale {args.load_scale:g}: about "
-                         f"{sc.requests_bound(args.load_scale):,.0f} requests, at most "
-                         f"{MAX_REQUESTS:,}")
+    if too_many := over_request_bound(sc, args.load_scale):
+        raise ValueError(f"--load-scale {args.load_scale:g}: {too_many}")
     if why := unwritable(args.json):
         raise ValueError(f"--json {why}")
     return sc, policy, keys

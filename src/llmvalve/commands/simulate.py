@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from llmvalve.sim.report import table
     from llmvalve.sim.runner import parse_seeds, simulate_seeds
     from llmvalve.sim.scenario import ScenarioError, builtin_names, load_scenario
-    from llmvalve.sim.scenario_load import MAX_BACKENDS, MAX_GATEWAYS, MAX_REQUESTS
+    from llmvalve.sim.scenario_load import MAX_BACKENDS, MAX_GATEWAYS, over_request_bound
     from llmvalve.sim.targets import SEEDS as JUDGE_SEEDS
 
     if args.list:
@@ -106,10 +106,8 @@ def run(args: argparse.Namespace) -> int:
         sc = replace(sc, backends=args.backends)
     if not (args.load_scale > 0 and math.isfinite(args.load_scale)):
         return _fail("--load-scale must be a finite number > 0")
-    if sc.requests_bound(args.load_scale) > MAX_REQUESTS:
-        return _fail(f"--load-scale {args.load_scale:g}: about "
-                     f"{sc.requests_bound(args.load_scale):,.0f} requests, at most "
-                     f"{MAX_REQUESTS:,}")
+    if too_many := over_request_bound(sc, args.load_scale):
+        return _fail(f"--load-scale {args.load_scale:g}: {too_many}")
     if not (math.isfinite(args.oracle_window) and args.oracle_window >= 1):
         return _fail("--oracle-window must be a number of seconds >= 1")
     if why := unwritable(args.plot):

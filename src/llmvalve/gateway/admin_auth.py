@@ -19,9 +19,12 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 from aiohttp import web
+
+from llmvalve.gateway.file_stamp import file_stamp
 
 log = logging.getLogger("llmvalve.admin")
 
@@ -47,7 +50,7 @@ def is_loopback(host: str) -> bool:
 class AdminToken:
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[Any, ...] | None = None
         self._digest = b""
         if path is not None:
             self._load()
@@ -60,8 +63,9 @@ class AdminToken:
 
     def _load(self) -> None:
         assert self.path is not None
-        stat = self.path.stat()
-        stamp = (stat.st_mtime_ns, stat.st_ino)
+        stamp = file_stamp(self.path)
+        if stamp is None:
+            raise OSError(f"admin token file {self.path} cannot be read")
         if stamp != self._stamp:
             token = self.path.read_text(encoding="utf-8").strip()
             if problem := _token_problem(token):

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import grpc
 
+from llmvalve.gateway.file_stamp import file_stamp
+
 log = logging.getLogger("llmvalve.admin_tls")
 
 
@@ -31,11 +33,9 @@ class AdminTls:
         self._failed_stamp: tuple | None = None
 
     def _stat(self) -> tuple:
-        try:
-            return tuple((s.st_size, s.st_mtime_ns, s.st_ctime_ns)
-                         for s in (self.cert.stat(), self.key.stat()))
-        except OSError:
-            return ()
+        """Both files' stamps; () when either cannot be read."""
+        stamps = (file_stamp(self.cert), file_stamp(self.key))
+        return () if None in stamps else stamps
 
     def _load(self) -> tuple[tuple[bytes, bytes], ssl.SSLContext]:
         try:

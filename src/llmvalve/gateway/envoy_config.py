@@ -141,9 +141,7 @@ def envoy_read_changes(old: Policy, new: Policy) -> list[str]:
 
 def _clusters(policy: Policy) -> set[str]:
     """The clusters Envoy's config must define for `policy`: its pools' and its reroutes'."""
-    return {p.cluster for p in policy.pools} | {
-        f.fallback.cluster for f in policy.features
-        if f.fallback is not None and f.fallback.kind == "reroute" and f.fallback.cluster}
+    return {p.cluster for p in policy.pools} | set(policy.reroute_clusters())
 
 
 def _admission_service(params: EnvoyParams) -> str:

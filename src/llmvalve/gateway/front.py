@@ -204,9 +204,7 @@ class _Waiting:
     stream: bool | None
     # False: a reroute to its feature's fallback model cannot rewrite its body exactly
     rewritable: bool = True
-    # a static fallback has the shape of its answer: a chat completion or a completion (on
-    # another route, embeddings or a Responses call, the SDK could not read one)
-    static_shaped: bool = True
+    path: str = ""  # the client's: a static fallback answers only chat and completions
 
 
 class Front:
@@ -306,8 +304,7 @@ class Front:
             deadline=None if deadline_ms is None else now + deadline_ms / 1000.0,
             feature=headers.get(spec.feature_header), pool=pool.name, model=model)
         stream = facts.stream if facts is not None else request_facts.stream_hint(headers)
-        waiting = _Waiting(info, classified, klass, model, stream,
-                           static_shaped=replies.has_static_shape(check.path))
+        waiting = _Waiting(info, classified, klass, model, stream, path=check.path)
         if check.age_s > TOP_LAG_S / 2 ** policy.priorities.index(classified.priority):
             decision = self.admission.shed(info, Reason.GATEWAY_OVERLOADED, now,
                                            floor_s=check.age_s)
@@ -525,7 +522,8 @@ class Front:
         record = Record("dropped" if queued else "rejected", waiting.klass,
                         reject.reason.value, waiting.info.tenant, reject.wait_s,
                         reject.retry_after_s)
-        if fallback is not None and fallback.kind == "static" and waiting.static_shaped:
+        if (fallback is not None and fallback.kind == "static"
+                and replies.has_static_shape(waiting.path)):
             headers: Headers = ((STATIC_FALLBACK_HEADER, waiting.info.feature or ""),
                                 ("x-llmvalve-reason", reject.reason.value))
             return Go(waiting.info.request_id, None, FALLBACK_CLUSTER, None, headers, (),

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
@@ -34,6 +33,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from llmvalve.gateway.file_stamp import file_stamp
 from llmvalve.gateway.tasks import Background
 
 log = logging.getLogger("llmvalve.policy_watch")
@@ -97,16 +97,6 @@ class ReloadLog:
                 "reloads": dict(self.counts)}
 
 
-def _stat_key(path: Path) -> tuple[Any, ...] | None:
-    try:
-        real = os.path.realpath(path)
-        st = os.stat(real)
-    except OSError:
-        return None
-    # ctime too: `cp -p` or `rsync -t --inplace` can restore size and mtime, never ctime
-    return (real, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 def _read(path: Path) -> bytes | None:
     try:
         return path.read_bytes()
@@ -131,7 +121,8 @@ class PolicyWatcher:
         self.polls = 0  # checks done (a test can wait for the watcher to have looked again)
 
     def _stat_now(self) -> tuple[Any, ...]:
-        return (_stat_key(self.path), None if self._secrets is None else _stat_key(self._secrets))
+        return (file_stamp(self.path),
+                None if self._secrets is None else file_stamp(self._secrets))
 
     def _digest_now(self) -> str:
         """sha256 over the policy's bytes and its secrets file's; finds the secrets file."""

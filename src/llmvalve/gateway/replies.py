@@ -210,7 +210,8 @@ def bad_request(message: str) -> Reply:
 
 def has_static_shape(path: str) -> bool:
     """A static fallback can answer it: a chat completion or a completion (one conversation,
-    not a batch of them)."""
+    not a batch of them; on another route, embeddings or a Responses call, the SDK could not
+    read one)."""
     return endpoint(path).endswith(("/chat/completions", "/v1/completions"))
 
 

@@ -18,6 +18,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from llmvalve.core.policy import Policy, PolicyError, PolicyIssue, load_policy
 from llmvalve.core.policy.document import compose_document
 from llmvalve.core.policy.nodes import NodeFields, NodeReader, duration_at_least, shown
+from llmvalve.core.policy.pools import MIN_SCRAPE_INTERVAL_S
 from llmvalve.engine.profiles import PROFILES
 from llmvalve.gateway.policy_file import load_policy_file
 from llmvalve.sim.scenario import (
@@ -59,7 +60,6 @@ MAX_GATEWAYS = 1024  # replicas: each runs its own core; 32 is the largest measu
 MAX_REQUESTS = 2_000_000  # rate × duration: 40x `fleet`, the largest built-in (~1 h to run)
 MIN_PERIOD_S = 0.1  # an on/off period (workload.py draws none shorter)
 MAX_ATTEMPTS = 100  # a client's tries of one request (the openai SDK makes 3 by default)
-MIN_SCRAPE_S = 0.01  # as the policy's pools[].scrapeInterval
 MAX_CV = 100.0  # a length distribution's coefficient of variation
 
 
@@ -185,9 +185,9 @@ def _events(c: _Ctx, top: NodeFields, count: int,
     gone: set[int] = set()  # in time order, the file's order at equal times (as they run)
     for at_s, i, item, b, leave in sorted(moves, key=lambda m: m[0]):
         if leave == (b in gone):
-            c.r.error(item, f"events[{i}]", f"backend {b} " + (
-                "leaves again" if leave else "rejoins") + f" at {at_s:g} s without having "
-                + ("rejoined" if leave else "left") + ": it would be ignored")
+            what, since = ("leaves again", "rejoined") if leave else ("rejoins", "left")
+            c.r.error(item, f"events[{i}]", f"backend {b} {what} at {at_s:g} s without "
+                      f"having {since}: it would be ignored")
         (gone.add if leave else gone.discard)(b)
     return tuple(out)
 
@@ -621,7 +621,7 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
         backends=count, profile=profile, profile_overrides=overrides,
         events=_events(c, top, count, duration_s),
         gateways=top.integer("gateways", 1, ge=1, le=MAX_GATEWAYS),
-        scrape_interval_s=duration_at_least(m, "scrapeInterval", 0.5, MIN_SCRAPE_S,
+        scrape_interval_s=duration_at_least(m, "scrapeInterval", 0.5, MIN_SCRAPE_INTERVAL_S,
                                             "as the policy's pools[].scrapeInterval"),
         als_delay_s=m.duration("alsDelay", 0.05, allow_zero=True),
         policy=policy,
@@ -629,11 +629,18 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
         oracle_sweep=_numbers(c, top, "oracleSweep", True) or defaults.oracle_sweep,
         sweep_loads=_numbers(c, top, "sweepLoads", False) or (),
         classes=tuple(classes), extra=_expect(c, top), pools=pools)
-    if (bound := sc.requests_bound()) > MAX_REQUESTS:
-        count_text = f"{bound:,.0f}" if bound < 1e12 else f"{bound:.3g}"
-        r.error(class_node, "classes", f"about {count_text} requests at the classes' peak rates "
-                f"over {sc.duration_s:g} s (sweepLoads and retries counted): at most "
-                f"{MAX_REQUESTS:,}")
+    if too_many := over_request_bound(sc):
+        r.error(class_node, "classes", too_many)
     if issues:
         raise ScenarioError("\n".join(str(i) for i in sorted(issues, key=lambda i: i.line)))
     return sc
+
+
+def over_request_bound(sc: Scenario, load_scale: float = 1.0) -> str | None:
+    """Why the scenario (at `load_scale`) sends too many requests to simulate, or None."""
+    bound = sc.requests_bound(load_scale)
+    if bound <= MAX_REQUESTS:
+        return None
+    count = f"{bound:,.0f}" if bound < 1e12 else f"{bound:.3g}"
+    return (f"about {count} requests at the classes' peak rates over {sc.duration_s:g} s "
+            f"(sweepLoads and retries counted): at most {MAX_REQUESTS:,}")

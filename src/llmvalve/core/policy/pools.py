@@ -24,6 +24,7 @@ from llmvalve.core.policy.spec import BackendSpec, BreakerSpec, PoolSpec
 ENGINES = ("vllm", "trtllm", "sglang")
 POOL_KEYS = ("name", "cluster", "engine", "backends", "scrapeInterval", "scrapeTimeout",
              "breaker", "leaseTimeout", "models", "enginePriority")
+MIN_SCRAPE_INTERVAL_S = 0.01  # below it, a scrape loop loads the engines it watches
 
 
 def read_pools(top: NodeFields) -> tuple[PoolSpec, ...]:
@@ -89,7 +90,7 @@ def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str],
         name=name, cluster=f.string("cluster", d.cluster), engine=engine or d.engine,
         backends=backends, models=models, engine_priority=engine_priority,
         scrape_interval_s=duration_at_least(
-            f, "scrapeInterval", d.scrape_interval_s, 0.01,
+            f, "scrapeInterval", d.scrape_interval_s, MIN_SCRAPE_INTERVAL_S,
             "a scrape loop that fast loads the engines it watches"),
         scrape_timeout_s=f.duration("scrapeTimeout", d.scrape_timeout_s),
         breaker=breaker,
@@ -157,7 +158,7 @@ def _breaker(f: NodeFields) -> BreakerSpec:
     return BreakerSpec(
         failure_ratio=bk.number("failureRatio", d.failure_ratio, gt=0, le=1),
         min_requests=bk.integer("minRequests", d.min_requests, ge=1),
-        window_s=duration_at_least(bk, "window", d.window_s, 0.01, "a tenth of it is one "
-                           "bucket of the failure count"),
+        window_s=duration_at_least(bk, "window", d.window_s, 0.01,
+                                   "a tenth of it is one bucket of the failure count"),
         open_s=bk.duration("open", d.open_s),
     )

@@ -342,6 +342,12 @@ class Policy:
     def _tenants_by_name(self) -> dict[str, TenantSpec]:
         return {t.name: t for t in self.tenants}
 
+    def reroute_clusters(self) -> tuple[str, ...]:
+        """The Envoy clusters its features' fallbacks reroute to (in feature order)."""
+        return tuple(dict.fromkeys(
+            f.fallback.cluster for f in self.features
+            if f.fallback is not None and f.fallback.kind == "reroute" and f.fallback.cluster))
+
     def tenant(self, name: str) -> TenantSpec | None:
         """The tenant of that name, the anonymous one included; None: no such tenant."""
         anonymous = self.anonymous
