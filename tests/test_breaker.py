@@ -1,4 +1,7 @@
+from pathlib import Path
+
 import pytest
+import yaml
 
 from llmvalve.core.breaker import Breaker, BreakerState
 from llmvalve.core.policy import BreakerSpec
@@ -126,6 +129,12 @@ def test_what_the_breaker_alert_watches():
     fired: a review simulated it); and once traffic stops it stays half open with no end, so
     "not closed" would have fired on after the backends recovered. Scraped every 5 s, probes
     failing after 2 s, one request a second, then none."""
+    rules = yaml.safe_load((Path(__file__).parents[1] / "deploy" / "prometheus"
+                            / "alerts.yml").read_text())
+    [rule] = [r for g in rules["groups"] for r in g["rules"]
+              if r.get("alert") == "LlmvalveBreakerOpen"]
+    assert rule["expr"] == 'max_over_time(llmvalve_breaker_state{state="open"}[2m]) == 1'
+    assert rule["for"] == "1m"  # the 2 min window: 24 scrapes at 5 s, below
     b = Breaker(SPEC)
     feed(b, [D] * 10, 0.0)
     states, sent = [], []
