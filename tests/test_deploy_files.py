@@ -111,6 +111,25 @@ def test_compose_envoy_mounts_the_bootstrap_it_runs(compose, envoy_cfg):
     assert compose["services"][owner]["image"].startswith("registry.k8s.io/pause:")
 
 
+def test_compose_envoy_runs_the_preStop_hook_before_it_stops(compose):
+    """Compose has no preStop, and Envoy cuts every stream on SIGTERM: Envoy runs under
+    envoy/stop-gracefully.sh (run around a real Envoy by e2e/test_e2e_envoy_prestop.py), which
+    runs the Kubernetes hook first, within the service's stop grace period."""
+    envoy = compose["services"]["envoy"]
+    command = envoy["command"]
+    [shell, wrapper, binary] = command[:3]
+    mounted = volumes(envoy)
+    assert shell == "bash" and binary == "envoy"
+    assert mounted[wrapper] == ROOT / "envoy" / "stop-gracefully.sh"
+    # the hook the wrapper looks for beside itself is the pod's
+    hook = str(Path(wrapper).parent / "envoy-prestop.sh")
+    assert mounted[hook] == ROOT / "deploy" / "kubernetes" / "envoy-prestop.sh"
+    env = {k: int(v) for k, v in envoy["environment"].items()}
+    assert env["MIN_WAIT"] == int(command[command.index("--drain-time-s") + 1])
+    grace = int(envoy["stop_grace_period"].removesuffix("s"))
+    assert env["MAX_WAIT"] < grace
+
+
 def test_compose_control_plane_matches_envoy_and_loads_its_policy(compose, envoy_cfg):
     service = compose["services"]["llmvalve"]
     args = serve_args(service["command"])

@@ -91,3 +91,80 @@ def test_the_hook_keeps_its_max_wait_when_the_admin_api_stalls(stack):
         hook = prestop(stack, max_wait=2, admin_port=stalled.getsockname()[1])
         assert hook.wait(20) == 0
         assert time.monotonic() - started < 10
+
+
+# -- compose: Envoy under envoy/stop-gracefully.sh, which runs the hook on SIGTERM -------------
+WRAPPER = Path(__file__).parents[2] / "envoy" / "stop-gracefully.sh"
+
+
+def envoy_under_the_wrapper(stack: Stack, min_wait: int) -> subprocess.Popen:
+    """The stack's Envoy stopped, and the same bootstrap run again on its ports as compose runs
+    it: under the wrapper, with the Kubernetes hook beside it."""
+    from llmvalve.processes import envoy_binary, http_get, wait_until
+
+    stack.envoy.stop(grace_s=3.0)
+    env = {**os.environ, "PRESTOP": str(SCRIPT), "MIN_WAIT": str(min_wait), "MAX_WAIT": "60",
+           "ENVOY_ADMIN_PORT": str(urlsplit(stack.envoy_admin_url).port)}
+    wrapper = subprocess.Popen(
+        ["bash", str(WRAPPER), envoy_binary(), "-c", str(stack.workdir / "envoy.yaml"),
+         "--concurrency", "1", "--disable-hot-restart", "--drain-time-s", str(min_wait),
+         "--log-level", "warn"], env=env)
+    try:
+        wait_until(lambda: http_get(stack.gateway_url + "/ready")[0] == 200, 30.0,
+                   "Envoy's /ready")
+    except BaseException:
+        wrapper.kill()
+        raise
+    return wrapper
+
+
+def stopped(wrapper: subprocess.Popen) -> None:
+    """The wrapper and Envoy, whatever the test left running."""
+    for pid in children(wrapper):
+        os.kill(pid, 9)
+    wrapper.kill()
+    wrapper.wait(5)
+
+
+def children(process: subprocess.Popen) -> list[int]:
+    try:
+        path = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+        return [int(pid) for pid in path.read_text().split()]
+    except FileNotFoundError:  # it has exited
+        return []
+
+
+async def test_compose_envoy_ends_its_streams_before_it_exits(stack):
+    """Found at stop 51: compose has no preStop, so `docker compose stop` cut every stream."""
+    from llmvalve.processes import http_get
+
+    wrapper = await asyncio.to_thread(envoy_under_the_wrapper, stack, 1)
+    try:
+        async with aiohttp.ClientSession() as session, session.post(
+                stack.gateway_url + "/v1/chat/completions", json=chat_body(120, stream=True),
+                headers=headers(P0_KEY), timeout=aiohttp.ClientTimeout(total=60)) as response:
+            assert response.status == 200
+            await response.content.readline()  # the stream has begun
+            wrapper.send_signal(15)  # what `docker compose stop` sends
+            await asyncio.sleep(0.5)
+            assert wrapper.poll() is None, "Envoy stopped with a stream in flight"
+            rest = (await response.content.read()).decode()
+            ended = time.monotonic()
+        assert rest.rstrip().endswith("data: [DONE]"), rest[-200:]
+        assert await asyncio.to_thread(wrapper.wait, 20) == 0  # Envoy's own status
+        assert time.monotonic() - ended < 10
+        with pytest.raises(OSError):  # Envoy itself has exited
+            http_get(stack.envoy_admin_url + "/ready")
+    finally:
+        stopped(wrapper)
+
+
+async def test_compose_envoy_passes_a_failure_on(stack):
+    """The wrapper exits with Envoy's status, so compose's restart policy sees a crash."""
+    wrapper = await asyncio.to_thread(envoy_under_the_wrapper, stack, 1)
+    try:
+        [envoy] = children(wrapper)
+        os.kill(envoy, 9)
+        assert await asyncio.to_thread(wrapper.wait, 10) == 128 + 9
+    finally:
+        stopped(wrapper)
