@@ -56,6 +56,8 @@ def run(args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess:
     (["load", "--scenario", "steady", "--path", "v1/chat/completions"], 2),
     (["load", "--scenario", "steady", "--load-scale", "1e6"], 2),
     (["sim-backend", "--time-scale", "nan"], 2),
+    (["sim-backend", "--ports", "8001,8002", "--count", "3"], 2),  # --count was ignored
+    (["load", "--scenario", "steady", "--key", ""], 2),  # it sent the demo key
     (["bench", "--scenario", "overhead", "--json", "/no/such/dir/x.json"], 2),
     (["bench", "--scenario", "overhead", "--rates", "abc"], 2),
     (["bench", "--scenario", "overhead", "--duration", "0"], 2),

@@ -92,3 +92,23 @@ def test_bad_options_exit_2_with_a_message(args):
     proc = launch("--port", "0", *args)
     out, err = proc.communicate(timeout=10)
     assert proc.returncode == 2 and "sim-backend:" in err and out == ""
+
+
+def test_an_ipv6_host_is_printed_as_a_url_that_works():
+    """`--host ::1` printed http://::1:PORT, which no client parses (found by a review)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback")
+    proc = launch("--host", "::1", "--port", "0", "--profile", "tiny")
+    try:
+        line = proc.stdout.readline().strip()
+        url = line.removeprefix("sim-backend ready on ")
+        assert url.startswith("http://[::1]:"), line
+        with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+            assert resp.status == 200
+    finally:
+        assert stop(proc) == 0

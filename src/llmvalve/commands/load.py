@@ -161,6 +161,8 @@ def _inputs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from llmvalve.sim.scenario import load_scenario
     from llmvalve.sim.scenario_load import over_request_bound
 
+    if args.key is not None and not args.key.strip():
+        raise ValueError("--key is empty (an unset variable?); leave it out for the demo key")
     sc = load_scenario(args.scenario)
     policy = (load_policy_file(args.policy) if args.policy else None) or sc.policy \
         or default_policy()

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="first port (0: pick free ports); with --count N, N consecutive "
                             "ports from here (default 8001)")
     where.add_argument("--ports", type=_ports, help="comma-separated ports, one backend each")
-    parser.add_argument("--count", type=int, default=1, help="backends to run with --port")
+    parser.add_argument("--count", type=int, help="backends to run with --port (default 1)")
     parser.add_argument("--host", default="127.0.0.1")
     from llmvalve.engine.profiles import PROFILES  # pure data: cheap to import
 
@@ -67,19 +67,22 @@ def run(args: argparse.Namespace) -> int:
         initial = fault_mod.apply(fault_mod.Faults(), {
             "slowdown": args.slowdown, "kv_blocks": args.kv_blocks,
             "error_rate": args.error_rate, "hang": args.hang, "down": args.down})
-        if args.tokens_per_chunk < 1 or args.count < 1:
+        if args.ports and args.count is not None:
+            raise ValueError("--count goes with --port; --ports runs one backend per port")
+        count = 1 if args.count is None else args.count
+        if args.tokens_per_chunk < 1 or count < 1:
             raise ValueError("--tokens-per-chunk and --count must be ≥ 1")
-        if args.port and args.port + args.count > 65536:
-            raise ValueError(f"--port {args.port} --count {args.count}: past port 65535")
+        if args.port and args.port + count > 65536:
+            raise ValueError(f"--port {args.port} --count {count}: past port 65535")
     except ValueError as exc:
         print(f"sim-backend: {exc}", file=sys.stderr)
         return 2
     if args.ports:
         ports = args.ports
     elif args.port == 0:
-        ports = [0] * args.count
+        ports = [0] * count
     else:
-        ports = [args.port + i for i in range(args.count)]
+        ports = [args.port + i for i in range(count)]
 
     async def main() -> int:
         backends = [
@@ -99,8 +102,9 @@ def run(args: argparse.Namespace) -> int:
             for b in backends:
                 await b.stop()
             return 1
+        host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address
         for port in bound:
-            print(f"sim-backend ready on http://{args.host}:{port}", flush=True)
+            print(f"sim-backend ready on http://{host}:{port}", flush=True)
         await stop.wait()
         for b in backends:
             await b.stop()
