@@ -483,6 +483,55 @@ async def test_scraper_feeds_snapshots_and_reports_failures():
     assert {p for p, _ in seen} == {"default"}
 
 
+async def test_a_scrape_asks_for_text_refuses_a_huge_page_and_says_what_a_page_lacks(caplog):
+    """Found by a review against real vLLM: a small gzip reply that unpacks to hundreds of MB
+    was buffered whole (the process grew by 332 MB); the request named no format (a hop that
+    negotiates OpenMetrics writes `vllm_` for `vllm:`, which reads as no page at all); a page
+    without an inter-token latency (vLLM before 0.10.2 under today's name) or a KV capacity
+    read as an idle engine, and nothing said so."""
+    import gzip
+    import logging
+
+    from llmvalve.core.signals import SignalReader
+    from llmvalve.gateway import scraper as scraper_mod
+
+    accepts = []
+    plain = "vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n"
+    # a good page that unpacks past the bound (its padding a comment): refused, not read
+    bomb = gzip.compress(plain.encode() + b"#" * (scraper_mod.MAX_PAGE_BYTES + 2**20))
+
+    async def metrics(request: web.Request) -> web.Response:
+        accepts.append(request.headers.get("Accept"))
+        if request.path == "/bomb":
+            return web.Response(body=bomb, headers={"Content-Encoding": "gzip",
+                                                    "Content-Type": "text/plain"})
+        return web.Response(text=plain)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/bomb", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = await serve_on_free_port(runner)
+    scraper = Scraper(Driver(object(), Policy(queues=SEED_QUEUES)))  # type: ignore[arg-type]
+    await scraper.start(Policy(queues=SEED_QUEUES))
+    try:
+        with caplog.at_level(logging.WARNING, logger="llmvalve.scraper"):
+            base = f"http://127.0.0.1:{port}"
+            assert not (await scraper.scrape_once(base + "/bomb", SignalReader("b"), 5.0)).ok
+            for _ in range(3):
+                snap = await scraper.scrape_once(base + "/metrics", SignalReader("b"), 5.0)
+                assert snap.ok and snap.running == 3.0
+    finally:
+        await scraper.stop()
+        await runner.cleanup()
+    assert set(accepts) == {"text/plain;version=0.0.4"}
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said  # each missing signal once, not once per scrape
+    assert any("inter-token latency" in m for m in said)
+    assert any("KV capacity" in m for m in said)
+
+
 async def test_a_backend_renamed_by_a_reload_is_scraped_under_its_new_name():
     """Found by a review: readers were kept by URL, so a backend renamed at the same URL was
     still reported under its old name (which the core had just forgotten) and the new name

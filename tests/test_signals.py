@@ -139,3 +139,56 @@ def test_no_text_raises(text):
 @given(st.lists(st.sampled_from([*VLLM.splitlines(), "x{", "}", "vllm:num_requests_running NaN"])))
 def test_shuffled_lines_never_raise(lines):
     SignalReader("b").read("\n".join(lines) + "\n", 0.0)
+
+
+def test_vllm_before_0_11_names_the_inter_token_latency_otherwise():
+    """Found by a review against vLLM's own metrics code: the name `inter_token_latency` came
+    in 0.10.2; before, the same per-step measure was `time_per_output_token`, so on vLLM 0.6
+    to 0.10 the latency signal was never read, and the limit grew to the KV ceiling whatever
+    the engine's latency. Where both names are on a page (0.10.2 to 0.11), one is read."""
+    def old_names(text: str) -> str:
+        return text.replace("inter_token_latency", "time_per_output_token")
+
+    def itl_only(text: str) -> str:
+        return text[text.index("# TYPE vllm:inter_token_latency"):]
+
+    for first, second in (
+        (old_names(vllm_text(100, 100, 100, 100)), old_names(vllm_text(100, 100, 110, 110, 1.3))),
+        (vllm_text(100, 100, 100, 100) + old_names(itl_only(vllm_text(100, 100, 100, 100))),
+         vllm_text(100, 100, 110, 110, 1.3) + old_names(itl_only(vllm_text(100, 100, 110, 110,
+                                                                            1.3)))),
+    ):
+        reader = SignalReader("b")
+        reader.read(first, 0.0)
+        snap = reader.read(second, 0.5)
+        assert abs(snap.itl_p90_s - (0.025 + 0.025 * 0.9)) < 1e-9
+        assert abs(snap.itl_mean_s - 0.03) < 1e-9 and snap.itl_count == 10  # not 20
+
+
+def test_a_data_parallel_servers_kv_is_its_used_share_of_the_summed_capacity():
+    """Found by a review: KV usage was the fullest engine's, capacity the sum of the engines',
+    so engines at 0.9 and 0.1 read as 0.9 of twice the KV, and the lowest class was shed with
+    half the server's KV free."""
+    page = "vllm:num_requests_running{engine=\"0\"} 3\nvllm:num_requests_running{engine=\"1\"} 1\n"
+    for engine, usage in (("0", 0.9), ("1", 0.1)):
+        page += (f'vllm:kv_cache_usage_perc{{engine="{engine}",model_name="m"}} {usage}\n'
+                 f'vllm:cache_config_info{{block_size="16",engine="{engine}",'
+                 f'num_gpu_blocks="1000"}} 1.0\n')
+    snap = SignalReader("b").read(page, 0.0)
+    assert abs(snap.kv_usage - 0.5) < 1e-9 and snap.kv_capacity_tokens == 32_000
+    # without a capacity for each engine: the fullest one
+    partial = page.replace('engine="1",num_gpu_blocks="1000"', 'engine="1",num_gpu_blocks="None"')
+    assert SignalReader("b").read(partial, 0.0).kv_usage == 0.9
+
+
+def test_only_the_lines_read_are_parsed_to_the_same_reading():
+    """A real page is mostly series not read here (about 46 ms to parse a data-parallel
+    server's on the event loop that answers Envoy): they are dropped before parsing, and a
+    malformed one no longer fails the page."""
+    from llmvalve.core.signals import parse
+
+    page = vllm_text(100, 100, 110, 110, s=1.3)
+    noise = "".join(f'vllm:lora_requests_info{{running_lora_adapters="a{i}"}} 1.7e9\n'
+                    f'http_requests_total{{handler="/v1/x{i}"}} {i}\n' for i in range(500))
+    assert parse(noise + page) == parse(page)
+    assert SignalReader("b").read(page + "http_requests_total{broken 1\n", 0.0).ok

@@ -24,8 +24,10 @@ import logging
 
 import aiohttp
 
+from llmvalve.core.adaptive import FALLBACK_CAPACITY_TOKENS
 from llmvalve.core.policy import Policy
-from llmvalve.core.signals import SignalReader
+from llmvalve.core.signals import CACHE_INFO, ITL, ITL_BEFORE_0_11, SignalReader
+from llmvalve.core.types import BackendSnapshot
 from llmvalve.gateway.dns import LOOKUP_TIMEOUT_S, getaddrinfo, one_address
 from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.metrics import GatewayMetrics
@@ -35,6 +37,27 @@ from llmvalve.gateway.tasks import Background
 log = logging.getLogger("llmvalve.scraper")
 
 RESOLVE_EVERY_S = 5.0  # CoreDNS's default TTL
+# The text format, named: a hop that negotiates OpenMetrics would get `vllm_` for `vllm:`.
+ACCEPT = {"Accept": "text/plain;version=0.0.4"}
+# A page larger than this is refused, not buffered: a real vLLM page is tens to hundreds of KB.
+MAX_PAGE_BYTES = 16 * 2**20
+
+
+class PageTooLarge(Exception):
+    pass
+
+
+async def _page(response: aiohttp.ClientResponse) -> str:
+    """The body as text, read to at most MAX_PAGE_BYTES (after decompression: a small gzip
+    reply grew the process by 332 MB before its timeout, found by a review)."""
+    if (response.content_length or 0) > MAX_PAGE_BYTES:
+        raise PageTooLarge
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(2**16):
+        body += chunk
+        if len(body) > MAX_PAGE_BYTES:
+            raise PageTooLarge
+    return body.decode(response.charset or "utf-8")
 
 
 class Scraper:
@@ -47,6 +70,7 @@ class Scraper:
         # (the old one would report under the old name), one that keeps both keeps its history
         self._readers: dict[tuple[str, str], SignalReader] = {}
         self._faulted: set[str] = set()  # URLs whose scrape raised an unexpected error
+        self._said: set[tuple[str, str]] = set()  # (URL, signal) missing, logged once
 
     async def start(self, policy: Policy) -> None:
         if self._session is None:
@@ -75,19 +99,38 @@ class Scraper:
         assert self._session is not None
         try:
             async with self._session.get(
-                url, timeout=aiohttp.ClientTimeout(total=timeout_s)
+                url, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=ACCEPT
             ) as response:
                 if response.status != 200:
                     return reader.failed(self.driver.clock())
-                text = await response.text()
-        except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError, OSError):
+                text = await _page(response)
+        except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError, LookupError, OSError,
+                PageTooLarge):
             return reader.failed(self.driver.clock())
-        except Exception:  # anything else (a host aiohttp cannot encode, an odd charset)
+        except Exception:  # anything else (a host aiohttp cannot encode)
             if url not in self._faulted:  # is a failed scrape too, not a dead loop
                 self._faulted.add(url)
                 log.exception("scraping %s failed (logged once)", url)
             return reader.failed(self.driver.clock())
-        return reader.read(text, self.driver.clock())
+        snap = reader.read(text, self.driver.clock())
+        if snap.ok:
+            self._say_what_is_missing(url, text, snap)
+        return snap
+
+    def _say_what_is_missing(self, url: str, text: str, snap: BackendSnapshot) -> None:
+        """Once per backend: a signal its pages lack, which would read as an idle engine."""
+        missing = []
+        if snap.kv_capacity_tokens == 0:
+            missing.append(f"its KV capacity ({CACHE_INFO} with num_gpu_blocks and block_size:"
+                           f" {FALLBACK_CAPACITY_TOKENS:,.0f} tokens are assumed)")
+        vllm = "vllm:num_requests_running" in text
+        if vllm and ITL not in text and ITL_BEFORE_0_11 not in text:
+            missing.append(f"its inter-token latency ({ITL}: the limit follows KV and queues "
+                           "alone)")
+        for what in missing:
+            if (url, what) not in self._said:
+                self._said.add((url, what))
+                log.warning("the metrics of %s do not give %s", url, what)
 
     async def _loop(self, pool: str, url: str, reader: SignalReader, interval_s: float,
                     timeout_s: float) -> None:
