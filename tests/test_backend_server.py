@@ -181,7 +181,8 @@ async def test_metrics_carry_every_vllm_name_and_move_with_load(make_backend, ht
     assert after[("vllm:request_success_total", "abort")] == 12
     assert after[("vllm:generation_tokens_total", "")] > 0
     assert after[("vllm:time_to_first_token_seconds_count", "")] >= TINY.max_num_seqs
-    assert after[("vllm:request_queue_time_seconds_count", "")] >= TINY.max_num_seqs
+    # as vLLM: queue times are observed when a request finishes; an aborted one has none
+    assert after[("vllm:request_queue_time_seconds_count", "")] == 0
     assert after[("llmvalve_sim_requests_received_total", "")] == 12
 
 

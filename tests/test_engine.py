@@ -58,7 +58,12 @@ def test_running_requests_take_the_budget_first_then_waiting_in_order():
     # a decodes 1 token, b gets the 7 left of the budget; context 5 + 7
     r = e.step(3.0)
     assert r == StepResult(1 + 0.5 * 2 + 0.25 * 7 + 0.125 * 12, (ev("a", 2),), (), 2, 7)
-    assert e.metrics.queue_time.total == 2.0  # b waited from 1.0 to 3.0
+    # b waited from 1.0 to 3.0, observed when it finishes (as vLLM does), not before
+    assert e.metrics.queue_time.count == 0
+    now = 3.0 + r.duration_s
+    while (r := e.step(now)) is not None:
+        now += r.duration_s
+    assert (e.metrics.queue_time.count, e.metrics.queue_time.total) == (2, 2.0)
 
 
 def test_max_num_seqs_caps_the_batch_and_waiting_is_fcfs():

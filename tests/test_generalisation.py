@@ -98,20 +98,6 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # seed 2 is met and seed 3 misses by two: answers of 2 and 5 tokens decoded in steps
     # shared with prefill chunks (TPOT 0.24 and 0.175 s).
     "code-bursty-3x": ("seed 3: P0 attainment",),
-    # the same at 1x, since stop 27 (one request more at seed 2 in a run that diverged from
-    # the start): a 3,251- and a 3,965-token P0 prompt prefilled behind others inside the
-    # engine (TTFT 2.4 and 2.5 s, no gateway wait): 2 of ~110. Since stop 30 (lower classes
-    # wait while only engines at their KV target have prefill room) seed 2 is met (0.991)
-    # and seed 1 misses the same way in a run that diverged: a 4,477- and a 2,808-token
-    # prompt prefilled behind others (TTFT 2.27 and 2.10 s) and a 15-token answer decoded
-    # in steps shared with prefill chunks (TPOT 0.156 s against 0.15), 3 of ~105, no wait.
-    # Since stop 33 (P0 goes where its KV fits first) seed 1 is met (0.990) and seed 2
-    # misses again by two of ~110: a 3,251- and a 3,698-token prompt sent while no engine's
-    # KV held them (each at 0.84-0.99 with what was sent since), TTFT 2.41 and 2.17 s.
-    # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
-    # seed 2 is met and seed 3 misses by one of 58: a 1,625-token prompt prefilled
-    # behind others inside its engine (TTFT 2.25 s, no gateway wait).
-    "code-bursty": ("seed 3: P0 attainment",),
     # one P0 request of ~130, decoding on the engine as it slows 4x at 40 s (TPOT 0.194 s
     # against 0.15), since stop 27's run diverged: the place no admission decision reaches
     "slowdown-one": ("seed 3: P0 attainment",),

@@ -14,7 +14,8 @@ reading, the largest of
       window old, and admitted requests reach the KV only as they prefill;
     - queue, while requests wait inside the engine (something binds: KV, its sequence cap or
       its token budget): (running + waiting) / (running + allowed), allowed = waitingTarget,
-      less when the queue drains slower than queueTarget (engine queue time p90). An engine
+      less when the queue drains slower than queueTarget (engine queue time p90, which vLLM
+      observes as requests finish: it lags by their answers' time). An engine
       at a sequence cap of 16 with 6 waiting reads 22 / 17 = 1.29 with the default
       waitingTarget of 1 (29 % too much), not waiting / allowed = 6. Requests that arrived
       during the engine's current step wait only for its next one: no more waiting than its

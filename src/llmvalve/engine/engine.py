@@ -228,7 +228,6 @@ class Engine:
             self.running.append(seq)
             if seq.first_scheduled is None:
                 seq.first_scheduled = now
-                self.metrics.queue_time.observe(now - seq.arrival)
                 new += 1
             scheduled.append((seq, n))
             budget -= n
@@ -305,4 +304,8 @@ class Engine:
         reason = "length" if seq.max_tokens and seq.generated >= seq.max_tokens else "stop"
         self.metrics.finished[reason] += 1
         self.metrics.e2e.observe(end - seq.arrival)
+        # As vLLM (its output processor, `update_from_finished_request`): a request's time in
+        # the queue is observed when it finishes, not when it leaves the queue.
+        scheduled = end if seq.first_scheduled is None else seq.first_scheduled
+        self.metrics.queue_time.observe(scheduled - seq.arrival)
         self.metrics.output_tokens.observe(seq.generated)

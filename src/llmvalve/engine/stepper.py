@@ -310,7 +310,6 @@ class EventEngine(Engine):
             free -= need
             if w.first_scheduled is None:
                 w.first_scheduled = now
-                self.metrics.queue_time.observe(now - w.arrival)
                 new += 1
             admitted.append((w, x))
             budget -= x
