@@ -139,3 +139,63 @@ def test_a_bad_cluster_argument_is_a_usage_error(bad, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "--cluster" in err and "Traceback" not in err
+
+
+def hcm_of(cfg: dict) -> dict:
+    [listener] = cfg["static_resources"]["listeners"]
+    return listener["filter_chains"][0]["filters"][0]["typed_config"]
+
+
+def seconds(text: str) -> float:
+    return float(text.removesuffix("s"))
+
+
+def test_long_silent_answers_are_not_cut_and_clients_are_bounded():
+    """Found by a review against a real Envoy: the idle timeouts were 300 s, so every
+    non-streamed answer longer than 5 minutes (the batch class's 1 s TPOT allows one of 300
+    tokens) got `504 stream_idle_timeout`, and the breaker counted it; HTTP/2 uploads of held
+    requests grew Envoy's memory past the 1 MiB buffer (a 256 MiB stream window); no header
+    timeout, no bound on connections."""
+    from llmvalve.sim.runner import default_policy
+
+    cfg = yaml.safe_load((ROOT / "envoy" / "envoy.yaml").read_text())
+    hcm = hcm_of(cfg)
+    longest_queue = max(q.timeout_s for q in default_policy().queues)
+    idle = seconds(hcm["stream_idle_timeout"])
+    assert idle >= 1800 and idle > longest_queue + EnvoyParams().check_timeout_s
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    llm = [r["route"] for r in routes if r.get("route", {}).get("timeout") == "0s"]
+    assert llm and all(seconds(r["idle_timeout"]) == idle for r in llm)
+    assert seconds(hcm["request_headers_timeout"]) <= 30
+    h2 = hcm["http2_protocol_options"]
+    [listener] = cfg["static_resources"]["listeners"]
+    assert h2["initial_stream_window_size"] <= listener["per_connection_buffer_limit_bytes"]
+    [monitor] = cfg["overload_manager"]["resource_monitors"]
+    assert monitor["typed_config"]["max_active_downstream_connections"] > 0
+
+
+def test_envoy_drops_idle_backend_connections_before_vllm_does():
+    """vLLM's server closes a connection idle for 5 s: every backend cluster's pool closes
+    its own first (e2e/test_e2e_envoy_upstream.py shows the race it removes)."""
+    from llmvalve.backend.server import KEEP_ALIVE_S
+
+    cfg = yaml.safe_load(render(EnvoyParams(clusters={
+        "llm_backends": (("10.0.0.1", 8000),), "small": (("vllm-small", 8000),)})))
+    backends = [c for c in cfg["static_resources"]["clusters"]
+                if not c["name"].startswith("llmvalve")]
+    assert {c["name"] for c in backends} == {"llm_direct", "llm_backends", "small"}
+    for cluster in backends:
+        options = cluster["typed_extension_protocol_options"][
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        idle = seconds(options["common_http_protocol_options"]["idle_timeout"])
+        assert 0 < idle < KEEP_ALIVE_S, cluster["name"]
+
+
+def test_the_idle_timeout_is_a_command_line_choice(capsys):
+    assert main(["--idle-timeout", "7200"]) == 0
+    text = capsys.readouterr().out
+    assert seconds(hcm_of(yaml.safe_load(text))["stream_idle_timeout"]) == 7200
+    assert "--idle-timeout 7200" in text.splitlines()[1]  # how it was made
+    with pytest.raises(SystemExit):
+        main(["--idle-timeout", "0"])
+    assert "--idle-timeout" in capsys.readouterr().err

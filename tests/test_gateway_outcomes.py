@@ -32,6 +32,11 @@ S, IG, D = Outcome.SUCCESS, Outcome.IGNORE, Outcome.DROPPED
         (200, "UC", False, D),
         (200, "UC,DC", False, IG),  # the client left; the upstream reset followed
         (None, "-", False, IG),  # nothing seen
+        # Envoy's idle timer: a long silent (non-streamed) answer cut at 504, or a stream cut
+        # after its headers; neither a backend failure (it opened the breaker for every tenant,
+        # found by a review) nor a whole answer's latency
+        (504, "SI", False, IG),
+        (200, "SI", False, IG),
     ],
 )
 def test_table(status, flags, cancelled, expected):

@@ -37,6 +37,7 @@ from llmvalve.engine.engine import Engine
 from llmvalve.engine.profiles import EngineProfile
 
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+KEEP_ALIVE_S = 5.0  # vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE default (uvicorn's timeout_keep_alive)
 
 
 def error_response(status: int, message: str, err_type: str,
@@ -81,7 +82,10 @@ class SimBackend:
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        self._web = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        # An idle connection is closed after 5 s, as vLLM's server does
+        # (VLLM_HTTP_TIMEOUT_KEEP_ALIVE; aiohttp's own default is 75 s).
+        self._web = web.AppRunner(self.app, handler_cancellation=True, access_log=None,
+                                  keepalive_timeout=KEEP_ALIVE_S)
         await self._web.setup()
         site = web.TCPSite(self._web, host, port, backlog=2048)
         await site.start()

@@ -8,9 +8,10 @@ response flags (short names as in `%RESPONSE_FLAGS%`, from the access log), and 
 request was cancelled before it reached a backend (the client went away).
 
 `RULES` is read top to bottom; the first row that matches decides. The order carries the
-policy: a backend failure (timeout, connect failure, 5xx, 429) counts against the pool even
-when the client also left; a client that left is otherwise not the backend's fault; an
-upstream reset with no client reset is a failure; 4xx is the client's; 1xx-3xx is success.
+policy: Envoy's idle timer is nobody's failure; a backend failure (timeout, connect failure,
+5xx, 429) counts against the pool even when the client also left; a client that left is
+otherwise not the backend's fault; an upstream reset with no client reset is a failure; 4xx is
+the client's; 1xx-3xx is success.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ UPSTREAM_RESET = "UR"
 UPSTREAM_TERMINATION = "UC"
 DOWNSTREAM_TERMINATION = "DC"
 DOWNSTREAM_RESET = "DR"
+STREAM_IDLE_TIMEOUT = "SI"
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,10 @@ def _flag(*names: str) -> Callable[[Ending], bool]:
 
 RULES: tuple[Rule, ...] = (
     Rule("upstream timeout (UT)", _flag(UPSTREAM_TIMEOUT), Outcome.DROPPED),
+    # Envoy's own idle timer ended it (504 before the headers, a cut stream after): a long
+    # silent answer, not a failing backend, and not a whole answer's latency either. As
+    # DROPPED, one tenant's long non-streamed batch opened the breaker for every tenant.
+    Rule("stream idle timeout (SI)", _flag(STREAM_IDLE_TIMEOUT), Outcome.IGNORE),
     Rule(
         "no upstream: connect failure, no healthy host, overflow, retries exhausted",
         _flag(CONNECT_FAILURE, NO_HEALTHY_UPSTREAM, UPSTREAM_OVERFLOW, RETRY_LIMIT_EXCEEDED),

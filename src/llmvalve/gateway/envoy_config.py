@@ -60,7 +60,11 @@ class EnvoyParams:
     check_timeout_s: float = 120.0
     als_flush_s: float = 0.02
     als_buffer_bytes: int = 16_384
-    idle_timeout_s: float = 300.0
+    # A stream (or a non-streamed answer, silent until it ends) that sends nothing this long
+    # is ended: an hour, not Envoy's 5 minutes, which cut every answer longer than that.
+    idle_timeout_s: float = 3600.0
+    # Below the backends' own keep-alive (vLLM's and SGLang's uvicorn: 5 s).
+    upstream_idle_timeout_s: float = 4.0
     buffer_limit_bytes: int = BUFFER_LIMIT_BYTES
     max_body_bytes: int = 262_144  # the policy's requests.maxBodyBytes
     # Request header names the policy reads that do not start with x-llmvalve-.
@@ -105,6 +109,7 @@ def _backend_cluster_yaml(name: str, endpoints: tuple[Endpoint, ...]) -> str:
       thresholds:
       - {{priority: DEFAULT, max_connections: 100000, max_pending_requests: 100000, \
 max_requests: 100000, max_retries: 3}}
+    typed_extension_protocol_options: *backend_keepalive
     load_assignment:
       cluster_name: {name}
       endpoints:
@@ -204,6 +209,7 @@ def render(params: EnvoyParams) -> str:
         max_body_bytes=params.max_body_bytes,
         pack_as_bytes=", pack_as_bytes: true" if params.admission == "grpc" else "",
         idle_timeout_s=_seconds(params.idle_timeout_s),
+        upstream_idle_timeout_s=_seconds(params.upstream_idle_timeout_s),
         als_flush_s=_seconds(params.als_flush_s),
         als_buffer_bytes=params.als_buffer_bytes,
         failure_mode_allow="true" if params.failure_mode_allow else "false",
@@ -257,7 +263,13 @@ def main(argv: list[str] | None = None) -> int:
         help="a backend cluster's endpoints (repeatable): llm_backends is the default pool's, "
              "fallback_model the reroute target's; another name adds a cluster for a pool's "
              "`cluster:` (a DNS name is resolved by Envoy, STRICT_DNS; IPs are STATIC)")
+    parser.add_argument("--idle-timeout", type=float, default=EnvoyParams.idle_timeout_s,
+                        metavar="SECONDS",
+                        help="end a request that sends nothing this long: above the longest "
+                             "non-streamed answer and queue timeout (default 3600)")
     args = parser.parse_args(argv)
+    if not args.idle_timeout > 0 or args.idle_timeout == float("inf"):
+        parser.error("--idle-timeout must be a positive number of seconds")
     clusters = dict(EnvoyParams().clusters)
     for text in args.cluster:
         try:
@@ -265,11 +277,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             parser.error(f"--cluster {e}")
         clusters[name] = endpoints
-    note = COMPOSE_NOTE if not args.cluster else (
+    default = not args.cluster and args.idle_timeout == EnvoyParams.idle_timeout_s
+    note = COMPOSE_NOTE if default else (
         "Generated: python -m llmvalve.gateway.envoy_config " + " ".join(argv or sys.argv[1:]))
     sys.stdout.write(render(EnvoyParams(failure_mode_allow=args.failure_mode_allow,
                                         admission=args.admission, clusters=clusters,
-                                        note=note)))
+                                        idle_timeout_s=args.idle_timeout, note=note)))
     return 0
 
 
