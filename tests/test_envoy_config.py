@@ -199,3 +199,37 @@ def test_the_idle_timeout_is_a_command_line_choice(capsys):
     with pytest.raises(SystemExit):
         main(["--idle-timeout", "0"])
     assert "--idle-timeout" in capsys.readouterr().err
+
+
+def test_a_deployment_renders_what_envoy_reads_of_its_policy(envoy_bin, tmp_path, capsys):
+    """docs/policy.md: a raised queue timeout, maxBodyBytes, the policy's own headers and
+    failureModeAllow are read by Envoy, so "render the config again". The renderer could not
+    read a policy: a queue timeout above 90 s ended, held, in the shipped 120 s check timeout's
+    `503 control_plane_unavailable` (found by a review)."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text((ROOT / "tests" / "e2e" / "policy-models.yaml").read_text()
+                      .replace("timeout: 60s", "timeout: 10m")
+                      .replace("anonymous: null", "anonymous: null\nfailureModeAllow: true\n"
+                               "requests: {maxBodyBytes: 524288, priorityHeader: x-prio}"))
+    with pytest.raises(SystemExit):  # the policy's pool `small` routes to small_model
+        main(["--policy", str(policy)])
+    assert "--cluster small_model=HOST:PORT" in capsys.readouterr().err
+    assert main(["--policy", str(policy), "--cluster", "small_model=10.0.0.9:8000"]) == 0
+    text = capsys.readouterr().out
+    cfg = yaml.safe_load(text)
+    hcm = hcm_of(cfg)
+    [authz] = [f["typed_config"] for f in hcm["http_filters"]
+               if f["name"] == "envoy.filters.http.ext_authz"]
+    check = authz["http_service"]["server_uri"]["timeout"]
+    assert seconds(check) == 630  # the longest queue timeout + 30 s
+    assert authz["failure_mode_allow"] is True
+    assert authz["with_request_body"]["max_request_bytes"] == 524288
+    assert "x-prio" in text
+    assert seconds(hcm["stream_idle_timeout"]) > seconds(check)
+    assert clusters(cfg)["small_model"] == [("10.0.0.9", 8000)]
+    path = tmp_path / "envoy.yaml"
+    path.write_text(text)
+    validate(envoy_bin, path)
+    with pytest.raises(SystemExit):  # an idle timeout that would cut a held request
+        main(["--policy", str(policy), "--cluster", "small_model=h:1", "--idle-timeout", "600"])
+    assert "--idle-timeout" in capsys.readouterr().err

@@ -227,7 +227,7 @@ class Stack:
                 self.control_plane.stop()
 
     def envoy_config(self) -> str:
-        from llmvalve.gateway.envoy_config import EnvoyParams, render
+        from llmvalve.gateway.envoy_config import EnvoyParams, policy_params, render
 
         c = self.config
         policy = self._policy()
@@ -241,18 +241,15 @@ class Stack:
             iter(clusters.values()))
         for cluster in policy.reroute_clusters():
             clusters.setdefault(cluster, fallback_endpoints)
-        return render(EnvoyParams(
-            listen_address=c.listen_address, listen_port=c.port, admin_address=c.host,
-            admin_port=c.envoy_admin_port, admission=c.admission,
-            control_plane_http=(c.host, c.http_port), control_plane_grpc=(c.host, c.grpc_port),
-            clusters=clusters, failure_mode_allow=failure_mode_allow,
-            max_body_bytes=policy.requests.max_body_bytes,
-            check_timeout_s=max(q.timeout_s for q in policy.queues) + 30.0,
-            extra_headers=(policy.requests.priority_header, policy.requests.feature_header,
-                           policy.requests.deadline_header, policy.requests.model_header),
-            priority_header=policy.requests.priority_header,
-            note="Rendered by `llmvalve up`.",
-        ))
+        return render(EnvoyParams(**{
+            **policy_params(policy),
+            "listen_address": c.listen_address, "listen_port": c.port, "admin_address": c.host,
+            "admin_port": c.envoy_admin_port, "admission": c.admission,
+            "control_plane_http": (c.host, c.http_port),
+            "control_plane_grpc": (c.host, c.grpc_port),
+            "clusters": clusters, "failure_mode_allow": failure_mode_allow,
+            "note": "Rendered by `llmvalve up`.",
+        }))
 
     def start_envoy(self) -> None:
         """A port picked free may be taken before Envoy binds it (the backends and the control

@@ -14,6 +14,7 @@ import string
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 
 import yaml
 
@@ -72,6 +73,26 @@ class EnvoyParams:
     # The policy's class header: the control plane sets it, clamped, on the upstream request.
     priority_header: str = "x-llmvalve-priority"
     note: str = COMPOSE_NOTE
+
+
+CHECK_MARGIN_S = 30.0  # a held check outlives the longest queue timeout by this much
+
+
+def policy_params(policy: Policy) -> dict:
+    """What Envoy's config takes from a policy, as `EnvoyParams` fields: those settings are
+    read by Envoy, not by the control plane (docs/policy.md), so `llmvalve up` and
+    `--policy` render them from the policy."""
+    check_timeout = max(q.timeout_s for q in policy.queues) + CHECK_MARGIN_S
+    r = policy.requests
+    return dict(
+        failure_mode_allow=policy.failure_mode_allow,
+        max_body_bytes=r.max_body_bytes,
+        check_timeout_s=check_timeout,
+        # a request held for its whole queue timeout is not ended by the idle timer first
+        idle_timeout_s=max(EnvoyParams.idle_timeout_s, check_timeout + CHECK_MARGIN_S),
+        extra_headers=(r.priority_header, r.feature_header, r.deadline_header, r.model_header),
+        priority_header=r.priority_header,
+    )
 
 
 def _is_ip(host: str) -> bool:
@@ -263,13 +284,15 @@ def main(argv: list[str] | None = None) -> int:
         help="a backend cluster's endpoints (repeatable): llm_backends is the default pool's, "
              "fallback_model the reroute target's; another name adds a cluster for a pool's "
              "`cluster:` (a DNS name is resolved by Envoy, STRICT_DNS; IPs are STATIC)")
-    parser.add_argument("--idle-timeout", type=float, default=EnvoyParams.idle_timeout_s,
-                        metavar="SECONDS",
+    parser.add_argument("--policy", type=Path, metavar="FILE",
+                        help="the policy the control plane runs (a file or its ConfigMap): "
+                             "what Envoy reads of it (check timeout from the longest queue "
+                             "timeout, maxBodyBytes, its headers, failureModeAllow) is "
+                             "rendered from it; its pools' and reroutes' clusters need --cluster")
+    parser.add_argument("--idle-timeout", type=float, metavar="SECONDS",
                         help="end a request that sends nothing this long: above the longest "
                              "non-streamed answer and queue timeout (default 3600)")
     args = parser.parse_args(argv)
-    if not args.idle_timeout > 0 or args.idle_timeout == float("inf"):
-        parser.error("--idle-timeout must be a positive number of seconds")
     clusters = dict(EnvoyParams().clusters)
     for text in args.cluster:
         try:
@@ -277,12 +300,32 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             parser.error(f"--cluster {e}")
         clusters[name] = endpoints
-    default = not args.cluster and args.idle_timeout == EnvoyParams.idle_timeout_s
-    note = COMPOSE_NOTE if default else (
-        "Generated: python -m llmvalve.gateway.envoy_config " + " ".join(argv or sys.argv[1:]))
-    sys.stdout.write(render(EnvoyParams(failure_mode_allow=args.failure_mode_allow,
-                                        admission=args.admission, clusters=clusters,
-                                        idle_timeout_s=args.idle_timeout, note=note)))
+    params: dict = {}
+    if args.policy is not None:
+        from llmvalve.gateway.policy_file import load_policy_file
+
+        try:
+            policy = load_policy_file(args.policy)
+        except (ValueError, OSError) as e:  # PolicyError is a ValueError
+            parser.error(f"--policy {e}")
+        missing = sorted(_clusters(policy) - set(clusters))
+        if missing:
+            parser.error(f"--policy routes to {', '.join(missing)}: give "
+                         f"--cluster {missing[0]}=HOST:PORT")
+        params = policy_params(policy)
+    if args.failure_mode_allow:
+        params["failure_mode_allow"] = True
+    if args.idle_timeout is not None:
+        least = params.get("check_timeout_s", EnvoyParams.check_timeout_s)
+        if not least < args.idle_timeout < float("inf"):
+            parser.error(f"--idle-timeout must be a number of seconds above the check "
+                         f"timeout ({least:g} s: a held request would be cut first)")
+        params["idle_timeout_s"] = args.idle_timeout
+    given = sys.argv[1:] if argv is None else list(argv)
+    note = COMPOSE_NOTE if given in ([], ["--compose"]) else (
+        "Generated: python -m llmvalve.gateway.envoy_config " + " ".join(given))
+    sys.stdout.write(render(EnvoyParams(admission=args.admission, clusters=clusters, note=note,
+                                        **params)))
     return 0
 
 
