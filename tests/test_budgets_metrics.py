@@ -71,3 +71,25 @@ def test_replica_share_takes_numbers_and_fractions(text: str, share: float):
 def test_replica_share_refuses_what_is_not_in_zero_one(text: str):
     with pytest.raises(argparse.ArgumentTypeError):
         replica_share(text)
+
+
+def test_budget_levels_keep_to_the_tenant_label_cap():
+    """Found by a review: with `--metrics-tenants '*'` (the default) the bucket gauges were
+    exported for every budgeted tenant, cap or not: 1,000 budgeted tenants made 5,000 series a
+    replica (444 KB a scrape). Now only tenants with their own label: none before traffic, at
+    most the cap after it."""
+    policy = Policy(queues=SEED_QUEUES, tenants=tuple(
+        TenantSpec(f"t{i}", budgets=BudgetSpec(Budget(60, 6000))) for i in range(200)))
+    adm = Admission(policy, random.Random(1))
+    metrics = GatewayMetrics(tenants=TenantLabels(None, cap=64), clock=lambda: 0.0)
+    metrics.watch_status(lambda: adm.status(0.0))
+
+    def budget_tenants() -> set[str]:
+        text = generate_latest(metrics.registry).decode()
+        return {line.split('tenant="')[1].split('"')[0] for line in text.splitlines()
+                if line.startswith("llmvalve_budget_limit{")}
+
+    assert budget_tenants() == set()
+    for i in range(100):
+        metrics.record(Record("admitted", "agent-workflow", "", f"t{i}", 0.0, 1.0))
+    assert budget_tenants() == {f"t{i}" for i in range(64)}

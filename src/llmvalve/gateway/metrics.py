@@ -167,8 +167,7 @@ class GatewayMetrics:
         self.registry.register(_ReleasesCollector(tally))
 
     def watch_status(self, status: Callable[[], dict[str, Any]]) -> None:
-        self.registry.register(_StatusCollector(status, self.tenants.has_own,
-                                                self.tenants.may_have))
+        self.registry.register(_StatusCollector(status, self.tenants.has_own))
         self.registry.register(_SeenCollector(self))
 
 
@@ -215,12 +214,12 @@ class _StatusCollector(Collector):
     queue depth, oldest wait and in-flight; the breaker state; the policy version."""
 
     def __init__(self, status: Callable[[], dict[str, Any]],
-                 own_label: Callable[[str], bool] = lambda name: True,
-                 may_have: Callable[[str], bool] = lambda name: True) -> None:
+                 own_label: Callable[[str], bool] = lambda name: True) -> None:
         self.status = status
-        # read only: traffic, not a scrape, takes a tenant label (answer lengths: tenants that
-        # have one; budgets, which the policy bounds: every tenant that may have one)
-        self.own_label, self.may_have = own_label, may_have
+        # read only: traffic, not a scrape, takes a tenant label; answer lengths and budget
+        # levels are exported for the tenants that have one (with `*`, budgets were exported
+        # for every tenant with one: 1,000 budgeted tenants made 5,000 series a replica)
+        self.own_label = own_label
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
@@ -270,7 +269,7 @@ class _StatusCollector(Collector):
                     if number is not None:
                         family(name, doc, ["pool", "class"]).add_metric(
                             [str(pool_name), str(cls.get("name", ""))], number)
-        _budget_gauges(status.get("tenants") or {}, self.may_have, family)
+        _budget_gauges(status.get("tenants") or {}, self.own_label, family)
         if status.get("policy_version") is not None:
             family("llmvalve_policy_info", "The running policy (value 1)",
                    ["version", "controller"]).add_metric(
@@ -287,9 +286,9 @@ BUDGET_FIELDS = {"limit": ("llmvalve_budget_limit", "A budget bucket's size: its
 
 def _budget_gauges(tenants: dict[str, Any], labelled: Callable[[str], bool],
                    family: Callable[[str, str, list[str]], GaugeMetricFamily]) -> None:
-    """Each budget bucket of each tenant (`model` "" for the tenant's own). A tenant that
-    --metrics-tenants does not list is left out (levels cannot be summed into `other`); with
-    `*`, every tenant with a budget (the policy bounds them), without taking a label."""
+    """Each budget bucket of each tenant with its own `tenant` label (`model` "" for the
+    tenant's own): levels cannot be summed into `other`, and an idle tenant's buckets are
+    full."""
     for name, view in tenants.items():
         if not labelled(name):
             continue

@@ -51,10 +51,6 @@ class TenantLabels:
         this: a scrape before any traffic must not spend the cap on idle tenants)."""
         return tenant in self.allow if self.allow is not None else tenant in self._seen
 
-    def may_have(self, tenant: str) -> bool:
-        """Whether `tenant` is one that gets its own label when it is seen (`*`: any)."""
-        return self.allow is None or tenant in self.allow
-
     def __call__(self, tenant: str) -> str:
         if not tenant:
             return ""
