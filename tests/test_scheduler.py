@@ -184,3 +184,31 @@ def test_lifo_ends_when_the_queue_stops_standing():
     s.remove("r1")  # the old one left (timed out or cancelled)
     # oldest is now r2, waited 0.7 s at 1.2: FIFO again
     assert next(s.candidates(1.2)).req.request_id == "r2"
+
+
+def test_a_class_knows_its_oldest_request_through_any_order_of_comings_and_goings():
+    """The oldest request of a class is kept by a heap with lazy deletion (taking the least of
+    every tenant's head cost each dispatch a scan of the waiting tenants): whatever is pushed,
+    dispatched or removed, in whatever order, it is the least enqueue time of those waiting."""
+    import random
+
+    rng = random.Random(7)
+    s = Scheduler(policy())
+    waiting: dict[str, float] = {}
+    for i in range(3000):
+        if waiting and rng.random() < 0.45:
+            if rng.random() < 0.5:
+                rid = rng.choice(list(waiting))
+                s.remove(rid)
+            else:
+                w = next(s.candidates(0.0))
+                s.pop(w)
+                rid = w.req.request_id
+            del waiting[rid]
+        elif len(waiting) < 10:
+            at = rng.uniform(0, 100)  # not in order: an enqueue time may be given
+            s.push(req(f"r{i}", 2, f"t{rng.randrange(4)}"), 0.0, enqueued_at=at)
+            waiting[f"r{i}"] = at
+        oldest = s._classes[2].oldest_enqueued_at()
+        assert oldest == (min(waiting.values()) if waiting else None)
+    assert len(s._classes[2]._by_age) <= 2 * len(waiting) + 65  # compacted as it goes

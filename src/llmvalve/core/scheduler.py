@@ -42,10 +42,18 @@ class _ClassQueue:
         self.spec = spec
         self.tenants: OrderedDict[str, deque[Waiting]] = OrderedDict()
         self.size = 0
+        # The class's requests by enqueue time, for its oldest: a min-heap whose entries for
+        # requests that have left are dropped as they surface (`_live` holds the others).
+        # Taking the least of every tenant's head cost a dispatch 217 us instead of 15 with
+        # 1,000 tenants waiting (found by a review): it runs for every class at each dispatch.
+        self._by_age: list[tuple[float, int, Waiting]] = []
+        self._live: set[int] = set()
 
     def push(self, w: Waiting) -> None:
         self.tenants.setdefault(w.req.tenant, deque()).append(w)
         self.size += 1
+        heapq.heappush(self._by_age, (w.enqueued_at, id(w), w))
+        self._live.add(id(w))
 
     def head(self, lifo: bool = False) -> Waiting | None:
         for q in self.tenants.values():
@@ -58,7 +66,7 @@ class _ClassQueue:
         del self.tenants[tenant]
         if q:
             self.tenants[tenant] = q  # to the back: the next tenant gets the next turn
-        self.size -= 1
+        self._left(w)
         return w
 
     def remove(self, w: Waiting) -> None:
@@ -66,11 +74,20 @@ class _ClassQueue:
         q.remove(w)
         if not q:
             del self.tenants[w.req.tenant]
+        self._left(w)
+
+    def _left(self, w: Waiting) -> None:
         self.size -= 1
+        self._live.discard(id(w))
+        if len(self._by_age) > 2 * self.size + 64:  # mostly entries of requests gone: compact
+            self._by_age = [e for e in self._by_age if e[1] in self._live]
+            heapq.heapify(self._by_age)
 
     def oldest_enqueued_at(self) -> float | None:
-        heads = [q[0].enqueued_at for q in self.tenants.values()]
-        return min(heads) if heads else None
+        by_age = self._by_age
+        while by_age and by_age[0][1] not in self._live:
+            heapq.heappop(by_age)
+        return by_age[0][0] if by_age else None
 
 
 class Scheduler:

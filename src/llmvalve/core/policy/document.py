@@ -15,7 +15,6 @@ from yaml.nodes import MappingNode, Node, ScalarNode
 
 from llmvalve.core.policy.nodes import TAG, NodeReader, PolicyIssue
 
-
 # libyaml's loader where PyYAML has it: it composes the same nodes, with the same marks, ten
 # times faster (a policy of 1,000 tenants: 0.05 s against 0.5 s, on every start and reload).
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
