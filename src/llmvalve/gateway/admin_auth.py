@@ -4,7 +4,8 @@ The token lives in a file (`--admin-token-file`, e.g. a mounted Kubernetes Secre
 again when the file changes, so a rotated Secret takes effect without a restart. Clients send
 `authorization: Bearer TOKEN` (gRPC metadata or an HTTP header; the dashboard page may carry it
 as `?token=` because a browser cannot set headers on a link). The token is never logged; a
-refusal is logged with the method and counted (`llmvalve_admin_refusals_total`).
+refusal is counted (`llmvalve_admin_refusals_total`) and logged with the method or path, at
+most once every 10 s (`RefusalLog`).
 
 Without a token file the admin gRPC API listens on 127.0.0.1 only, and the admin HTTP port
 serves /status and /dashboard only when it is bound to a loopback address itself.
@@ -149,7 +150,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, token: AdminToken, refused: Callable[[str], None]) -> None:
         self.token = token
         self.refused = refused
-        self.log = RefusalLog()
+        self.refusals = RefusalLog()
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -157,7 +158,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or self.token.accepts(bearer(metadata.get("authorization"))):
             return handler
         self.refused("grpc")
-        self.log.refused(f"admin API: {shown(handler_call_details.method)}")
+        self.refusals.refused(f"admin API: {shown(handler_call_details.method)}")
 
         async def deny(request, context):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
