@@ -148,6 +148,8 @@ def _exercise(plane) -> None:
         output_tokens_mean=100.0))
     metrics.record(Record("admitted", klass, "", "t", wait_s=0.1))
     metrics.record(Record("rejected", klass, "queue_full", "t", retry_after_s=2.0))
+    # traffic of the budgeted tenant: its label, and so its budget gauges
+    metrics.record(Record("admitted", klass, "", "budgeted", wait_s=0.1))
     ticket = Ticket("r1", pool, 0, "t", 10.0, now, 0)
     metrics.joined(Joined(ticket, Outcome.SUCCESS, Sample("r1", pool, Outcome.SUCCESS,
                                                           ttft_s=0.2), klass, True))

@@ -50,13 +50,13 @@ MAX_KV_CAPACITY_TOKENS = 1e9  # far above any one engine's KV cache (an 80 GB GP
 FINISHED = ("vllm:request_success_total",)
 CACHE_INFO = "vllm:cache_config_info"
 ITL = "vllm:inter_token_latency_seconds"
-# The same per-step measure in vLLM before 0.11 (both names from 0.10.2 until the old one was
-# hidden): read when the page has no ITL, under ITL's name.
-ITL_BEFORE_0_11 = "vllm:time_per_output_token_seconds"
+# The same per-step measure, the only name of it before vLLM 0.10.2 (beside ITL until 0.12 hid
+# it): read when the page has no ITL, under ITL's name.
+ITL_BEFORE_0_10_2 = "vllm:time_per_output_token_seconds"
 QUEUE_TIME = "vllm:request_queue_time_seconds"
 TTFT = "vllm:time_to_first_token_seconds"
 HISTOGRAMS = (ITL, QUEUE_TIME, TTFT)
-PARSED_HISTOGRAMS = (*HISTOGRAMS, ITL_BEFORE_0_11)
+PARSED_HISTOGRAMS = (*HISTOGRAMS, ITL_BEFORE_0_10_2)
 # Answer lengths of finished requests: only its sum and count are read (a windowed mean).
 OUTPUT_TOKENS = "vllm:request_generation_tokens"
 SUMMED = (*PARSED_HISTOGRAMS, OUTPUT_TOKENS)
@@ -165,8 +165,8 @@ def _kv_usage(by_engine: Mapping[str, float], capacity: Mapping[str, float]) -> 
 
 
 def _under_current_name(named: dict) -> None:
-    """vLLM before 0.11 names the inter-token latency `ITL_BEFORE_0_11`."""
-    old = named.pop(ITL_BEFORE_0_11, None)
+    """vLLM before 0.10.2 names the inter-token latency `ITL_BEFORE_0_10_2`."""
+    old = named.pop(ITL_BEFORE_0_10_2, None)
     if old is not None and ITL not in named:
         named[ITL] = old
 

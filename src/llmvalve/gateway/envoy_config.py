@@ -145,7 +145,7 @@ def _seconds(value: float) -> str:
 
 def envoy_read_changes(old: Policy, new: Policy) -> list[str]:
     """What a reload from `old` to `new` changed that Envoy reads from its own config, which
-    is rendered from the policy when it starts (`llmvalve up`, `--compose`): those apply only
+    is rendered from the policy (`llmvalve up` at its start, or `--policy`): those apply only
     once the config is rendered again and Envoy rolled out (docs/policy.md)."""
     out = []
     if new.failure_mode_allow != old.failure_mode_allow:

@@ -26,7 +26,7 @@ import aiohttp
 
 from llmvalve.core.adaptive import FALLBACK_CAPACITY_TOKENS
 from llmvalve.core.policy import Policy
-from llmvalve.core.signals import CACHE_INFO, ITL, ITL_BEFORE_0_11, SignalReader
+from llmvalve.core.signals import CACHE_INFO, ITL, ITL_BEFORE_0_10_2, SignalReader
 from llmvalve.core.types import BackendSnapshot
 from llmvalve.gateway.dns import LOOKUP_TIMEOUT_S, getaddrinfo, one_address
 from llmvalve.gateway.driver import Driver
@@ -126,7 +126,7 @@ class Scraper:
             missing.append(f"its KV capacity ({CACHE_INFO} with num_gpu_blocks and block_size:"
                            f" {FALLBACK_CAPACITY_TOKENS:,.0f} tokens are assumed)")
         vllm = "vllm:num_requests_running" in text
-        if vllm and ITL not in text and ITL_BEFORE_0_11 not in text:
+        if vllm and ITL not in text and ITL_BEFORE_0_10_2 not in text:
             missing.append(f"its inter-token latency ({ITL}: the limit follows KV and queues "
                            "alone)")
         for what in missing:
