@@ -2,7 +2,7 @@
 idle for 5 s (as the simulated backend does), and a request Envoy sent on one as it closed
 failed `503 upstream_reset_before_response_started`, read as a backend failure (found by a
 review: 8 of 120 requests against uvicorn). Envoy now closes its idle upstream connections
-first, after 4 s."""
+first, after 2 s."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ async def test_envoy_closes_idle_backend_connections_before_the_backend_does(tmp
     try:
         url = stack.gateway_url + "/v1/chat/completions"
         assert await asyncio.to_thread(post, url) == 200
-        await asyncio.sleep(KEEP_ALIVE_S + 1.0)  # past Envoy's 4 s and the backend's 5 s
+        await asyncio.sleep(KEEP_ALIVE_S + 1.0)  # past Envoy's 2 s and the backend's 5 s
         stats = await asyncio.to_thread(backend_connection_stats, stack.envoy_admin_url)
         assert stats["upstream_cx_idle_timeout"] >= 1, stats  # Envoy closed it, first
         assert stats["upstream_cx_destroy_remote"] == 0, stats  # not the backend

@@ -236,10 +236,11 @@ def test_only_the_inference_api_reaches_a_backend(e2e):
     e2e.wait_idle()
 
 
-# how Envoy's listener saw a burst (connections counted, how they ended) and how it reached
-# the control plane (health checks failed, connections refused or timed out)
+# how Envoy's listener saw a burst (connections counted, how they ended), how it reached
+# the control plane (health checks failed, connections refused or timed out) and the backends
+# (a connection the backend closed as a request was sent on it: upstream_cx_destroy_remote)
 LISTENER_STATS = (r"^((http\.llm_ingress|listener\.127\.0\.0\.1_\d+)\.downstream_"
-                  r"|cluster\.llmvalve_http\.(health_check\.|upstream_cx_connect_|upstream_rq_))")
+                  r"|cluster\.llmvalve_http\.(health_check\.|upstream_cx_connect_|upstream_rq_)|cluster\.llm_direct\.|cluster\.llm_backends\.)")
 
 
 @pytest.mark.parametrize("connections", [2000, 5000])

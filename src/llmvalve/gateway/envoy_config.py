@@ -64,8 +64,10 @@ class EnvoyParams:
     # A stream (or a non-streamed answer, silent until it ends) that sends nothing this long
     # is ended: an hour, not Envoy's 5 minutes, which cut every answer longer than that.
     idle_timeout_s: float = 3600.0
-    # Below the backends' own keep-alive (vLLM's and SGLang's uvicorn: 5 s).
-    upstream_idle_timeout_s: float = 4.0
+    # Well below the backends' own keep-alive (vLLM's and SGLang's uvicorn: 5 s): the server
+    # counts from when it wrote a response's end, Envoy from when it read it, and a swamped
+    # Envoy reads late (at 4 s a 5,000-connection burst still lost requests to the race).
+    upstream_idle_timeout_s: float = 2.0
     buffer_limit_bytes: int = BUFFER_LIMIT_BYTES
     max_body_bytes: int = 262_144  # the policy's requests.maxBodyBytes
     # Request header names the policy reads that do not start with x-llmvalve-.

@@ -77,7 +77,7 @@ class Scraper:
             # an idle connection is dropped before the backend's own keep-alive ends it (vLLM:
             # 5 s), so a scrape is not sent on one the backend is closing
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=4.0))
+                connector=aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=2.0))
         await self._tasks.stop()
         self.metrics.signals.keep({(pool.name, backend.name) for pool in policy.pools
                                    for backend in pool.backends if backend.metrics_url})
