@@ -57,6 +57,12 @@ def kustomize(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(done.stdout) if d]
 
 
+def hcm_of(cfg: dict) -> dict:
+    """Envoy bootstrap: its one listener's HTTP connection manager."""
+    [listener] = cfg["static_resources"]["listeners"]
+    return listener["filter_chains"][0]["filters"][0]["typed_config"]
+
+
 def clusters(cfg: dict) -> dict[str, list[tuple[str, int]]]:
     """Envoy bootstrap: cluster name → its (host, port) endpoints."""
     out = {}

@@ -29,6 +29,7 @@ from deploy_support import (
     K8S_SIM,
     ROOT,
     clusters,
+    hcm_of,
     is_loopback,
     kustomize,
     load,
@@ -59,8 +60,7 @@ def data_plane(args: argparse.Namespace) -> dict[str, tuple[str, int]]:
 
 def control_plane_clusters(envoy: dict) -> dict[str, tuple[str, str]]:
     """Envoy's clusters that carry the data plane → (what, the serve flag of its listener)."""
-    [listener] = envoy["static_resources"]["listeners"]
-    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm = hcm_of(envoy)
     out = {}
     for f in hcm["http_filters"]:
         if f["name"] == EXT_AUTHZ:

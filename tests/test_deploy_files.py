@@ -18,6 +18,7 @@ from deploy_support import (
     K8S,
     ROOT,
     clusters,
+    hcm_of,
     is_loopback,
     load,
     load_all,
@@ -323,8 +324,7 @@ def test_probes_hit_endpoints_that_exist(pod, envoy_cfg):
 
     admin_paths = {r.resource.canonical for r in build_app(
         AdminState(), GatewayMetrics(), dict).router.routes()}
-    [listener] = envoy_cfg["static_resources"]["listeners"]
-    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm = hcm_of(envoy_cfg)
     direct = {r["match"].get("path") for r in hcm["route_config"]["virtual_hosts"][0]["routes"]
               if "direct_response" in r}
     for c in pod["containers"]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy_support import clusters
+from deploy_support import clusters, hcm_of
 from llmvalve.gateway.envoy_config import EnvoyParams, main, render
 from llmvalve.processes import Proc, free_port, http_get, wait_until
 
@@ -139,11 +139,6 @@ def test_a_bad_cluster_argument_is_a_usage_error(bad, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "--cluster" in err and "Traceback" not in err
-
-
-def hcm_of(cfg: dict) -> dict:
-    [listener] = cfg["static_resources"]["listeners"]
-    return listener["filter_chains"][0]["filters"][0]["typed_config"]
 
 
 def seconds(text: str) -> float:

@@ -24,6 +24,11 @@ import urllib.request
 from pathlib import Path
 
 
+def join_addr(host: str, port: int | str) -> str:
+    """`host:port`, an IPv6 address in brackets (as URLs and gRPC targets write it)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _ephemeral_range() -> tuple[int, int]:
     try:
         lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()

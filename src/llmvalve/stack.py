@@ -231,8 +231,9 @@ class Stack:
 
         c = self.config
         policy = self._policy()
-        failure_mode_allow = (policy.failure_mode_allow if c.failure_mode_allow is None
-                              else c.failure_mode_allow)
+        params = policy_params(policy)
+        if c.failure_mode_allow is not None:  # None: the policy's
+            params["failure_mode_allow"] = c.failure_mode_allow
         clusters: dict[str, tuple[tuple[str, int], ...]] = {}
         for pool in policy.pools:
             clusters.setdefault(pool.cluster, tuple(
@@ -241,15 +242,11 @@ class Stack:
             iter(clusters.values()))
         for cluster in policy.reroute_clusters():
             clusters.setdefault(cluster, fallback_endpoints)
-        return render(EnvoyParams(**{
-            **policy_params(policy),
-            "listen_address": c.listen_address, "listen_port": c.port, "admin_address": c.host,
-            "admin_port": c.envoy_admin_port, "admission": c.admission,
-            "control_plane_http": (c.host, c.http_port),
-            "control_plane_grpc": (c.host, c.grpc_port),
-            "clusters": clusters, "failure_mode_allow": failure_mode_allow,
-            "note": "Rendered by `llmvalve up`.",
-        }))
+        return render(EnvoyParams(
+            listen_address=c.listen_address, listen_port=c.port, admin_address=c.host,
+            admin_port=c.envoy_admin_port, admission=c.admission,
+            control_plane_http=(c.host, c.http_port), control_plane_grpc=(c.host, c.grpc_port),
+            clusters=clusters, note="Rendered by `llmvalve up`.", **params))
 
     def start_envoy(self) -> None:
         """A port picked free may be taken before Envoy binds it (the backends and the control

@@ -41,13 +41,33 @@ def get_json(url: str, timeout_s: float = 2.0) -> dict:
     return json.loads(body)
 
 
-def post_json(url: str, payload: dict) -> dict:
+def post_json(url: str, payload: dict, headers: dict[str, str] | None = None,
+              timeout_s: float = 2.0) -> dict:
     import urllib.request
 
     request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                     headers={"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=2.0) as response:
+                                     headers={"content-type": "application/json",
+                                              **(headers or {})})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
         return json.loads(response.read())
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid:
+            out.append(int(entry.name))
+    return out
+
+
 
 
 class E2E:

@@ -15,28 +15,13 @@ import aiohttp
 import grpc
 import openai
 import pytest
-from e2e_support import HERE, P0_KEY
+from e2e_support import HERE, P0_KEY, children_of
 from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
 from llmvalve.processes import http_get
 
 pytestmark = pytest.mark.e2e
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid:
-            out.append(int(entry.name))
-    return out
 
 
 def alive(pid: int) -> bool:

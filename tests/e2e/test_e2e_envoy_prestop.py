@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
-from e2e_support import P0_KEY, chat_body, headers, small_stack
+from e2e_support import P0_KEY, chat_body, children_of, headers, small_stack
 
 from llmvalve.stack import Stack
 
@@ -22,9 +22,12 @@ pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).parents[2] / "deploy" / "kubernetes" / "envoy-prestop.sh"
 
 
-def prestop(stack: Stack, max_wait: int, min_wait: int = 0,
-            admin_port: int | None = None) -> subprocess.Popen:
-    port = admin_port or urlsplit(stack.envoy_admin_url).port
+def admin_port(stack: Stack) -> int:
+    return urlsplit(stack.envoy_admin_url).port
+
+
+def prestop(port: int, max_wait: int, min_wait: int = 0) -> subprocess.Popen:
+    """The hook, run against the Envoy admin API on 127.0.0.1:`port`."""
     env = {**os.environ, "ENVOY_ADMIN_PORT": str(port), "MAX_WAIT": str(max_wait),
            "MIN_WAIT": str(min_wait)}
     return subprocess.Popen(["bash", str(SCRIPT)], env=env)
@@ -45,7 +48,7 @@ async def test_the_hook_returns_once_the_stream_in_flight_has_ended(stack):
             headers=headers(P0_KEY), timeout=aiohttp.ClientTimeout(total=60)) as response:
         assert response.status == 200
         await response.content.readline()  # the stream has begun
-        hook = prestop(stack, max_wait=60)
+        hook = prestop(admin_port(stack), max_wait=60)
         await asyncio.sleep(0.5)
         assert hook.poll() is None, "the hook returned with a stream in flight"
         rest = (await response.content.read()).decode()
@@ -63,7 +66,7 @@ async def test_the_hook_gives_up_at_its_max_wait(stack):
         assert response.status == 200
         await response.content.readline()
         started = time.monotonic()
-        hook = prestop(stack, max_wait=3)  # bash counts whole seconds: 2 to 3 s
+        hook = prestop(admin_port(stack), max_wait=3)  # bash counts whole seconds: 2 to 3 s
         assert await asyncio.to_thread(hook.wait, 20) == 0
         assert 1.5 < time.monotonic() - started < 15
         with pytest.raises(TimeoutError):  # the stream was still going: no end within 1 s
@@ -74,12 +77,12 @@ async def test_the_hook_waits_out_the_drain_time_even_when_idle(stack):
     """Found by a review: idle, it returned at once, so Envoy exited before the Service had
     dropped the pod and refused the connections still sent to it."""
     started = time.monotonic()
-    hook = prestop(stack, max_wait=60, min_wait=3)  # whole seconds: 2 to 3 s
+    hook = prestop(admin_port(stack), max_wait=60, min_wait=3)  # whole seconds: 2 to 3 s
     assert await asyncio.to_thread(hook.wait, 20) == 0
     assert 1.5 < time.monotonic() - started < 10
 
 
-def test_the_hook_keeps_its_max_wait_when_the_admin_api_stalls(stack):
+def test_the_hook_keeps_its_max_wait_when_the_admin_api_stalls():
     """Found by a review: a read from an admin API that accepted and never answered had no
     end, past MAX_WAIT and up to the grace period."""
     import socket
@@ -88,8 +91,11 @@ def test_the_hook_keeps_its_max_wait_when_the_admin_api_stalls(stack):
         stalled.bind(("127.0.0.1", 0))
         stalled.listen(16)  # accepted by the kernel; nobody answers
         started = time.monotonic()
-        hook = prestop(stack, max_wait=2, admin_port=stalled.getsockname()[1])
-        assert hook.wait(20) == 0
+        hook = prestop(stalled.getsockname()[1], max_wait=2)
+        try:
+            assert hook.wait(20) == 0
+        finally:
+            hook.kill()
         assert time.monotonic() - started < 10
 
 
@@ -104,7 +110,7 @@ def envoy_under_the_wrapper(stack: Stack, min_wait: int) -> subprocess.Popen:
 
     stack.envoy.stop(grace_s=3.0)
     env = {**os.environ, "PRESTOP": str(SCRIPT), "MIN_WAIT": str(min_wait), "MAX_WAIT": "60",
-           "ENVOY_ADMIN_PORT": str(urlsplit(stack.envoy_admin_url).port)}
+           "ENVOY_ADMIN_PORT": str(admin_port(stack))}
     wrapper = subprocess.Popen(
         ["bash", str(WRAPPER), envoy_binary(), "-c", str(stack.workdir / "envoy.yaml"),
          "--concurrency", "1", "--disable-hot-restart", "--drain-time-s", str(min_wait),
@@ -120,18 +126,10 @@ def envoy_under_the_wrapper(stack: Stack, min_wait: int) -> subprocess.Popen:
 
 def stopped(wrapper: subprocess.Popen) -> None:
     """The wrapper and Envoy, whatever the test left running."""
-    for pid in children(wrapper):
+    for pid in children_of(wrapper.pid):
         os.kill(pid, 9)
     wrapper.kill()
     wrapper.wait(5)
-
-
-def children(process: subprocess.Popen) -> list[int]:
-    try:
-        path = Path(f"/proc/{process.pid}/task/{process.pid}/children")
-        return [int(pid) for pid in path.read_text().split()]
-    except FileNotFoundError:  # it has exited
-        return []
 
 
 async def test_compose_envoy_ends_its_streams_before_it_exits(stack):
@@ -163,7 +161,7 @@ async def test_compose_envoy_passes_a_failure_on(stack):
     """The wrapper exits with Envoy's status, so compose's restart policy sees a crash."""
     wrapper = await asyncio.to_thread(envoy_under_the_wrapper, stack, 1)
     try:
-        [envoy] = children(wrapper)
+        [envoy] = children_of(wrapper.pid)
         os.kill(envoy, 9)
         assert await asyncio.to_thread(wrapper.wait, 10) == 128 + 9
     finally:

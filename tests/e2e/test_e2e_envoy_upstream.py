@@ -7,47 +7,37 @@ first, after 2 s."""
 from __future__ import annotations
 
 import asyncio
-import re
-import urllib.request
 
 import pytest
-from e2e_support import P0_KEY, chat_body, headers, small_stack
+from e2e_support import E2E, P0_KEY, chat_body, headers, post_json, small_stack
 
 from llmvalve.backend.server import KEEP_ALIVE_S
-from llmvalve.processes import http_get
 
 pytestmark = pytest.mark.e2e
 
 
-def backend_connection_stats(admin_url: str) -> dict[str, int]:
-    """Envoy's counters of the backend clusters (not the control plane's), summed."""
-    _, body = http_get(admin_url + "/stats?filter=upstream_cx_(idle_timeout|destroy_remote)$")
-    out = {"upstream_cx_idle_timeout": 0, "upstream_cx_destroy_remote": 0}
-    for cluster, stat, value in re.findall(r"cluster\.([\w-]+)\.(\w+): (\d+)", body.decode()):
-        if not cluster.startswith("llmvalve") and stat in out:
-            out[stat] += int(value)
-    return out
-
-
-def post(url: str) -> int:
-    import json
-
-    request = urllib.request.Request(url, data=json.dumps(chat_body(4)).encode(),
-                                     headers={**headers(P0_KEY),
-                                              "content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return response.status
+def backend_connections(e2e: E2E, stat: str) -> int:
+    """An Envoy counter summed over the backend clusters (not the control plane's)."""
+    return sum(v for k, v in e2e.envoy_stats(rf"^cluster\..*\.{stat}$").items()
+               if not k.startswith("cluster.llmvalve"))
 
 
 async def test_envoy_closes_idle_backend_connections_before_the_backend_does(tmp_path):
     stack = await small_stack(tmp_path)
+    e2e = E2E(stack)
+    url = stack.gateway_url + "/v1/chat/completions"
+
+    def post() -> dict:
+        return post_json(url, chat_body(4), headers(P0_KEY), timeout_s=30)
+
     try:
-        url = stack.gateway_url + "/v1/chat/completions"
-        assert await asyncio.to_thread(post, url) == 200
+        assert (await asyncio.to_thread(post))["choices"]
         await asyncio.sleep(KEEP_ALIVE_S + 1.0)  # past Envoy's 2 s and the backend's 5 s
-        stats = await asyncio.to_thread(backend_connection_stats, stack.envoy_admin_url)
-        assert stats["upstream_cx_idle_timeout"] >= 1, stats  # Envoy closed it, first
-        assert stats["upstream_cx_destroy_remote"] == 0, stats  # not the backend
-        assert await asyncio.to_thread(post, url) == 200
+        closed_by_envoy, closed_by_backend = await asyncio.to_thread(lambda: (
+            backend_connections(e2e, "upstream_cx_idle_timeout"),
+            backend_connections(e2e, "upstream_cx_destroy_remote")))
+        assert closed_by_envoy >= 1  # Envoy closed it, first
+        assert closed_by_backend == 0  # not the backend
+        assert (await asyncio.to_thread(post))["choices"]
     finally:
         await asyncio.to_thread(stack.stop)

@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from llmvalve.backend.engine_flags import profile_from
     from llmvalve.backend.exposition import Flavor
     from llmvalve.backend.server import SimBackend, serve_all
+    from llmvalve.processes import join_addr
     try:
         profile = profile_from(args)
         initial = fault_mod.apply(fault_mod.Faults(), {
@@ -102,9 +103,8 @@ def run(args: argparse.Namespace) -> int:
             for b in backends:
                 await b.stop()
             return 1
-        host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address
         for port in bound:
-            print(f"sim-backend ready on http://{host}:{port}", flush=True)
+            print(f"sim-backend ready on http://{join_addr(args.host, port)}", flush=True)
         await stop.wait()
         for b in backends:
             await b.stop()

@@ -50,6 +50,7 @@ from llmvalve.gateway.replicas import DEFAULT_INTERVAL_S as DEFAULT_REPLICAS_INT
 from llmvalve.gateway.replicas import ReplicaCount
 from llmvalve.gateway.scraper import Scraper
 from llmvalve.gateway.telemetry import TenantLabels, ttft_objective
+from llmvalve.processes import join_addr
 
 log = logging.getLogger("llmvalve.server")
 
@@ -226,7 +227,7 @@ class ControlPlane:
     def _bind_grpc(server: grpc.aio.Server, addr: str,
                    tls: grpc.ServerCredentials | None = None) -> int:
         host, port = split_addr(addr)  # an empty host: every interface, as for HTTP
-        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        target = join_addr(host, port)
         try:
             return (server.add_secure_port(target, tls) if tls
                     else server.add_insecure_port(target))

@@ -197,7 +197,9 @@ def parse_body(body: bytes, path: str = "") -> BodyFacts | str:
     counts = [_count(doc, k) for k in ("max_completion_tokens", "max_tokens",
                                        "max_output_tokens")]
     answers = _answers(doc, judged)
-    bad = next((c for c in (*counts, answers) if isinstance(c, str)), None)
+    if isinstance(answers, str):
+        return answers
+    bad = next((c for c in counts if isinstance(c, str)), None)
     if bad is not None:
         return bad
     max_tokens = next((c for c in counts if c is not None), None)
@@ -208,7 +210,6 @@ def parse_body(body: bytes, path: str = "") -> BodyFacts | str:
             return "stream must be true or false"
     if model is not None and not (isinstance(model, str) and model):
         return "model must be a non-empty string"
-    assert isinstance(answers, int)
     return BodyFacts(prompt_bytes=prompt.text_bytes, max_tokens=max_tokens, stream=stream,
                      model=model, prompt_ids=prompt.ids, media_parts=prompt.media,
                      answers=answers)

@@ -120,19 +120,20 @@ class Scraper:
         return snap
 
     def _say_what_is_missing(self, url: str, text: str, snap: BackendSnapshot) -> None:
-        """Once per backend: a signal its pages lack, which would read as an idle engine."""
-        missing = []
+        """Once per backend and signal: one its pages lack, without which the engine reads as
+        less loaded than it is (the page is searched only until that is said)."""
         if snap.kv_capacity_tokens == 0:
-            missing.append(f"its KV capacity ({CACHE_INFO} with num_gpu_blocks and block_size:"
-                           f" {FALLBACK_CAPACITY_TOKENS:,.0f} tokens are assumed)")
-        vllm = "vllm:num_requests_running" in text
-        if vllm and ITL not in text and ITL_BEFORE_0_10_2 not in text:
-            missing.append(f"its inter-token latency ({ITL}: the limit follows KV and queues "
-                           "alone)")
-        for what in missing:
-            if (url, what) not in self._said:
-                self._said.add((url, what))
-                log.warning("the metrics of %s do not give %s", url, what)
+            self._say_once(url, "capacity", f"its KV capacity ({CACHE_INFO} with num_gpu_blocks "
+                           f"and block_size: {FALLBACK_CAPACITY_TOKENS:,.0f} tokens are assumed)")
+        if ((url, "itl") not in self._said and "vllm:num_requests_running" in text
+                and ITL not in text and ITL_BEFORE_0_10_2 not in text):
+            self._say_once(url, "itl", f"its inter-token latency ({ITL}: the limit follows KV "
+                           "and queues alone)")
+
+    def _say_once(self, url: str, signal: str, what: str) -> None:
+        if (url, signal) not in self._said:
+            self._said.add((url, signal))
+            log.warning("the metrics of %s do not give %s", url, what)
 
     async def _loop(self, pool: str, url: str, reader: SignalReader, interval_s: float,
                     timeout_s: float) -> None:
