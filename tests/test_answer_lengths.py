@@ -101,6 +101,8 @@ def test_short_answers_that_finish_first_do_not_price_a_long_class():
     [row] = pool["answer_tokens"]  # chat only: reasoning is not learned yet
     assert row["tenant"] == "app" and row["tokens"] == 70.0
     assert reason == 300 + 35.0 * 40  # 40 s at 35 tokens a second (70 tokens in 2 s)
+    # a scrape asks for its labelled tenants' rows only
+    assert [p["answer_tokens"] for p in a.status(40.0, ("solver",))["pools"].values()] == [[]]
 
 
 def test_each_answer_is_charged_and_a_request_that_decodes_none_teaches_nothing():

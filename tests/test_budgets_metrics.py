@@ -30,7 +30,7 @@ def scrape(labels: TenantLabels) -> str:
     adm = Admission(POLICY, random.Random(1))
     adm.submit(RequestInfo("r1", "a", 1, 0.0, 100, 100, model="big"), 0.0)
     metrics = GatewayMetrics(tenants=labels, clock=lambda: 0.0)
-    metrics.watch_status(lambda: adm.status(0.0))
+    metrics.watch_status(lambda tenants: adm.status(0.0, tenants))
     metrics.record(Record("over_budget", "agent-workflow", "budget_tokens", "a", 0.0, 2.5))
     metrics.record(Record("over_budget", "agent-workflow", "budget_requests", "a", 0.0, 1.0))
     metrics.record(Record("over_budget", "agent-workflow", "budget_requests", "a", 0.0, 1.0))
@@ -82,7 +82,7 @@ def test_budget_levels_keep_to_the_tenant_label_cap():
         TenantSpec(f"t{i}", budgets=BudgetSpec(Budget(60, 6000))) for i in range(200)))
     adm = Admission(policy, random.Random(1))
     metrics = GatewayMetrics(tenants=TenantLabels(None, cap=64), clock=lambda: 0.0)
-    metrics.watch_status(lambda: adm.status(0.0))
+    metrics.watch_status(lambda tenants: adm.status(0.0, tenants))
 
     def budget_tenants() -> set[str]:
         text = generate_latest(metrics.registry).decode()
@@ -93,3 +93,28 @@ def test_budget_levels_keep_to_the_tenant_label_cap():
     for i in range(100):
         metrics.record(Record("admitted", "agent-workflow", "", f"t{i}", 0.0, 1.0))
     assert budget_tenants() == {f"t{i}" for i in range(64)}
+
+
+def test_a_scrape_builds_the_labelled_tenants_budget_views_only():
+    """Found by a review: every scrape built the budget view of every tenant on the event loop
+    that answers Envoy, to export the labelled ones: 25 ms for a 5,000-tenant policy, and 17 %
+    of the checks shed as the control plane's own lag under four pollers. It asks for the
+    labelled tenants now; /status (an operator's, by token) still has them all."""
+    policy = Policy(queues=SEED_QUEUES, tenants=tuple(
+        TenantSpec(f"t{i}", budgets=BudgetSpec(Budget(60, 6000))) for i in range(200)))
+    adm = Admission(policy, random.Random(1))
+    metrics = GatewayMetrics(tenants=TenantLabels(None, cap=64), clock=lambda: 0.0)
+    built: list[set[str]] = []
+
+    def status(tenants):
+        out = adm.status(0.0, tenants)
+        built.append(set(out["tenants"]))
+        return out
+
+    metrics.watch_status(status)
+    for i in range(3):
+        metrics.record(Record("admitted", "agent-workflow", "", f"t{i}", 0.0, 1.0))
+    generate_latest(metrics.registry)
+    assert built == [{"t0", "t1", "t2"}]
+    assert set(adm.status(0.0, ["t1", "nobody"])["tenants"]) == {"t1"}
+    assert len(adm.status(0.0)["tenants"]) == 200

@@ -575,9 +575,15 @@ async def test_admin_endpoints():
     state = AdminState()
     metrics = GatewayMetrics()
     status = {"pools": {"default": {"limit": 8, "inflight": 2.0, "name": "x"}}}
-    metrics.watch_status(lambda: status)
+    metrics.watch_status(lambda _: status)
     metrics.record(Record("admitted", "realtime-interactive"))
-    runner = web.AppRunner(build_app(state, metrics, lambda: {"ready": state.ready, **status}))
+    asked: list[list[str] | None] = []
+
+    def full_status(tenants: list[str] | None) -> dict:
+        asked.append(tenants)
+        return {"ready": state.ready, **status}
+
+    runner = web.AppRunner(build_app(state, metrics, full_status))
     await runner.setup()
     base = f"http://127.0.0.1:{await serve_on_free_port(runner)}"
     try:
@@ -592,6 +598,8 @@ async def test_admin_endpoints():
             async with session.get(base + "/status") as r:
                 body = await r.json()
                 assert body["ready"] is True and body["pools"]["default"]["limit"] == 8
+            async with session.get(base + "/status?tenant=a&tenant=b") as r:
+                assert r.status == 200 and asked == [None, ["a", "b"]]
             async with session.get(base + "/metrics") as r:
                 text = await r.text()
                 assert 'llmvalve_pool_limit{pool="default"} 8.0' in text

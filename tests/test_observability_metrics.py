@@ -67,7 +67,7 @@ def test_a_scrape_takes_no_tenant_label():
     labels = TenantLabels.parse("*", cap=1)
     metrics = GatewayMetrics(tenants=labels)
     budget = {"budgets": {"requests": {"limit": 60.0, "remaining": 60.0}}}
-    metrics.watch_status(lambda: {"pools": {}, "tenants": {"idle": budget, "busy": budget}})
+    metrics.watch_status(lambda _: {"pools": {}, "tenants": {"idle": budget, "busy": budget}})
     generate_latest(metrics.registry)
     metrics.record(Record("admitted", "interactive", "", "busy"))
     assert labels("busy") == "busy" and labels("idle") == "other"
@@ -105,7 +105,7 @@ def test_slo_judges_ttft_at_the_gateway_and_counts_sheds_as_misses():
 def test_scrapes_become_backend_gauges_and_a_failing_backend_is_a_state_change(caplog):
     now = [100.0]
     m = GatewayMetrics(clock=lambda: now[0])
-    m.watch_status(lambda: {"policy_version": "v1", "controller": "adaptive", "pools": {
+    m.watch_status(lambda _: {"policy_version": "v1", "controller": "adaptive", "pools": {
         "default": {"limit": 10.0, "inflight": 4.0, "breaker": "open",
                     "limiter": {"limit": 10.0, "capacity_tokens": 500.0, "unit": "tokens"},
                     "classes": {"0": {"name": "interactive", "queue_depth": 3,
@@ -136,7 +136,7 @@ def test_scrapes_become_backend_gauges_and_a_failing_backend_is_a_state_change(c
 
 def test_learned_answer_lengths_are_gauges_for_labelled_tenants_only():
     m = GatewayMetrics(tenants=TenantLabels.parse("app"))
-    m.watch_status(lambda: {"pools": {"default": {"answer_tokens": [
+    m.watch_status(lambda _: {"pools": {"default": {"answer_tokens": [
         {"tenant": "app", "class": "interactive", "tokens": 148.0},
         {"tenant": "someone", "class": "batch", "tokens": 900.0}]}}})
     assert value(m, "llmvalve_class_answer_tokens", pool="default", tenant="app",

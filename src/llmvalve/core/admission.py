@@ -46,6 +46,7 @@ tenant's bucket (core/budgets.py), or none where the request can never fit it.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import replace
 
 from llmvalve.core.adaptive import AdaptiveLimit
@@ -571,10 +572,14 @@ class Admission:
             return StaticLimit(new.limiter.static.limit)
         return limit
 
-    def status(self, now: float) -> dict:
-        """JSON-able snapshot: policy version, pools (limit, in-flight, signals), classes."""
+    def status(self, now: float, tenants: Collection[str] | None = None) -> dict:
+        """JSON-able snapshot: policy version, pools (limit, in-flight, signals), classes; the
+        per-tenant parts (budgets, answer lengths) of every tenant, or of `tenants` only (a
+        scrape or a dashboard sample asks for none or a few of thousands)."""
         pools = {}
         names = {q.priority: q.name for q in self.policy.queues}
+        if tenants is not None:
+            tenants = frozenset(tenants)
         for name, pool in self.pools.items():
             pools[name] = {
                 "limit": finite(pool.current_limit()),
@@ -589,7 +594,7 @@ class Admission:
                 "samples": pool.samples,
                 "expected_output_tokens": pool.answers.pooled,
                 "answer_tokens": [{"tenant": t, "class": names.get(p, str(p)), "tokens": v}
-                                  for (t, p), v in pool.answers.learned()],
+                                  for (t, p), v in pool.answers.learned(tenants)],
                 "limiter": pool.limit.status(),
                 "classes": {
                     str(q.priority): {
@@ -600,7 +605,8 @@ class Admission:
                     } for q in self.policy.queues},
             }
         return {"policy_version": self.policy.version, "controller": self.controller,
-                "draining": self.draining, "pools": pools, "tenants": self.budgets.status(now)}
+                "draining": self.draining, "pools": pools,
+                "tenants": self.budgets.status(now, tenants)}
 
 
 def _admits(policy: Policy, tenant: str) -> bool:

@@ -18,6 +18,8 @@ docs/design.md, "What an answer costs".)
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 KEEP = 0.95  # each finished request weighs as one sample of an average with decay 0.95
 MAX_CLASSES = 4096  # a bound on the table (tenants come from the policy, but may be many)
 
@@ -75,9 +77,12 @@ class AnswerLengths:
         mine = self._by_class.get(key)
         return None if mine is None else self._tokens(mine)
 
-    def learned(self) -> list[tuple[Key, float]]:
-        """Every class's learned mean answer length in tokens (for status and metrics)."""
-        return [(key, t) for key in self._by_class if (t := self.expected(key)) is not None]
+    def learned(self, tenants: Container[str] | None = None) -> list[tuple[Key, float]]:
+        """Every class's learned mean answer length in tokens (for status and metrics), or
+        those of `tenants`' classes."""
+        return [(key, t) for key in self._by_class
+                if (tenants is None or key[0] in tenants)
+                and (t := self.expected(key)) is not None]
 
     def written(self, key: Key, now: float) -> float:
         """For a class not learned yet: what its oldest request in flight has written by now,

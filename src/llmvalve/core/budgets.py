@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from llmvalve.core.policy import Budget, Policy
@@ -142,6 +143,10 @@ class Budgets:
                 models.setdefault((key[0], key[1]), []).append((key, bucket))
         self._own = {tenant: tuple(pairs) for tenant, pairs in own.items()}
         self._models = {scope: tuple(pairs) for scope, pairs in models.items()}
+        keys: dict[str, list[Key]] = {}
+        for key in buckets:
+            keys.setdefault(key[0], []).append(key)
+        self._keys = keys  # tenant → the keys of all its buckets, in policy order
 
     def _applicable(self, tenant: str, model: str | None) -> Scope:
         own = self._own.get(tenant)
@@ -230,16 +235,22 @@ class Budgets:
         """Requests charged and not yet admitted or given back (queued)."""
         return len(self._ledger)
 
-    def status(self, now: float) -> dict[str, dict]:
-        """Per tenant with budgets: `{"budgets": {...}}` with each bucket's level."""
+    def status(self, now: float, tenants: Iterable[str] | None = None) -> dict[str, dict]:
+        """Per tenant with budgets (of `tenants` only, when given: a scrape labels at most a
+        few dozen of thousands): `{"budgets": {...}}` with each bucket's level."""
         out: dict[str, dict] = {}
-        for (tenant, model, kind), bucket in self.buckets.items():
-            bucket.refill(now)
-            budgets = out.setdefault(tenant, {"budgets": {
-                "share": self.share, "models": {},
-                "refused": {k: self.refused[(tenant, k)] for k in KINDS}}})["budgets"]
-            scope = budgets if model is None else budgets["models"].setdefault(model, {})
-            scope[kind] = {"per_minute": bucket.per_minute, "limit": bucket.size,
-                           "remaining": max(0.0, bucket.level),
-                           "reset_s": (bucket.size - max(0.0, bucket.level)) / bucket.rate_per_s}
+        names = self._keys if tenants is None else [t for t in tenants if t in self._keys]
+        for name in names:
+            budgets: dict = {"share": self.share, "models": {},
+                             "refused": {k: self.refused[(name, k)] for k in KINDS}}
+            out[name] = {"budgets": budgets}
+            for key in self._keys[name]:
+                _, model, kind = key
+                bucket = self.buckets[key]
+                bucket.refill(now)
+                scope = budgets if model is None else budgets["models"].setdefault(model, {})
+                scope[kind] = {"per_minute": bucket.per_minute, "limit": bucket.size,
+                               "remaining": max(0.0, bucket.level),
+                               "reset_s": (bucket.size - max(0.0, bucket.level))
+                               / bucket.rate_per_s}
         return out

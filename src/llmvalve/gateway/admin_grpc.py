@@ -12,7 +12,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import grpc
@@ -86,14 +86,14 @@ def status_message(status: dict[str, Any], unix_time_s: float) -> pb.Status:
 
 
 class AdminServicer(pb_grpc.AdminServicer):
-    def __init__(self, status: Callable[[], dict[str, Any]], driver: Driver,
+    def __init__(self, status: Callable[[Collection[str] | None], dict[str, Any]], driver: Driver,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self.status = status
         self.driver = driver
         self.wall_clock = wall_clock
 
-    def snapshot(self) -> pb.Status:
-        return status_message(self.status(), self.wall_clock())
+    def snapshot(self, tenants: Collection[str] | None = None) -> pb.Status:
+        return status_message(self.status(tenants), self.wall_clock())
 
     async def GetStatus(self, request, context):
         return self.snapshot()
@@ -102,7 +102,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         interval = request.interval_s or 1.0
         interval = max(MIN_INTERVAL_S, interval)
         while True:
-            yield self.snapshot()
+            yield self.snapshot(())  # `top` every second: no tenant's budgets, to each viewer
             await asyncio.sleep(interval)
 
     def _pool_name(self, name: str) -> str:

@@ -7,7 +7,7 @@ with the admin token (gateway/admin_auth.py) unless the port is bound to loopbac
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from aiohttp import web
@@ -24,7 +24,8 @@ class AdminState:
         self.draining = False
 
 
-def build_app(state: AdminState, metrics: GatewayMetrics, status: Callable[[], dict[str, Any]],
+def build_app(state: AdminState, metrics: GatewayMetrics,
+              status: Callable[[Collection[str] | None], dict[str, Any]],
               middlewares: Iterable[Any] = ()) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -34,8 +35,9 @@ def build_app(state: AdminState, metrics: GatewayMetrics, status: Callable[[], d
             return web.Response(text="ready\n")
         return web.Response(status=503, text="draining\n" if state.draining else "starting\n")
 
-    async def status_handler(_: web.Request) -> web.Response:
-        body = status()
+    async def status_handler(request: web.Request) -> web.Response:
+        # ?tenant=a&tenant=b: only those tenants' budgets and answer lengths
+        body = status(request.query.getall("tenant", None))
         return web.Response(text=json.dumps(body, default=str, indent=1),
                             content_type="application/json")
 

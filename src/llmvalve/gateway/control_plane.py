@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import logging
 import random
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,8 +142,9 @@ class ControlPlane:
         self.driver = Driver(self.front, self.metrics)
         self.state = AdminState()
         self.reloads = ReloadLog(self.metrics, config.policy_path)
+        # the dashboard and `top` show no tenant: their status leaves out the per-tenant parts
         self.history = dashboard.History(lambda: {"ready": self.state.ready,
-                                                  **self.driver.status()}, self.metrics)
+                                                  **self.driver.status(())}, self.metrics)
         self.scraper = Scraper(self.driver, self.metrics)
         self.access_log = AccessLogServicer(self.driver, self.metrics)
         self.authz = AuthzHttp(self.driver)
@@ -243,7 +245,9 @@ class ControlPlane:
                           ssl_context=self.tls.http_context() if self.tls else None).start()
         return self.admin_runner.addresses[-1][1]
 
-    def status(self) -> dict[str, Any]:
+    def status(self, tenants: Collection[str] | None = None) -> dict[str, Any]:
+        """/status: the driver's with the gateway's own state; every tenant's budgets and
+        answer lengths, or those of `tenants`."""
         front = self.front
         return {"ready": self.state.ready, "draining": self.state.draining,
                 "gateway": {"checks_held": self.driver.waiting,
@@ -255,7 +259,7 @@ class ControlPlane:
                 "policy": self.reloads.status(self.policy.version),
                 "replicas": {"share": front.admission.replica_share,
                              **(self.replicas.status() if self.replicas is not None else {})},
-                **self.history.enrich(self.driver.status())}
+                **self.history.enrich(self.driver.status(tenants))}
 
     async def reload(self, trigger: str = "sighup") -> bool:
         """Load the policy file again and apply it; False (and the old policy) if it is bad."""

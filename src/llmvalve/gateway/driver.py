@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from llmvalve.core.policy import Policy
@@ -101,8 +101,8 @@ class Driver:
         self.front.admission.set_replica_share(share, self.clock())
         self.kick()
 
-    def status(self) -> dict[str, Any]:
-        return self.front.admission.status(self.clock())
+    def status(self, tenants: Collection[str] | None = None) -> dict[str, Any]:
+        return self.front.admission.status(self.clock(), tenants)
 
     # -- wake-ups ------------------------------------------------------------------------------
     def kick(self) -> None:

@@ -46,10 +46,10 @@ class TenantLabels:
             return cls(None, cap)
         return cls([t.strip() for t in text.split(",") if t.strip()], cap)
 
-    def has_own(self, tenant: str) -> bool:
-        """Whether `tenant` has its own label now, without taking one (the status gauges ask
-        this: a scrape before any traffic must not spend the cap on idle tenants)."""
-        return tenant in self.allow if self.allow is not None else tenant in self._seen
+    def labelled(self) -> frozenset[str]:
+        """The tenants with a label of their own now, none taken (the status gauges ask this:
+        a scrape before any traffic must not spend the cap on idle tenants)."""
+        return self.allow if self.allow is not None else frozenset(self._seen)
 
     def __call__(self, tenant: str) -> str:
         if not tenant:
