@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 
 import aiohttp
@@ -656,7 +657,7 @@ def test_the_control_planes_lag_is_counted_from_the_requests_end():
     plane's lag (a slow uploader was shed as `gateway_overloaded` on an idle gateway)."""
     from llmvalve.gateway.authz_http import age_s
 
-    now = lambda: 100.0  # noqa: E731
+    now = 100.0
     start = {"x-llmvalve-start": "98.000"}
     assert age_s(start, now, "1500") == pytest.approx(0.5)  # 2 s old, 1.5 s of it uploading
     assert age_s(start, now, None) == pytest.approx(2.0)  # a config without the header
@@ -664,3 +665,34 @@ def test_the_control_planes_lag_is_counted_from_the_requests_end():
     assert age_s(cut, now, None) == 0.0  # sent before the body's end: unknown, not late
     assert age_s(start, now, "nan") == 0.0 and age_s(start, now, "x") == 0.0
     assert age_s({}, now, "0") == 0.0
+    assert age_s(start, None, "1500") == 0.0  # no comparable wall time: the clock stepped
+
+
+def test_a_step_of_the_wall_clock_makes_ages_unknown_for_a_while(caplog):
+    """Found by a review: a check's age compares this process's wall clock with Envoy's start
+    time; an NTP step of +0.3 s shed every P2 request in transit as the control plane's own
+    lag, +1 s every class, and a backward step hid real lag. A step (the wall clock against
+    the monotonic one) makes ages unknown for HOLD_S; a slew is no step."""
+    from llmvalve.gateway.authz_http import age_s
+    from llmvalve.gateway.wall_clock import HOLD_S, WallClock
+
+    t = {"wall": 1_000.0, "mono": 50.0}
+    clock = WallClock(lambda: t["wall"], lambda: t["mono"])
+
+    def tick(seconds: float, step: float = 0.0) -> float | None:
+        t["mono"] += seconds
+        t["wall"] += seconds * 1.0005 + step  # NTP's fastest slew, 500 ppm
+        return clock.comparable()
+
+    assert tick(0.0) == 1_000.0
+    assert tick(100.0) is not None  # 50 ms of slew over 100 s
+    sent = {"x-llmvalve-start": f"{t['wall'] - 0.1:.3f}"}  # Envoy had it 0.1 s ago
+    with caplog.at_level(logging.WARNING, logger="llmvalve.clock"):
+        assert age_s(sent, tick(0.1, step=0.3), "0") == 0.0  # the step: not judged
+    assert "stepped by +0.300 s" in caplog.text
+    assert tick(HOLD_S - 1.0) is None
+    assert tick(1.0) is not None
+    assert tick(1.0, step=-30.0) is None  # back: real lag would read as none
+    assert tick(HOLD_S) is not None
+    sent = {"x-llmvalve-start": f"{t['wall'] - 0.4:.3f}"}
+    assert age_s(sent, tick(0.0), "0") == pytest.approx(0.4, abs=1e-3)  # seen again

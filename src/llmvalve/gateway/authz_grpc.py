@@ -54,9 +54,10 @@ def _metadata(context, key: str) -> str | None:  # type: ignore[no-untyped-def]
 
 
 class AuthzGrpc(pb_grpc.AuthorizationServicer):
-    def __init__(self, driver: Driver, wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, driver: Driver,
+                 lag_clock: Callable[[], float | None] = time.time) -> None:
         self.driver = driver
-        self.wall_clock = wall_clock
+        self.lag_clock = lag_clock  # what a check's age is measured by
 
     async def Check(self, request: pb.CheckRequest, context) -> pb.CheckResponse:
         http = request.attributes.request.http
@@ -66,7 +67,7 @@ class AuthzGrpc(pb_grpc.AuthorizationServicer):
             check_id=headers.get(ID_HEADER) or "", headers=headers, body=body,
             body_complete=headers.get(PARTIAL_BODY_HEADER) != "true",
             path=http.path, method=http.method,
-            age_s=age_s(headers, self.wall_clock, _metadata(context, RECEIVED_HEADER)))
+            age_s=age_s(headers, self.lag_clock(), _metadata(context, RECEIVED_HEADER)))
         if not check.check_id:
             return denied(replies.bad_request(
                 f"no {ID_HEADER} header: the Envoy in front of llmvalve must set it"))

@@ -65,14 +65,17 @@ def go_headers(go: Go) -> list[tuple[str, str]]:
     return headers
 
 
-def age_s(headers: Mapping[str, str], wall_clock: Callable[[], float],
-          received_ms: str | None) -> float:
-    """How late the check reached the control plane: since Envoy had the whole request (it
-    holds a check until the body's end, and a client's slow upload is not the control plane's
-    lag). 0 when unknown: no start time, or a check sent before the body's end (a cut body).
-    A config without `received_ms` (rendered before it) counts from the request's start."""
+def age_s(headers: Mapping[str, str], now: float | None, received_ms: str | None) -> float:
+    """How late the check reached the control plane, by the wall time `now`: since Envoy had
+    the whole request (it holds a check until the body's end, and a client's slow upload is not
+    the control plane's lag). 0 when unknown: no start time, no comparable wall time (the
+    clock stepped lately: gateway/wall_clock.py), or a check sent before the body's end (a cut
+    body). A config without `received_ms` (rendered before it) counts from the request's
+    start."""
+    if now is None:
+        return 0.0
     try:
-        age = wall_clock() - float(headers.get(START_HEADER, ""))
+        age = now - float(headers.get(START_HEADER, ""))
         if received_ms is not None:
             age -= float(received_ms) / 1000.0
         elif headers.get(PARTIAL_BODY_HEADER) == "true":
@@ -87,9 +90,11 @@ TEXT = (("content-type", "text/plain"),)
 
 
 class AuthzHttp:
-    def __init__(self, driver: Driver, wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, driver: Driver, wall_clock: Callable[[], float] = time.time,
+                 lag_clock: Callable[[], float | None] | None = None) -> None:
         self.driver = driver
         self.wall_clock = wall_clock
+        self.lag_clock = lag_clock or wall_clock  # what a check's age is measured by
         self.listener = HttpListener(self.handle)
         self._models: tuple[float, list[dict]] | None = None  # (monotonic time, the list)
         self._models_lock = asyncio.Lock()
@@ -117,7 +122,7 @@ class AuthzHttp:
             body_complete=(request.body_complete
                            and headers.get(PARTIAL_BODY_HEADER) != "true"),
             path=request.path[len(CHECK_PREFIX):], method=request.method,
-            age_s=age_s(headers, self.wall_clock, headers.get(RECEIVED_HEADER)))
+            age_s=age_s(headers, self.lag_clock(), headers.get(RECEIVED_HEADER)))
         if not check.check_id:
             return reply_response(replies.bad_request(
                 f"no {ID_HEADER} header: the Envoy in front of llmvalve must set it"))

@@ -51,6 +51,7 @@ from llmvalve.gateway.replicas import DEFAULT_INTERVAL_S as DEFAULT_REPLICAS_INT
 from llmvalve.gateway.replicas import ReplicaCount
 from llmvalve.gateway.scraper import Scraper
 from llmvalve.gateway.telemetry import TenantLabels, ttft_objective
+from llmvalve.gateway.wall_clock import WallClock
 from llmvalve.processes import join_addr
 
 log = logging.getLogger("llmvalve.server")
@@ -147,7 +148,8 @@ class ControlPlane:
                                                   **self.driver.status(())}, self.metrics)
         self.scraper = Scraper(self.driver, self.metrics)
         self.access_log = AccessLogServicer(self.driver, self.metrics)
-        self.authz = AuthzHttp(self.driver)
+        self.lag_clock = WallClock().comparable  # both check servers' ages
+        self.authz = AuthzHttp(self.driver, lag_clock=self.lag_clock)
         self._reload_lock = asyncio.Lock()
         self.watcher = None
         if config.policy_path is not None and config.watch_interval_s > 0:
@@ -174,8 +176,8 @@ class ControlPlane:
     async def _start(self) -> None:
         self.data_grpc = grpc.aio.server(options=GRPC_OPTIONS)
         als_pb2_grpc.add_AccessLogServiceServicer_to_server(self.access_log, self.data_grpc)
-        external_auth_pb2_grpc.add_AuthorizationServicer_to_server(AuthzGrpc(self.driver),
-                                                                    self.data_grpc)
+        authz = AuthzGrpc(self.driver, self.lag_clock)
+        external_auth_pb2_grpc.add_AuthorizationServicer_to_server(authz, self.data_grpc)
         self.ports["grpc"] = self._bind_grpc(self.data_grpc, self.config.grpc)
         await self.data_grpc.start()  # started at once: only a started server frees its port
         # SO_REUSEPORT off, as for the data plane: a second control plane on this port must
