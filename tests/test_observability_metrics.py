@@ -60,6 +60,23 @@ def test_tenant_labels_are_bounded():
     assert any_("") == ""
 
 
+def test_a_label_a_reload_removed_the_tenant_of_is_free_again(caplog):
+    """Found by a review: with `*` a label was held until a restart, so a tenant onboarded
+    after 64 others were removed stayed `other`. A policy of more tenants than the cap is
+    warned of: each replica labels the first it sees."""
+    labels = TenantLabels.parse("*", cap=2)
+    with caplog.at_level(logging.WARNING, logger="llmvalve.metrics"):
+        labels.follow(["a", "b"])
+        assert not caplog.text
+        assert [labels(t) for t in ("a", "b")] == ["a", "b"]
+        labels.follow(["b", "c", "d"])
+    assert "the policy has 3 tenants" in caplog.text
+    assert [labels(t) for t in ("c", "d", "b")] == ["c", "other", "b"]
+    listed = TenantLabels.parse("a")
+    listed.follow([])
+    assert listed("a") == "a"  # a list stays as it was given
+
+
 def test_a_scrape_takes_no_tenant_label():
     """Found by a review: the status gauges (budgets, answer lengths) asked for each
     tenant's label the way traffic does, so a scrape before any traffic gave the cap to the

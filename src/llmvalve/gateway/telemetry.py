@@ -22,11 +22,14 @@ Time is passed in (`now`, monotonic seconds); nothing here does IO.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+import logging
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from llmvalve.core.types import BackendSnapshot
+
+log = logging.getLogger("llmvalve.metrics")
 
 OTHER = "other"
 
@@ -45,6 +48,17 @@ class TenantLabels:
         if text == "*":
             return cls(None, cap)
         return cls([t.strip() for t in text.split(",") if t.strip()], cap)
+
+    def follow(self, tenants: Collection[str]) -> None:
+        """The running policy's tenants: a label a reload removed the tenant of is free again
+        (it was held until a restart). With `*`, a policy of more tenants than the cap is
+        warned of: the labels go to the first tenants each replica sees, so replicas label
+        different ones and a sum by tenant over them is wrong for both."""
+        self._seen &= set(tenants)
+        if self.allow is None and len(tenants) > self.cap:
+            log.warning("the policy has %d tenants and --metrics-tenants '*' labels the first "
+                        "%d seen, each replica its own: name the tenants to label",
+                        len(tenants), self.cap)
 
     def labelled(self) -> frozenset[str]:
         """The tenants with a label of their own now, none taken (the status gauges ask this:

@@ -355,6 +355,11 @@ class Policy:
             return anonymous
         return self._tenants_by_name.get(name)
 
+    def tenant_names(self) -> tuple[str, ...]:
+        """Every tenant's name, the anonymous one's included."""
+        names = tuple(t.name for t in self.tenants)
+        return names if self.anonymous is None else (*names, self.anonymous.name)
+
     def tenant_may_use(self, tenant: str, model: str | None) -> bool:
         """Whether the tenant may use `model` (None: it names none; the check refuses that
         for a `model_bound` tenant before asking)."""
