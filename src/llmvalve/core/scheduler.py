@@ -48,12 +48,37 @@ class _ClassQueue:
         # 1,000 tenants waiting (found by a review): it runs for every class at each dispatch.
         self._by_age: list[tuple[float, int, Waiting]] = []
         self._live: set[int] = set()
+        # How many places the tenants hold, kept as they change, for an arrival's turn and a
+        # full class's flooder without a pass over the waiting tenants (found by a review: an
+        # arrival cost 224 us with 5,000 tenants waiting): `at_least[d - 1]` tenants hold at
+        # least d places, and `holding[d]` are the tenants that hold exactly d.
+        self.at_least: list[int] = []
+        self.holding: dict[int, set[str]] = {}
 
     def push(self, w: Waiting) -> None:
-        self.tenants.setdefault(w.req.tenant, deque()).append(w)
+        q = self.tenants.setdefault(w.req.tenant, deque())
+        q.append(w)
+        self._held(w.req.tenant, len(q) - 1, len(q))
         self.size += 1
         heapq.heappush(self._by_age, (w.enqueued_at, id(w), w))
         self._live.add(id(w))
+
+    def _held(self, tenant: str, before: int, now: int) -> None:
+        """`tenant` went from holding `before` places to `now` (one more or one fewer)."""
+        if before:
+            self.holding[before].discard(tenant)
+            if not self.holding[before]:
+                del self.holding[before]
+        if now:
+            self.holding.setdefault(now, set()).add(tenant)
+        if now > before:
+            if len(self.at_least) < now:
+                self.at_least.append(0)
+            self.at_least[now - 1] += 1
+        else:
+            self.at_least[before - 1] -= 1
+            while self.at_least and not self.at_least[-1]:
+                self.at_least.pop()
 
     def head(self, lifo: bool = False) -> Waiting | None:
         for q in self.tenants.values():
@@ -66,6 +91,7 @@ class _ClassQueue:
         del self.tenants[tenant]
         if q:
             self.tenants[tenant] = q  # to the back: the next tenant gets the next turn
+        self._held(tenant, len(q) + 1, len(q))
         self._left(w)
         return w
 
@@ -74,6 +100,7 @@ class _ClassQueue:
         q.remove(w)
         if not q:
             del self.tenants[w.req.tenant]
+        self._held(w.req.tenant, len(q) + 1, len(q))
         self._left(w)
 
     def _left(self, w: Waiting) -> None:
@@ -120,7 +147,9 @@ class Scheduler:
         if tenant is None:
             return above + c.size
         k = self.tenant_depth(priority, tenant) + 1
-        others = sum(min(len(q), k) for t, q in c.tenants.items() if t != tenant)
+        # every tenant's min(places, k) is how many of the first k depths it fills; the
+        # arrival's own tenant fills k - 1
+        others = sum(c.at_least[:k]) - (k - 1)
         return above + others + k - 1
 
     def is_full(self, priority: int) -> bool:
@@ -135,12 +164,14 @@ class Scheduler:
         """The queue of the tenant holding the most places of a class, when it holds at least
         two more than `tenant` (so that taking one of its places is fairer, not just other)."""
         c = self._classes[priority]
-        if not c.tenants:
+        most = len(c.at_least)
+        if most < self.tenant_depth(priority, tenant) + 2:
             return None
-        biggest, q = max(c.tenants.items(), key=lambda item: len(item[1]))
-        if biggest == tenant or len(q) < self.tenant_depth(priority, tenant) + 2:
-            return None
-        return q
+        biggest = c.holding[most]
+        # of several holding as many, the one whose turn comes first
+        name = (next(iter(biggest)) if len(biggest) == 1
+                else next(t for t in c.tenants if t in biggest))
+        return c.tenants[name]
 
     def can_push_out(self, priority: int, tenant: str) -> bool:
         return self._flooder(priority, tenant) is not None
