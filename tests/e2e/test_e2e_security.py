@@ -91,6 +91,8 @@ async def test_keys_and_classes(e2e):
             status, hs, _ = await post(session, e2e, body(), **headers(
                 P2_KEY, **{"x-llmvalve-priority": asked}))
             assert status == 200 and hs["x-llmvalve-class"] == "batch-extraction", asked
+        # The answer names no proxy and no backend server, nor the backend's time.
+        assert hs["server"] == "llmvalve" and not [h for h in hs if h.startswith("x-envoy-")]
         # A tenant's maximum caps what it asks for; a client may always ask for less.
         status, hs, _ = await post(session, e2e, body(), **headers(
             P2_KEY, **{"x-llmvalve-priority": "realtime-interactive"}))
