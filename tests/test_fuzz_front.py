@@ -519,7 +519,7 @@ def test_engine_priority_goes_upstream_only_for_a_pool_that_sends_it():
     assert engine(rerouted) == "0"
     # a body Envoy could not hold whole to write the priority: refused at the check
     # (a body shorter than its content-length is a cut one: its model from the header)
-    for cid, extra, complete in (("x0", {"x-llmvalve-content-length": "2000000",
+    for cid, extra, complete in (("x0", {"x-llmvalve-content-length": "17000000",
                                          "x-llmvalve-model": "tiny"}, True),
                                  ("x1", {"x-llmvalve-model": "tiny"}, False)):  # chunked, in part
         big = front.check(Check(cid, {"authorization": "Bearer k0", **extra}, body=tiny,

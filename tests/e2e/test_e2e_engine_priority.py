@@ -55,12 +55,27 @@ async def test_a_clients_own_priority_is_overruled(e2e):
     e2e.wait_idle()
 
 
-async def test_a_body_over_envoys_buffer_is_refused_at_the_check(e2e):
-    """The Lua filter reads the whole body; one over the listener's 1 MiB buffer would stall
-    there, so the check refuses it (413, OpenAI's shape) rather than send it at the engine's
-    default priority, at once, whatever the load."""
+async def test_a_body_past_the_listeners_buffer_gets_its_priority(e2e):
+    """A multimodal request carries its images inline, megabytes of base64. The Lua filter
+    holds the body whole; past the listener's 1 MiB buffer it stalled, so the check refused
+    every body over 1 MiB on these routes (413). The route has its own 16 MiB buffer now: a
+    3 MB body reaches the engine with its class's priority written in."""
+    image = "data:image/png;base64," + "A" * 3_000_000
+    big = {**CHAT, "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": image}}]}]}
+    status, body = await asyncio.wait_for(_post(e2e, P2_KEY, big), 30)
+    assert status == 400, body  # the engine got priority 2 (it runs first come first served)
+    assert body["error"]["message"].startswith("Got priority 2 "), body
+    e2e.wait_idle()
+
+
+async def test_a_body_over_the_routes_buffer_is_refused_at_the_check(e2e):
+    """Past the route's buffer the Lua filter would stall: the check refuses it (413,
+    OpenAI's shape) rather than send it at the engine's default priority, at once, whatever
+    the load."""
     big = {**CHAT, "max_tokens": 4,
-           "messages": [{"role": "user", "content": "x" * 1_200_000}]}
+           "messages": [{"role": "user", "content": "x" * (17 * 1_048_576)}]}
     status, body = await asyncio.wait_for(_post(e2e, P2_KEY, big), 30)
     assert status == 413
     assert body["error"]["code"] == "body_too_large"

@@ -29,9 +29,14 @@ COMPOSE_NOTE = (
 
 
 ADMISSION_MODES = ("http", "grpc")
-# The listener's per-connection buffer: the most a filter can hold of a body (the Lua filter
-# reads an engine-priority request's body whole; the check refuses a larger one, front.py).
+# The listener's per-connection buffer: the most a filter can hold of a body while it is read
+# on the way to the check.
 BUFFER_LIMIT_BYTES = ENVOY_BUFFER_BYTES
+# The buffer of the route into a pool whose engines schedule by priority: its Lua filter
+# holds the body whole to write the priority in, and the check refuses a larger one
+# (front.py). 16 MiB: a multimodal request with a few images inline (OpenAI's API takes
+# images up to 20 MB; base64 adds a third).
+PRIORITY_BODY_BYTES = 16 * 1_048_576
 # Envoy's %REQUEST_DURATION% when it sends the check (ms from the request's first byte to its
 # last): on the check's headers (HTTP) or its call's metadata (gRPC); absent when Envoy sent
 # the check before the body's end (a body cut at max_request_bytes)
@@ -229,6 +234,7 @@ def render(params: EnvoyParams) -> str:
         listen_address=params.listen_address,
         listen_port=params.listen_port,
         buffer_limit_bytes=params.buffer_limit_bytes,
+        priority_body_bytes=PRIORITY_BODY_BYTES,
         max_body_bytes=params.max_body_bytes,
         pack_as_bytes=", pack_as_bytes: true" if params.admission == "grpc" else "",
         idle_timeout_s=_seconds(params.idle_timeout_s),

@@ -63,7 +63,7 @@ from llmvalve.core.types import (
     Ticket,
 )
 from llmvalve.gateway import replies, request_facts
-from llmvalve.gateway.envoy_config import BUFFER_LIMIT_BYTES
+from llmvalve.gateway.envoy_config import PRIORITY_BODY_BYTES
 from llmvalve.gateway.reconcile import Reconciler
 from llmvalve.gateway.replies import Reply
 
@@ -286,12 +286,12 @@ class Front:
         declared = request_facts.content_length(headers)
         size = max(declared, len(check.body or b""))
         unknown = not declared and check.body is not None and not check.body_complete
-        if pool.engine_priority and (size > BUFFER_LIMIT_BYTES or unknown):
+        if pool.engine_priority and (size > PRIORITY_BODY_BYTES or unknown):
             # Envoy's Lua filter must hold the body whole to write its priority; past its
-            # buffer it would stall the request instead (refused here, before Envoy reads on;
-            # a chunked body seen only in part could be that large)
+            # route's buffer it would stall the request instead (refused here, before Envoy
+            # reads on; a chunked body seen only in part could be that large)
             return Answer(check.check_id, replies.body_too_large(
-                              BUFFER_LIMIT_BYTES, "this model's engines take the request's "
+                              PRIORITY_BODY_BYTES, "this model's engines take the request's "
                               "priority in its body, and a body this large is not rewritten"),
                           Record("bad_request", klass, "body_too_large", classified.tenant))
         est = request_facts.estimate(spec, size, facts,
