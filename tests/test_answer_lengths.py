@@ -129,3 +129,18 @@ def test_each_answer_is_charged_and_a_request_that_decodes_none_teaches_nothing(
                      prompt_tokens=300, tenant="solver", priority=1, answers=ticket.answers),
               100.0)
     assert next(iter(a.pools.values())).answers.expected(("solver", 1)) is None
+
+
+def test_the_table_drops_the_class_updated_least_lately():
+    """Past MAX_CLASSES the table dropped the class learned first, however busy: the
+    long-lived heavy tenants' went first and they were charged max_tokens again (ops review).
+    It drops the one updated least lately."""
+    from llmvalve.core.answer_lengths import MAX_CLASSES
+
+    a = AnswerLengths()
+    a.on_finished(100.0, 1.0)
+    for i in range(MAX_CLASSES):
+        a.on_sample((f"t{i}", 1), 1.0)
+    a.on_sample(("t0", 1), 1.0)  # the heavy tenant answers again
+    a.on_sample(("new", 1), 1.0)
+    assert a.expected(("t0", 1)) is not None and a.expected(("t1", 1)) is None

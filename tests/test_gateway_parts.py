@@ -696,3 +696,25 @@ def test_a_step_of_the_wall_clock_makes_ages_unknown_for_a_while(caplog):
     assert tick(HOLD_S) is not None
     sent = {"x-llmvalve-start": f"{t['wall'] - 0.4:.3f}"}
     assert age_s(sent, tick(0.0), "0") == pytest.approx(0.4, abs=1e-3)  # seen again
+
+
+async def test_expired_leases_are_one_log_line_a_pass(monkeypatch, caplog):
+    """A pool whose backends are not scraped and whose access log is lost reclaims its slots
+    by lease: that wrote one WARNING per ticket (ops review); one line a pass now, as
+    reconciliation does."""
+    from types import SimpleNamespace
+
+    from llmvalve.gateway import driver as driver_module
+
+    driver = Driver(Front(Admission(POLICY, random.Random(0))))
+    tickets = [SimpleNamespace(request_id=f"r{i}") for i in range(500)]
+    monkeypatch.setattr(driver.front, "reclaim", lambda now: tickets)
+    monkeypatch.setattr(driver.front, "reconcile", lambda now: [])
+    monkeypatch.setattr(driver_module, "MAINTAIN_EVERY_S", 0.01)
+    with caplog.at_level(logging.WARNING, logger="llmvalve"):
+        task = asyncio.create_task(driver._maintain())
+        await asyncio.sleep(0.1)
+        task.cancel()
+    lines = [r.getMessage() for r in caplog.records if "lease" in r.getMessage()]
+    assert lines and all(m == "500 leases expired, their slots reclaimed (r0, ...)"
+                         for m in lines)

@@ -60,7 +60,9 @@ class AnswerLengths:
         decode_s = max(0.0, decode_s)
         self._pending.pop(key, None)
         self._decode = _blend(self._decode, decode_s)
-        prev = self._by_class.get(key)
+        # least recently updated out first: a busy class is kept however long it has been
+        # known (first in first out dropped the oldest, the long-lived heavy tenants')
+        prev = self._by_class.pop(key, None)
         if prev is None and len(self._by_class) >= MAX_CLASSES:
             self._by_class.pop(next(iter(self._by_class)))
         self._by_class[key] = _blend(prev, decode_s)

@@ -153,8 +153,9 @@ class Driver:
             except Exception:
                 log.exception("reclaiming slots failed")
                 continue
-            for ticket in reclaimed:
-                log.warning("lease expired, slot reclaimed: %s", ticket.request_id)
+            if reclaimed:  # one line a pass, as for reconciliation (not one per ticket)
+                log.warning("%d leases expired, their slots reclaimed (%s%s)", len(reclaimed),
+                            reclaimed[0].request_id, ", ..." if len(reclaimed) > 1 else "")
             if reconciled:
                 log.warning("%d slots released: the backends no longer hold them and their "
                             "access-log entries never came", len(reconciled))
