@@ -129,6 +129,18 @@ def test_events_that_would_do_nothing_or_contradict_themselves(event, expect):
     (("duration: 60s", "duration: 60s\noracleSweep: []"), "t.yaml:3: oracleSweep: empty: "
      "omit it for the default"),
     (("duration: 60s", "duration: 60s\ncontrollers: []"), "t.yaml:3: controllers: empty"),
+    # found by a fuzzing review (stop 52): each of these ran, hung or was taken and ignored
+    (("duration: 60s", "duration: 60s\nsweepLoads: [" + ", ".join(["1.0"] * 65) + "]"),
+     "t.yaml:3: sweepLoads: 65 entries, each a run of its own: at most 64"),
+    (("duration: 60s\nbackends: {count: 2,", "duration: 24h\nbackends: {count: 4096,"),
+     "t.yaml:2: duration: about 7.08e+08 scrapes (4,096 backends x 1 gateways"),
+    (("rate: 1.0", "rate: 1.0\n    prompt: 5000000"),
+     "t.yaml:8: classes[0].prompt: must be >= 1 and <= 1000000"),
+    (("rate: 1.0\n", "rate: 1.0\nevents:\n  - {at: 1s, backend: 0, leave: true, slowdown: 2}\n"),
+     "t.yaml:9: events[0]: a backend that leaves runs nothing"),
+    (("rate: 1.0\n", "rate: 1.0\nevents:\n  - {at: 1s, backend: 0, leave: true}\n"
+      "  - {at: 2s, backend: 0, kvBlocks: 512}\n  - {at: 3s, backend: 0, rejoin: true}\n"),
+     "t.yaml:10: events[1]: backend 0 has left by 2 s: this would be ignored"),
 ])
 def test_values_that_would_hang_or_be_ignored(change, expect):
     assert error_of(BASE.replace(*change)).startswith(expect)
@@ -209,6 +221,15 @@ def test_trace_split_and_tenants_must_agree_with_the_policy():
     assert "classes[1].trace.tenants: priority 2 gets no requests" in error_of(
         BASE + trace % "split: {0: 1.0, 2: 0}, tenants: {2: batch}")
     assert "classes[1].trace.start: the trace ends" in error_of(BASE + trace % "start: 100h")
+    # found by a fuzzing review: a key that is not a priority was a traceback; weights that
+    # overflow, or a tenant named twice, skewed the split silently
+    assert error_of(BASE + trace % "split: {[0]: 1}").endswith(
+        "classes[1].trace.split: expected a priority as each key, got a list")
+    assert "classes[1].trace.tenants.0.a: must be > 0 and <= 1000000" in error_of(
+        BASE + trace % "split: {0: 1.0}, tenants: {0: {a: 1.0e+308, b: 1.0e+308}}")
+    for twice in ("{a: 1, b: 1, a: 1}", "[a, a]"):
+        assert error_of(BASE + trace % f"split: {{0: 1.0}}, tenants: {{0: {twice}}}").endswith(
+            "classes[1].trace.tenants.0: tenant 'a' given twice")
     two = BASE.replace("classes:\n", "policy:\n  queues:\n" + "".join(
         f"    - {{priority: {p}, name: q{p}, maxQueueSize: 9, timeout: 8s, dropPolicy: tail}}\n"
         for p in (0, 3)) + "classes:\n")
@@ -385,3 +406,13 @@ def test_a_missing_file_is_a_clear_error():
     out = subprocess.run([sys.executable, "-m", "llmvalve.cli", "simulate", "--scenario",
                           str(Path("/nonexistent/x.yaml"))], capture_output=True, text=True)
     assert out.returncode == 2 and "no scenario" in out.stderr
+
+
+def test_a_policy_file_that_is_not_text_is_one_line_naming_the_scenarios_line(tmp_path):
+    """Found by a fuzzing review: it exited 2 with the decoder's message alone."""
+    (tmp_path / "p.yaml").write_bytes(b"\xff\xfe\x00")
+    (tmp_path / "s.yaml").write_text(BASE + "policy: p.yaml\n")
+    with pytest.raises(ScenarioError) as exc:
+        load_scenario(str(tmp_path / "s.yaml"))
+    assert str(exc.value).startswith(f"{tmp_path / 's.yaml'}:8: policy: policy ")
+    assert "can't decode byte 0xff" in str(exc.value)

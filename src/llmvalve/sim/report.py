@@ -7,7 +7,16 @@ import math
 
 from llmvalve.core.policy import Policy, QueueSpec
 from llmvalve.core.quantiles import percentile
-from llmvalve.sim.harness import JobState, RunResult
+from llmvalve.sim.harness import FINAL, JobState, RunResult
+
+# How each request ended; `unfinished`: still queued, waiting in an engine or decoding when the
+# run stopped (its drain limit past the traffic's end), e.g. on an engine whose KV an event cut
+# below what the request needs. The counts of a class add up to its `offered`.
+OUTCOMES = (*FINAL, "unfinished")
+
+
+def outcome(s: JobState) -> str:
+    return s.status if s.status in FINAL else "unfinished"
 
 
 def _latency(s: JobState) -> tuple[float, float]:
@@ -43,12 +52,10 @@ def attainment(met: int, offered: int, over_budget: int) -> float:
 def _tenants(jobs: list[JobState], q: QueueSpec) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for s in jobs:
-        t = out.setdefault(s.job.tenant, {"offered": 0, "completed": 0, "rejected": 0,
-                                          "dropped": 0, "cancelled": 0, "over_budget": 0,
+        t = out.setdefault(s.job.tenant, {"offered": 0, **dict.fromkeys(OUTCOMES, 0),
                                           "slo_met": 0})
         t["offered"] += 1
-        if s.status in t:
-            t[s.status] += 1
+        t[outcome(s)] += 1
         t["slo_met"] += slo_met(s, q)
     for t in out.values():
         t["slo_attainment"] = attainment(t["slo_met"], t["offered"], t["over_budget"])
@@ -62,11 +69,9 @@ def summarize(run: RunResult, policy: Policy) -> dict:
         jobs = [s for s in run.jobs if s.job.priority == q.priority]
         ttft, tpot, waits = [], [], []
         met = 0
-        counts = {"completed": 0, "rejected": 0, "dropped": 0, "cancelled": 0,
-                  "over_budget": 0}
+        counts = dict.fromkeys(OUTCOMES, 0)
         for s in jobs:
-            if s.status in counts:
-                counts[s.status] += 1
+            counts[outcome(s)] += 1
             if s.status != "completed":
                 continue
             t, p = _latency(s)
@@ -113,11 +118,9 @@ def by_pool(run: RunResult, policy: Policy) -> dict[str, dict]:
             continue
         q = policy.queue(s.job.priority)
         row, c = out[pool.name], out[pool.name]["classes"].setdefault(
-            str(q.priority), {"offered": 0, "completed": 0, "rejected": 0, "dropped": 0,
-                              "cancelled": 0, "over_budget": 0, "slo_met": 0})
+            str(q.priority), {"offered": 0, **dict.fromkeys(OUTCOMES, 0), "slo_met": 0})
         c["offered"] += 1
-        if s.status in c:
-            c[s.status] += 1
+        c[outcome(s)] += 1
         if s.status == "completed":
             row["throughput_tok_s"] += s.output_tokens
             if slo_met(s, q):

@@ -21,6 +21,7 @@ from llmvalve.core.policy.nodes import NodeFields, NodeReader, duration_at_least
 from llmvalve.core.policy.pools import MIN_SCRAPE_INTERVAL_S
 from llmvalve.engine.profiles import PROFILES
 from llmvalve.gateway.policy_file import load_policy_file
+from llmvalve.sim.harness import IDLE_LEAD_IN_S
 from llmvalve.sim.scenario import (
     CapacityEvent,
     Dist,
@@ -61,6 +62,12 @@ MAX_REQUESTS = 2_000_000  # rate × duration: 40x `fleet`, the largest built-in 
 MIN_PERIOD_S = 0.1  # an on/off period (workload.py draws none shorter)
 MAX_ATTEMPTS = 100  # a client's tries of one request (the openai SDK makes 3 by default)
 MAX_CV = 100.0  # a length distribution's coefficient of variation
+MAX_RUNS_LISTED = 64  # sweepLoads and oracleSweep entries: each is a run
+# backends x gateways x scrapes of each over the run and its lead-in: each is an event of the
+# simulation whether or not traffic runs, ~70-100 us (a day of 4,096 idle backends scraped every
+# 0.5 s would take ~5 h; this bound, about half an hour)
+MAX_SCRAPES = 20_000_000
+MAX_TENANT_WEIGHT = 1e6  # a tenant's weight in a trace's split (relative: any scale will do)
 
 
 class _Ctx:
@@ -88,6 +95,9 @@ class _Ctx:
         seen: set[str] = set()
         out = []
         for k, v in node.value:
+            if not isinstance(k, ScalarNode):
+                self.r.type_error(k, field, "a priority as each key")
+                continue
             if k.value in seen:
                 self.r.error(k, field, f"duplicate priority {k.value}")
             seen.add(k.value)
@@ -153,7 +163,7 @@ def _events(c: _Ctx, top: NodeFields, count: int,
     node = top.get("events")
     items = c.r.seq(node, "events") if node is not None else []
     out = []
-    moves: list[tuple[float, int, Node, int, bool]] = []  # leaves and rejoins
+    moves: list[tuple[float, int, Node, int, bool | None]] = []  # leaves, rejoins (None: other)
     for i, item in enumerate(items or []):
         e = c.r.fields(item, f"events[{i}]", EVENT_KEYS, required=True)
         if e.node is None:
@@ -174,6 +184,9 @@ def _events(c: _Ctx, top: NodeFields, count: int,
         if leave and rejoin:
             c.r.error(e.node, f"events[{i}]", "leave and rejoin at once: give each its own "
                       "event")
+        elif leave and (e.has("slowdown") or e.has("kvBlocks")):
+            c.r.error(e.node, f"events[{i}]", "a backend that leaves runs nothing: its "
+                      "slowdown or kvBlocks would be ignored (give them to its rejoin event)")
         if at_s is None:
             continue
         if at_s > duration_s:
@@ -181,9 +194,14 @@ def _events(c: _Ctx, top: NodeFields, count: int,
                       "never happen")
         out.extend(CapacityEvent(at_s, b, slowdown or None, leave, rejoin, kv or None)
                    for b in backends)
-        moves.extend((at_s, i, item, b, leave) for b in backends if leave or rejoin)
+        moves.extend((at_s, i, item, b, leave if leave or rejoin else None) for b in backends)
     gone: set[int] = set()  # in time order, the file's order at equal times (as they run)
     for at_s, i, item, b, leave in sorted(moves, key=lambda m: m[0]):
+        if leave is None:
+            if b in gone:
+                c.r.error(item, f"events[{i}]", f"backend {b} has left by {at_s:g} s: this "
+                          "would be ignored (give it to its rejoin event)")
+            continue
         if leave == (b in gone):
             what, since = ("leaves again", "rejoined") if leave else ("rejoins", "left")
             c.r.error(item, f"events[{i}]", f"backend {b} {what} at {at_s:g} s without "
@@ -195,8 +213,9 @@ def _events(c: _Ctx, top: NodeFields, count: int,
 def _dist(c: _Ctx, node: Node | None, field: str, default: Dist) -> Dist:
     if node is None:
         return default
-    if isinstance(node, ScalarNode):
-        mean = c.r.number(node, field, gt=0)
+    if isinstance(node, ScalarNode):  # a mean, in the default [min, max]
+        bounds = Dist(1.0)
+        mean = c.r.number(node, field, ge=bounds.min, le=bounds.max)
         return default if mean is None else Dist(mean)
     d = c.r.fields(node, field, DIST_KEYS)
     if d.node is None:
@@ -327,12 +346,13 @@ def _trace(c: _Ctx, node: Node, field: str) -> TraceSpec | None:
                   f"({', '.join(str(p) for p in c.priorities)}); give split")
     if split_node is not None:
         split = {}
+        before = len(c.r.issues)
         for k, v in c.by_priority(split_node, t.field("split")):
             p = c.priority(k, t.field("split"))
             share = c.r.number(v, f"{t.field('split')}.{k.value}", ge=0, le=1)
             if p is not None and share is not None:
                 split[p] = share
-        if not split and not c.by_priority(split_node, t.field("split")):
+        if not split and len(c.r.issues) == before:
             c.r.error(split_node, t.field("split"), "no priorities: give each its share "
                       "(the shares add up to 1)")
         elif split and abs(sum(split.values()) - 1.0) > 1e-6:
@@ -368,6 +388,7 @@ def _trace_tenants(c: _Ctx, node: Node | None, field: str
         p = c.priority(k, field)
         f = f"{field}.{k.value}"
         names: list[tuple[str, float]] = []
+        before = len(c.r.issues)
         if isinstance(v, ScalarNode):
             name = c.r.string(v, f)
             names = [(name, 1.0)] if name else []
@@ -379,10 +400,14 @@ def _trace_tenants(c: _Ctx, node: Node | None, field: str
         elif isinstance(v, MappingNode):
             for kn, vn in v.value:
                 name = c.r.string(kn, f)
-                share = c.r.number(vn, f"{f}.{kn.value}", gt=0)
+                share = c.r.number(vn, f"{f}.{name}", gt=0, le=MAX_TENANT_WEIGHT)
                 if name and share:
                     names.append((name, share))
-        if not names:
+        given = [n for n, _ in names]
+        twice = sorted({n for n in given if given.count(n) > 1})
+        if twice:
+            c.r.error(v, f, f"tenant {shown(twice[0])} given twice")
+        elif not names and len(c.r.issues) == before:
             c.r.error(v, f, "expected a tenant, a list of tenants or {tenant: share}")
         elif p is not None:
             total = sum(w for _, w in names)
@@ -497,7 +522,7 @@ def _policy(c: _Ctx, node: Node | None, text: str, source: str) -> Policy | None
             return None
         try:
             return load_policy_file(path)
-        except (PolicyError, OSError) as exc:
+        except (PolicyError, OSError, UnicodeDecodeError) as exc:
             c.r.error(node, "policy", f"policy {path!r} is invalid: {exc}".splitlines()[0])
             return None
     if not isinstance(node, MappingNode):
@@ -542,7 +567,12 @@ def _numbers(c: _Ctx, top: NodeFields, key: str, integer: bool) -> tuple | None:
     if node is None:
         return None
     out = []
-    for i, item in enumerate(_items(c, node, key)):
+    items = _items(c, node, key)
+    if len(items) > MAX_RUNS_LISTED:
+        c.r.error(node, key, f"{len(items):,} entries, each a run of its own: at most "
+                  f"{MAX_RUNS_LISTED}")
+        return None
+    for i, item in enumerate(items):
         v = (c.r.integer(item, f"{key}[{i}]", ge=1) if integer
              else c.r.number(item, f"{key}[{i}]", gt=0))
         if v is not None:
@@ -631,6 +661,12 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
         classes=tuple(classes), extra=_expect(c, top), pools=pools)
     if too_many := over_request_bound(sc):
         r.error(class_node, "classes", too_many)
+    scraped_s = IDLE_LEAD_IN_S + sc.duration_s
+    scrapes = sc.backends * sc.gateways * scraped_s / sc.scrape_interval_s
+    if scrapes > MAX_SCRAPES:
+        r.error(top.get("duration"), "duration", f"about {scrapes:.3g} scrapes ({sc.backends:,} "
+                f"backends x {sc.gateways:,} gateways, every {sc.scrape_interval_s:g} s for "
+                f"{scraped_s:g} s with the lead-in): at most {MAX_SCRAPES:,}")
     if issues:
         raise ScenarioError("\n".join(str(i) for i in sorted(issues, key=lambda i: i.line)))
     return sc
