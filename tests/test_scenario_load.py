@@ -264,6 +264,18 @@ def test_inline_policy_errors_name_the_scenario_line():
     assert "t.yaml:10: policy.queues[0].timeout: bad duration '8q'" in error_of(text)
 
 
+def test_an_inline_policy_reads_anchors_from_the_whole_file_and_refuses_a_secrets_file():
+    """Found by a fuzzing review: the inline policy was read again from its own text, so an
+    anchor defined under an `x-` key (the docs' place for them) was undefined; a secretsFile
+    in it was ignored (the simulator sends no keys)."""
+    queues = ("x-q: &q\n"
+              "  - {priority: 0, name: p0, maxQueueSize: 9, timeout: 8s, dropPolicy: tail}\n")
+    sc = parse_scenario(queues + BASE + "policy: {queues: *q}\n", "t.yaml")
+    assert sc.policy is not None and [q.name for q in sc.policy.queues] == ["p0"]
+    assert error_of(BASE + "policy:\n  secretsFile: keys.yaml\n  queues: []\n").startswith(
+        "t.yaml:9: policy.secretsFile: the simulator sends no API keys")
+
+
 def test_a_trace_split_must_add_up_and_name_known_priorities():
     text = BASE + "  - name: r\n    trace: {file: azure-conv, split: {0: 0.5, 7: 0.2}}\n"
     msg = error_of(text)
@@ -416,3 +428,17 @@ def test_a_policy_file_that_is_not_text_is_one_line_naming_the_scenarios_line(tm
         load_scenario(str(tmp_path / "s.yaml"))
     assert str(exc.value).startswith(f"{tmp_path / 's.yaml'}:8: policy: policy ")
     assert "can't decode byte 0xff" in str(exc.value)
+
+
+def test_a_policy_of_several_pools_needs_each_pools_backends(tmp_path):
+    """Found by a fuzzing review: `backends:` went to the first of a named policy's pools, and
+    requests for another pool's model ran on them, reported as that pool's."""
+    from importlib import resources
+
+    packaged = resources.files("llmvalve").joinpath("data/default-policy.yaml").read_text()
+    (tmp_path / "p.yaml").write_text(packaged)
+    (tmp_path / "s.yaml").write_text(BASE + "policy: p.yaml\n")
+    with pytest.raises(ScenarioError) as exc:
+        load_scenario(str(tmp_path / "s.yaml"))
+    assert ": pools: the policy has 2 pools (main, small): give each its backends" in str(
+        exc.value)

@@ -308,7 +308,7 @@ shipped with the package (CC-BY 4.0, see `src/llmvalve/sim/traces/ATTRIBUTION.md
 requests ask for at most 1,024 tokens (the class's `maxTokens` where it sets one). `split`
 gives each priority its share of the requests
 (the shares add up to 1); `tenants` names each priority's tenant, or several: a list (equal
-shares) or `{tenant: weight}`.
+shares) or `{tenant: weight}` (weights up to 1,000,000; a tenant named twice is an error).
 
 Scenario files get the policy's checks: an unknown key, a value of the wrong kind, a priority
 the policy does not have, an unknown profile, a backend index out of range (or `backend: all`),
@@ -318,13 +318,17 @@ all reported at once (a class's `model` once `pools` itself is valid), and `llmv
 exits 2. So are values that would be ignored or
 would contradict themselves: an event after the run ends, for no backend or one backend twice,
 or that leaves and rejoins at once, a backend that rejoins without having left or leaves again
-before it rejoined (in time order); a rate step after the run ends; a class without a `rate`
+before it rejoined (in time order), a `slowdown` or `kvBlocks` in a leave event or for a backend
+that has left (a rejoining engine starts as its profile with the rejoin event's own settings:
+give them to it); a rate step after the run ends; a class without a `rate`
 (write `rate: 0`; `rate: null` and `{ramp: null}` are none either) or a trace, a class name
 used twice; a length distribution whose mean lies outside its `[min, max]`; a retry
 `cap` below its `base`; retry settings with no `mode` (the default, `none`); `cancel.after`
 without `prob`; `priority`, `prompt` or `output` on a trace class (the split and the trace set
 them); an empty `controllers`, `oracleSweep` or `sweepLoads` list; an on/off period under
-100ms; a `kvBlocks` override that holds less
+100ms; a policy of several pools without the scenario's `pools` (its `backends` would all go to
+the first); a `secretsFile` in an inline policy (the simulator sends no keys); a `kvBlocks`
+override that holds less
 than one sequence of the profile's `max_model_len` (vLLM refuses to start so); a trace that
 cannot be read, a trace `split` with no priorities, a default split (P0, P1, P2) the policy's
 priorities do not match,
@@ -332,9 +336,17 @@ trace `tenants` for a priority the split gives nothing, a `start` past the trace
 sizes that are typos, not simulations: more than a day of virtual time, more than 4,096
 backends, more than 2,000,000 requests at the classes' peak rates (40 times `fleet`, the
 largest built-in; the largest of 1 and `sweepLoads`, each class's retry attempts and
-`--load-scale` count), more than 100 attempts of a request, a length distribution's `cv` over 100, a
-`scrapeInterval` under 10ms. A top-level key starting with `x-` is yours (a place
-for YAML anchors) and is ignored.
+`--load-scale` count), more than 100 attempts of a request, a length distribution's `cv` over
+100 or a fixed length (`prompt: 500`) outside [1, 1,000,000], a `scrapeInterval` under 10ms,
+more than 64 entries in `oracleSweep` or `sweepLoads` (each a run), more than 20,000,000 scrapes
+(backends × gateways × the run with its 10 s lead-in ÷ `scrapeInterval`: a day of 4,096 idle
+backends would take hours). A top-level key starting with `x-` is yours (a place for YAML
+anchors, an inline `policy` may use them) and is ignored.
+
+An event may cut an engine's KV below what some request needs (`kvBlocks`): such a request
+waits in the engine, as in vLLM, and if it is still there when the run stops (120 s past the
+traffic's end) it counts as `unfinished` in the JSON (a class's outcome counts add up to its
+`offered`).
 
 `expect` says what a scenario is judged on (issue 10's targets): `doNoHarm` — a low-load
 scenario (written at mean load at most 0.8x the measured capacity at every seed; the calm

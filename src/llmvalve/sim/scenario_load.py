@@ -15,8 +15,9 @@ from pathlib import Path
 
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from llmvalve.core.policy import Policy, PolicyError, PolicyIssue, load_policy
+from llmvalve.core.policy import Policy, PolicyError, PolicyIssue
 from llmvalve.core.policy.document import compose_document
+from llmvalve.core.policy.load import load_policy_node
 from llmvalve.core.policy.nodes import NodeFields, NodeReader, duration_at_least, shown
 from llmvalve.core.policy.pools import MIN_SCRAPE_INTERVAL_S
 from llmvalve.engine.profiles import PROFILES
@@ -528,11 +529,14 @@ def _policy(c: _Ctx, node: Node | None, text: str, source: str) -> Policy | None
     if not isinstance(node, MappingNode):
         c.r.type_error(node, "policy", "'default', a policy file path or a mapping")
         return None
-    # The mapping's own text, at its own lines, so the policy's errors name the scenario's lines.
-    start, end = node.start_mark, node.end_mark
-    snippet = "\n" * start.line + " " * start.column + text[start.index:end.index]
+    secrets = next((k for k, _ in node.value if getattr(k, "value", None) == "secretsFile"), None)
+    if secrets is not None:
+        c.r.error(secrets, "policy.secretsFile", "the simulator sends no API keys: a secrets "
+                  "file would be ignored (omit it)")
+    # The node itself, read in the scenario's document: its errors name the scenario's lines,
+    # and anchors defined elsewhere in the file hold (its own text gives it its version).
     try:
-        return load_policy(snippet, source)
+        return load_policy_node(node, text[node.start_mark.index:node.end_mark.index], source)
     except PolicyError as exc:
         c.r.issues.extend(PolicyIssue(i.source, i.line, f"policy.{i.field}", i.message)
                           for i in exc.errors)

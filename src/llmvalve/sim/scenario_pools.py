@@ -62,6 +62,10 @@ def read_pools(c, top, policy: Policy | None, backend_keys: tuple[str, ...],  # 
     when the scenario gives none); no `pools:` → (), the policy unchanged."""
     node = top.get("pools")
     if node is None:
+        if policy is not None and len(policy.pools) > 1:  # `backends` would be the first's
+            c.r.error(top.key_node("backends") or top.node, "pools", f"the policy has "
+                      f"{len(policy.pools)} pools ({', '.join(p.name for p in policy.pools)}): "
+                      "give each its backends (pools[].backends), or the others have none")
         return (), policy
     before = len(c.r.issues)
     pools = parse_pools(c, node, backend_keys, profile)

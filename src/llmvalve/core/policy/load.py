@@ -21,12 +21,12 @@ import hashlib
 from collections.abc import Callable
 from pathlib import PurePath
 
-from yaml.nodes import MappingNode
+from yaml.nodes import MappingNode, Node
 
 from llmvalve.core.policy.document import policy_root, secrets_file_ref
 from llmvalve.core.policy.features import read_features
 from llmvalve.core.policy.limiter import read_limiter
-from llmvalve.core.policy.nodes import PolicyError, PolicyIssue, sort_issues
+from llmvalve.core.policy.nodes import NodeReader, PolicyError, PolicyIssue, sort_issues
 from llmvalve.core.policy.pools import read_pools
 from llmvalve.core.policy.queues import finish_queues, read_queues, read_scheduler
 from llmvalve.core.policy.requests import read_requests, read_retry_after
@@ -55,6 +55,21 @@ def load_policy(text: str, source: str = "policy.yaml", *,
     if unwrapped is None:
         raise PolicyError(sort_issues(issues, source))
     root, policy_text, r = unwrapped
+    return _policy_of(root, policy_text, r, source, secrets)
+
+
+def load_policy_node(node: Node, text: str, source: str) -> Policy:
+    """A policy already read as a YAML node of a larger document (a simulated scenario's
+    `policy:` mapping, whose anchors may stand elsewhere in its file); `text`, the node's own
+    text, gives the policy its version. Raises `PolicyError` as `load_policy` does."""
+    r = NodeReader(source, 0, [])
+    r.prepare(node)
+    return _policy_of(node, text, r, source, None)
+
+
+def _policy_of(root: Node, policy_text: str, r: NodeReader, source: str,
+               secrets: tuple[str, str] | None) -> Policy:
+    issues = r.issues
     if not isinstance(root, MappingNode):
         r.type_error(root, "policy", "a mapping with at least `queues:`")
         raise PolicyError(sort_issues(issues, source))
