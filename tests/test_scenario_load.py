@@ -442,3 +442,12 @@ def test_a_policy_of_several_pools_needs_each_pools_backends(tmp_path):
         load_scenario(str(tmp_path / "s.yaml"))
     assert ": pools: the policy has 2 pools (main, small): give each its backends" in str(
         exc.value)
+
+
+def test_an_empty_model_is_one_error_and_a_folder_is_named_so(tmp_path):
+    """Found by a fuzzing review: `model: ''` was reported twice, and a folder given as the
+    scenario was "no such file"."""
+    text = error_of(BASE.replace("rate: 1.0", "rate: 1.0\n    model: ''"))
+    assert text == "t.yaml:8: classes[0].model: must not be empty"
+    with pytest.raises(ScenarioError, match="a folder, not a scenario file"):
+        load_scenario(str(tmp_path))

@@ -180,6 +180,8 @@ def load_scenario(name_or_path: str) -> Scenario:
                       if isinstance(exc, UnicodeDecodeError) else str(exc))
             raise ScenarioError(f"{path}: cannot read: {reason}") from None
         return parse_scenario(text, str(path), base=path.resolve().parent)
+    if path.is_dir():
+        raise ScenarioError(f"{path}: a folder, not a scenario file")
     res = builtin_dir() / f"{name_or_path}.yaml"
     if path.suffix in (".yaml", ".yml") or not res.is_file():
         raise ScenarioError(

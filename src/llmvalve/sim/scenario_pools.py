@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from yaml.nodes import MappingNode, Node
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 from llmvalve.core.policy import Policy, PoolSpec
 from llmvalve.sim.scenario import PoolDef
@@ -108,6 +108,7 @@ def check_models(c, class_nodes: list[Node], policy: Policy) -> None:  # type: i
                 c.r.error(node, field, f"missing: with several pools each class asks for a "
                           f"model ({served})")
             continue
-        model = c.r.string(entry[1], field)
+        # read, and its errors reported, with the class: a name it can look up, or none
+        model = entry[1].value if isinstance(entry[1], ScalarNode) and entry[1].value else None
         if model is not None and policy.pool_for_model(model) is None:
             c.r.error(entry[1], field, f"no pool serves model {model!r} ({served})")
