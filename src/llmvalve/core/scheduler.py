@@ -147,10 +147,9 @@ class Scheduler:
         if tenant is None:
             return above + c.size
         k = self.tenant_depth(priority, tenant) + 1
-        # every tenant's min(places, k) is how many of the first k depths it fills; the
-        # arrival's own tenant fills k - 1
-        others = sum(c.at_least[:k]) - (k - 1)
-        return above + others + k - 1
+        # each tenant's min(places, k), the arrival's own k - 1 included: how many of the
+        # first k depths it fills
+        return above + sum(c.at_least[:k])
 
     def is_full(self, priority: int) -> bool:
         c = self._classes[priority]
