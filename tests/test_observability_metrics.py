@@ -275,3 +275,36 @@ def test_series_that_alerts_count_exist_at_zero_before_their_first_event():
                     (("by", "reconciled"), ("outcome", "ignore")))] == 0
     decisions = [v for (name, _), v in samples.items() if name == "llmvalve_decisions_total"]
     assert decisions == [0]  # one series, for the HPA's rate
+
+
+def test_refusals_are_logged_at_info_at_most_ten_a_second_for_each_reason(monkeypatch):
+    """`--log-decisions refused`: why requests are shed, without the DEBUG log of every
+    decision (12 GB a day a replica at 500 decisions a second, by the ops review)."""
+    from llmvalve.gateway import logs
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logs.JsonFormatter())
+    t = [100.0]
+    monkeypatch.setattr(logs, "_refusals", logs.RefusalLines(clock=lambda: t[0]))
+    monkeypatch.setattr(logs.DECISIONS, "level", logging.INFO)
+    logs.DECISIONS.addHandler(handler)
+    try:
+        def decide(decision: str, reason: str) -> None:
+            logs.decision(check_id="c", request_id="r", tenant="t", klass="batch",
+                          decision=decision, reason=reason, wait_s=0.0)
+
+        for _ in range(25):
+            decide("rejected", "queue_full")
+        decide("admitted", "")
+        decide("dropped", "queue_timeout")
+        t[0] = 101.2
+        decide("rejected", "queue_full")
+    finally:
+        logs.DECISIONS.removeHandler(handler)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    said = [line for line in lines if line["msg"] == "decision"]
+    assert [d["reason"] for d in said] == ["queue_full"] * 10 + ["queue_timeout", "queue_full"]
+    assert {d["level"] for d in said} == {"info"}
+    [summary] = [line for line in lines if line["msg"] == "decisions_not_logged"]
+    assert summary["per_reason"] == "queue_full=15"

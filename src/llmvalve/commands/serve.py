@@ -82,6 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="INFO (state changes), DEBUG (also one line per decision)")
     parser.add_argument("--log-format", default="json", choices=("json", "text"),
                         help="json (one object per line, default) or text")
+    parser.add_argument("--log-decisions", default="none", choices=("none", "refused"),
+                        help="refused: a line at INFO for each request not admitted (at most "
+                        "10 a second for each reason, the others counted); none (default): "
+                        "decisions only at DEBUG")
     parser.add_argument("--metrics-tenants", default="*", metavar="LIST",
                         help="tenants with their own metrics label, comma-separated; the "
                         "others count as `other` ('*': the first 64 seen, default; '': none)")
@@ -144,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         print("llmvalve serve: --admin-tls-cert and --admin-tls-key go together",
               file=sys.stderr)
         return 2
-    logs.setup(args.log_level, args.log_format)
+    logs.setup(args.log_level, args.log_format, args.log_decisions)
     raise_fd_limit()
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:

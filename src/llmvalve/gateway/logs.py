@@ -15,15 +15,19 @@ response bodies, headers. Fields come only from the keyword arguments of `decisi
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 DECISIONS = logging.getLogger("llmvalve.decisions")
 STATE = logging.getLogger("llmvalve.state")
 FORMATS = ("json", "text")
+DECISION_LINES = ("none", "refused")  # --log-decisions
+REFUSALS_PER_REASON_PER_S = 10
 
 
 def _clean(value: Any) -> Any:
@@ -63,8 +67,44 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-def setup(level: str = "INFO", fmt: str = "json", stream: Any = None) -> None:
-    """Configure the root logger once for the process (`llmvalve serve`)."""
+class RefusalLines:
+    """`--log-decisions refused`: every decision but an admission as a line at INFO, at most
+    `per_s` lines a second for each reason; the others are counted and said in one line when
+    the second is over (the next refusal says it). At 500 decisions a second the DEBUG log is
+    12 GB a day a replica (ops review): a platform team wants to see why requests are shed
+    without that."""
+
+    def __init__(self, per_s: int = REFUSALS_PER_REASON_PER_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_s, self.clock = per_s, clock
+        self._second = -1
+        self._lines: collections.Counter[str] = collections.Counter()
+
+    def allow(self, reason: str) -> bool:
+        second = int(self.clock())
+        if second != self._second:
+            over = [f"{r}={n - self.per_s}" for r, n in sorted(self._lines.items())
+                    if n > self.per_s]
+            if over:
+                DECISIONS.info("decisions_not_logged", extra={"fields": {
+                    "event": "decisions_not_logged", "per_reason": " ".join(over)}})
+            self._second, self._lines = second, collections.Counter()
+        self._lines[reason] += 1
+        return self._lines[reason] <= self.per_s
+
+
+_refusals: RefusalLines | None = None  # set by `setup` for --log-decisions refused
+
+
+def setup(level: str = "INFO", fmt: str = "json", stream: Any = None,
+          decisions: str = "none") -> None:
+    """Configure the root logger once for the process (`llmvalve serve`); `decisions`:
+    "refused" logs the refusals at INFO, rate-limited (`RefusalLines`), "none" only what
+    DEBUG logs (every decision)."""
+    global _refusals
+    if decisions not in DECISION_LINES:
+        raise ValueError(f"decisions must be one of {DECISION_LINES}, got {decisions!r}")
+    _refusals = RefusalLines() if decisions == "refused" else None
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {FORMATS}, got {fmt!r}")
     handler = logging.StreamHandler(stream or sys.stderr)
@@ -81,7 +121,11 @@ def setup(level: str = "INFO", fmt: str = "json", stream: Any = None) -> None:
 
 def decision(*, check_id: str, request_id: str, tenant: str, klass: str, decision: str,
              reason: str, wait_s: float | None, retry_after_s: float | None = None) -> None:
-    if not DECISIONS.isEnabledFor(logging.DEBUG):
+    if DECISIONS.isEnabledFor(logging.DEBUG):
+        level = logging.DEBUG
+    elif _refusals is not None and decision != "admitted" and _refusals.allow(reason):
+        level = logging.INFO
+    else:
         return
     fields: dict[str, Any] = {"event": "decision", "check_id": check_id,
                               "request_id": request_id, "tenant": tenant,
@@ -89,7 +133,7 @@ def decision(*, check_id: str, request_id: str, tenant: str, klass: str, decisio
                               "wait_ms": None if wait_s is None else round(wait_s * 1000, 3)}
     if retry_after_s is not None:
         fields["retry_after_s"] = retry_after_s
-    DECISIONS.debug("decision", extra={"fields": fields})
+    DECISIONS.log(level, "decision", extra={"fields": fields})
 
 
 def state(event: str, level: int = logging.INFO, **fields: Any) -> None:
