@@ -401,7 +401,7 @@ def _trace_tenants(c: _Ctx, node: Node | None, field: str
         elif isinstance(v, MappingNode):
             for kn, vn in v.value:
                 name = c.r.string(kn, f)
-                share = c.r.number(vn, f"{f}.{name}", gt=0, le=MAX_TENANT_WEIGHT)
+                share = c.r.number(vn, f"{f}.{kn.value}", gt=0, le=MAX_TENANT_WEIGHT)
                 if name and share:
                     names.append((name, share))
         given = [n for n, _ in names]
