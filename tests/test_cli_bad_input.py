@@ -40,6 +40,8 @@ def run(args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess:
     (["bench", "--scenario", "steady", "--load-scale", "-1"], 2),
     (["simulate", "--scenario", "steady", "--seeds", "1-1000000000"], 2),  # filled the memory
     (["simulate", "--scenario", "steady", "--gateways", "100000"], 2),
+    # a scrape bound the file passes, the flags not (would run for hours)
+    (["simulate", "--scenario", "steady", "--backends", "4096", "--gateways", "64"], 2),
     # up checks what it can before it starts a process (they failed in a child's log)
     (["up", "--controller", "bogus"], 2),
     (["up", "--profile", "huge"], 2),

@@ -715,6 +715,7 @@ async def test_expired_leases_are_one_log_line_a_pass(monkeypatch, caplog):
         task = asyncio.create_task(driver._maintain())
         await asyncio.sleep(0.1)
         task.cancel()
+        await asyncio.wait([task])
     lines = [r.getMessage() for r in caplog.records if "lease" in r.getMessage()]
     assert lines and all(m == "500 leases expired, their slots reclaimed (r0, ...)"
                          for m in lines)

@@ -449,5 +449,8 @@ def test_an_empty_model_is_one_error_and_a_folder_is_named_so(tmp_path):
     scenario was "no such file"."""
     text = error_of(BASE.replace("rate: 1.0", "rate: 1.0\n    model: ''"))
     assert text == "t.yaml:8: classes[0].model: must not be empty"
+    text = error_of(BASE.replace("rate: 1.0", "rate: 1.0\n    model: 123"))
+    assert text.startswith("t.yaml:8: classes[0].model: expected a string")
+    assert "\n" not in text  # and no pool check of '123
     with pytest.raises(ScenarioError, match="a folder, not a scenario file"):
         load_scenario(str(tmp_path))

@@ -83,9 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-format", default="json", choices=("json", "text"),
                         help="json (one object per line, default) or text")
     parser.add_argument("--log-decisions", default="none", choices=("none", "refused"),
-                        help="refused: a line at INFO for each request not admitted (at most "
-                        "10 a second for each reason, the others counted); none (default): "
-                        "decisions only at DEBUG")
+                        help="refused: a line at INFO for each request answered without a "
+                        "backend serving it (at most 10 a second for each reason, the others "
+                        "counted), whatever --log-level; none (default): decisions only at "
+                        "DEBUG")
     parser.add_argument("--metrics-tenants", default="*", metavar="LIST",
                         help="tenants with their own metrics label, comma-separated; the "
                         "others count as `other` ('*': the first 64 seen, default; '': none)")

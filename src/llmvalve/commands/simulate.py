@@ -64,7 +64,12 @@ def run(args: argparse.Namespace) -> int:
     from llmvalve.sim.report import table
     from llmvalve.sim.runner import parse_seeds, simulate_seeds
     from llmvalve.sim.scenario import ScenarioError, builtin_names, load_scenario
-    from llmvalve.sim.scenario_load import MAX_BACKENDS, MAX_GATEWAYS, over_request_bound
+    from llmvalve.sim.scenario_load import (
+        MAX_BACKENDS,
+        MAX_GATEWAYS,
+        over_request_bound,
+        over_scrape_bound,
+    )
     from llmvalve.sim.targets import SEEDS as JUDGE_SEEDS
 
     if args.list:
@@ -108,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--load-scale must be a finite number > 0")
     if too_many := over_request_bound(sc, args.load_scale):
         return _fail(f"--load-scale {args.load_scale:g}: {too_many}")
+    if too_many := over_scrape_bound(sc, args.gateways):
+        return _fail(f"--backends / --gateways: {too_many}")
     if not (math.isfinite(args.oracle_window) and args.oracle_window >= 1):
         return _fail("--oracle-window must be a number of seconds >= 1")
     if why := unwritable(args.plot):

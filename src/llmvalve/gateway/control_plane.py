@@ -137,7 +137,7 @@ class ControlPlane:
         self.tls = AdminTls(*config.admin_tls) if config.admin_tls else None
         prometheus_client.disable_created_metrics()
         self.metrics = GatewayMetrics(tenants=TenantLabels.parse(config.metrics_tenants))
-        self.metrics.tenants.follow(self.policy.tenant_names())
+        self.metrics.follow_tenants(self.policy.tenant_names())
         self.metrics.ttft_slo = lambda klass: ttft_objective(self.policy, klass)
         self.front = Front(Admission(self.policy, random.Random(), config.controller,
                                      replica_share=config.replica_share))
@@ -281,7 +281,7 @@ class ControlPlane:
                 self.reloads.failed(trigger, exc, self.policy.version)
                 return False
             old, self.policy = self.policy, policy
-            self.metrics.tenants.follow(policy.tenant_names())
+            self.metrics.follow_tenants(policy.tenant_names())
             await self.scraper.start(policy)
             envoy = envoy_read_changes(old, policy)
             self.reloads.applied(trigger, policy.version, envoy)
@@ -328,4 +328,3 @@ def _entry_json(entry: Any) -> dict[str, Any] | None:
     out = dataclasses.asdict(entry)
     out["flags"] = sorted(entry.flags)
     return out
-

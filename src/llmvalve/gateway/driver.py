@@ -21,6 +21,7 @@ from typing import Any
 
 from llmvalve.core.policy import Policy
 from llmvalve.core.types import BackendSnapshot
+from llmvalve.gateway import logs
 from llmvalve.gateway.front import Answer, Check, Front, Go, Joined, LogEntry, Record, Wait
 from llmvalve.gateway.metrics import GatewayMetrics
 from llmvalve.gateway.tasks import Background
@@ -153,6 +154,7 @@ class Driver:
             except Exception:
                 log.exception("reclaiming slots failed")
                 continue
+            logs.flush_refusals()
             if reclaimed:  # one line a pass, as for reconciliation (not one per ticket)
                 log.warning("%d leases expired, their slots reclaimed (%s%s)", len(reclaimed),
                             reclaimed[0].request_id, ", ..." if len(reclaimed) > 1 else "")

@@ -28,6 +28,11 @@ STATE = logging.getLogger("llmvalve.state")
 FORMATS = ("json", "text")
 DECISION_LINES = ("none", "refused")  # --log-decisions
 REFUSALS_PER_REASON_PER_S = 10
+# what `--log-decisions refused` logs: the request was answered without a backend serving it
+# (not a reroute, which one serves, nor a client that left)
+REFUSALS = frozenset({"rejected", "dropped", "fallback_static", "over_budget", "unauthorized",
+                      "bad_request", "model_not_found", "model_not_allowed", "unknown_path",
+                      "method_not_allowed", "error"})
 
 
 def _clean(value: Any) -> Any:
@@ -68,11 +73,11 @@ class TextFormatter(logging.Formatter):
 
 
 class RefusalLines:
-    """`--log-decisions refused`: every decision but an admission as a line at INFO, at most
-    `per_s` lines a second for each reason; the others are counted and said in one line when
-    the second is over (the next refusal says it). At 500 decisions a second the DEBUG log is
-    12 GB a day a replica (ops review): a platform team wants to see why requests are shed
-    without that."""
+    """`--log-decisions refused`: every refusal (`REFUSALS`) as a line at INFO, at most `per_s`
+    lines a second for each reason; the others are counted and said in one line once the
+    second is over (`flush`, each maintenance pass, or the next refusal). At 500 decisions a
+    second the DEBUG log is 12 GB a day a replica (ops review): a platform team wants to see
+    why requests are refused without that."""
 
     def __init__(self, per_s: int = REFUSALS_PER_REASON_PER_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -81,16 +86,21 @@ class RefusalLines:
         self._lines: collections.Counter[str] = collections.Counter()
 
     def allow(self, reason: str) -> bool:
-        second = int(self.clock())
-        if second != self._second:
-            over = [f"{r}={n - self.per_s}" for r, n in sorted(self._lines.items())
-                    if n > self.per_s]
-            if over:
-                DECISIONS.info("decisions_not_logged", extra={"fields": {
-                    "event": "decisions_not_logged", "per_reason": " ".join(over)}})
-            self._second, self._lines = second, collections.Counter()
+        self.flush()
         self._lines[reason] += 1
         return self._lines[reason] <= self.per_s
+
+    def flush(self) -> None:
+        """Once the second is over: how many of its refusals were not logged, by reason."""
+        second = int(self.clock())
+        if second == self._second:
+            return
+        over = [f"{r}={n - self.per_s}" for r, n in sorted(self._lines.items())
+                if n > self.per_s]
+        if over:
+            DECISIONS.info("decisions_not_logged", extra={"fields": {
+                "event": "decisions_not_logged", "per_reason": " ".join(over)}})
+        self._second, self._lines = second, collections.Counter()
 
 
 _refusals: RefusalLines | None = None  # set by `setup` for --log-decisions refused
@@ -105,6 +115,8 @@ def setup(level: str = "INFO", fmt: str = "json", stream: Any = None,
     if decisions not in DECISION_LINES:
         raise ValueError(f"decisions must be one of {DECISION_LINES}, got {decisions!r}")
     _refusals = RefusalLines() if decisions == "refused" else None
+    if _refusals is not None:  # asked for by name: logged whatever --log-level says
+        DECISIONS.setLevel(min(logging.INFO, logging.getLevelName(level.upper())))
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {FORMATS}, got {fmt!r}")
     handler = logging.StreamHandler(stream or sys.stderr)
@@ -123,7 +135,7 @@ def decision(*, check_id: str, request_id: str, tenant: str, klass: str, decisio
              reason: str, wait_s: float | None, retry_after_s: float | None = None) -> None:
     if DECISIONS.isEnabledFor(logging.DEBUG):
         level = logging.DEBUG
-    elif _refusals is not None and decision != "admitted" and _refusals.allow(reason):
+    elif _refusals is not None and decision in REFUSALS and _refusals.allow(reason):
         level = logging.INFO
     else:
         return
@@ -134,6 +146,12 @@ def decision(*, check_id: str, request_id: str, tenant: str, klass: str, decisio
     if retry_after_s is not None:
         fields["retry_after_s"] = retry_after_s
     DECISIONS.log(level, "decision", extra={"fields": fields})
+
+
+def flush_refusals() -> None:
+    """Say the refusals of the last second not logged (the driver calls it each second)."""
+    if _refusals is not None:
+        _refusals.flush()
 
 
 def state(event: str, level: int = logging.INFO, **fields: Any) -> None:

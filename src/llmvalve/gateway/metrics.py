@@ -105,6 +105,17 @@ class GatewayMetrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
+    def follow_tenants(self, names: Collection[str]) -> None:
+        """The running policy's tenants (at start and at each reload): the series of the
+        labelled tenants it removed go (their labels are free for others: kept, the series
+        would grow with every reload that changes tenants)."""
+        gone = self.tenants.follow(names)
+        at = {id(self.decisions): (self.decisions, 2), id(self.budget_refusals):
+              (self.budget_refusals, 0)}  # the metrics with a tenant label, and its place
+        for key in [k for k in self._children if k[0] in at and k[1][at[k[0]][1]] in gone]:
+            at[key[0]][0].remove(*key[1])
+            del self._children[key]
+
     def record(self, record: Record, check_id: str = "", request_id: str = "") -> None:
         """One decision delivered to Envoy (or a request that left): counters, the SLO
         view, and one DEBUG log line."""

@@ -40,6 +40,7 @@ class TenantLabels:
         self.allow = None if allow is None else frozenset(allow)
         self.cap = cap
         self._seen: set[str] = set()
+        self._policy: frozenset[str] | None = None  # the running policy's tenants, once known
 
     @classmethod
     def parse(cls, text: str, cap: int = 64) -> TenantLabels:
@@ -49,16 +50,21 @@ class TenantLabels:
             return cls(None, cap)
         return cls([t.strip() for t in text.split(",") if t.strip()], cap)
 
-    def follow(self, tenants: Collection[str]) -> None:
-        """The running policy's tenants: a label a reload removed the tenant of is free again
-        (it was held until a restart). With `*`, a policy of more tenants than the cap is
-        warned of: the labels go to the first tenants each replica sees, so replicas label
-        different ones and a sum by tenant over them is wrong for both."""
-        self._seen &= set(tenants)
+    def follow(self, tenants: Collection[str]) -> frozenset[str]:
+        """The running policy's tenants. A tenant outside it counts as `other` (the requests
+        of a tenant a reload removed are still answered, 401, after it), and the labels of
+        the tenants it removed are free again (they were held until a restart): returned, for
+        their series to go. With `*`, a policy of more tenants than the cap is warned of: the
+        labels go to the first tenants each replica sees, so replicas label different ones
+        and a sum by tenant over them is wrong for both."""
+        self._policy = frozenset(tenants)
+        gone = frozenset(self._seen - self._policy)
+        self._seen -= gone
         if self.allow is None and len(tenants) > self.cap:
             log.warning("the policy has %d tenants and --metrics-tenants '*' labels the first "
                         "%d seen, each replica its own: name the tenants to label",
                         len(tenants), self.cap)
+        return gone
 
     def labelled(self) -> frozenset[str]:
         """The tenants with a label of their own now, none taken (the status gauges ask this:
@@ -68,6 +74,8 @@ class TenantLabels:
     def __call__(self, tenant: str) -> str:
         if not tenant:
             return ""
+        if self._policy is not None and tenant not in self._policy:
+            return OTHER
         if self.allow is not None:
             return tenant if tenant in self.allow else OTHER
         if tenant in self._seen:

@@ -3,7 +3,7 @@
 A check's age is this process's wall clock less Envoy's `%START_TIME%` (a wall clock: Envoy
 gives no other) less how long Envoy took to receive the body (a duration). A step of the wall
 clock between the two (NTP stepping it, a VM paused and resumed) adds itself to the age of every
-check in transit: a forward step of 0.25 s shed every P2 request in transit as the control
+check in transit: a forward step past 0.25 s shed every P2 request in transit as the control
 plane's own lag, one of 1 s every class, and a backward step hid real lag (ops review). A step
 shows as a change of the wall clock against the monotonic one; a slew changes that by at most
 0.5 ms a second. For `HOLD_S` after a step the age of a check is unknown: a request in transit
@@ -20,7 +20,9 @@ from math import inf
 log = logging.getLogger("llmvalve.clock")
 
 STEP_S = 0.05  # a change of the wall clock against the monotonic one read as a step
-SLEW = 0.001  # what a slew may add per second between two readings (NTP: 500 ppm at most)
+# what a slew may add per second between two readings, allowed twice over: NTP slews at most
+# 500 ppm (0.5 ms a second)
+SLEW = 0.001
 HOLD_S = 60.0
 
 

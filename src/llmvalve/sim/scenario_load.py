@@ -665,15 +665,24 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
         classes=tuple(classes), extra=_expect(c, top), pools=pools)
     if too_many := over_request_bound(sc):
         r.error(class_node, "classes", too_many)
-    scraped_s = IDLE_LEAD_IN_S + sc.duration_s
-    scrapes = sc.backends * sc.gateways * scraped_s / sc.scrape_interval_s
-    if scrapes > MAX_SCRAPES:
-        r.error(top.get("duration"), "duration", f"about {scrapes:.3g} scrapes ({sc.backends:,} "
-                f"backends x {sc.gateways:,} gateways, every {sc.scrape_interval_s:g} s for "
-                f"{scraped_s:g} s with the lead-in): at most {MAX_SCRAPES:,}")
+    if too_many := over_scrape_bound(sc):
+        r.error(top.get("duration"), "duration", too_many)
     if issues:
         raise ScenarioError("\n".join(str(i) for i in sorted(issues, key=lambda i: i.line)))
     return sc
+
+
+def over_scrape_bound(sc: Scenario, gateways: int | None = None) -> str | None:
+    """Why the scenario (with `gateways` replicas, when given) scrapes too often to simulate,
+    or None."""
+    gateways = gateways or sc.gateways
+    scraped_s = IDLE_LEAD_IN_S + sc.duration_s
+    scrapes = sc.backends * gateways * scraped_s / sc.scrape_interval_s
+    if scrapes <= MAX_SCRAPES:
+        return None
+    return (f"about {scrapes:.3g} scrapes ({sc.backends:,} backends x {gateways:,} gateways, "
+            f"every {sc.scrape_interval_s:g} s for {scraped_s:g} s with the lead-in): at most "
+            f"{MAX_SCRAPES:,}")
 
 
 def over_request_bound(sc: Scenario, load_scale: float = 1.0) -> str | None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from yaml.nodes import MappingNode, Node, ScalarNode
 
 from llmvalve.core.policy import Policy, PoolSpec
+from llmvalve.core.policy.nodes import TAG
 from llmvalve.sim.scenario import PoolDef
 
 POOL_KEYS = ("name", "models", "backends")
@@ -109,6 +110,8 @@ def check_models(c, class_nodes: list[Node], policy: Policy) -> None:  # type: i
                           f"model ({served})")
             continue
         # read, and its errors reported, with the class: a name it can look up, or none
-        model = entry[1].value if isinstance(entry[1], ScalarNode) and entry[1].value else None
+        value = entry[1]
+        model = (value.value if isinstance(value, ScalarNode) and value.tag == TAG + "str"
+                 and value.value else None)
         if model is not None and policy.pool_for_model(model) is None:
             c.r.error(entry[1], field, f"no pool serves model {model!r} ({served})")
