@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         print("llmvalve serve: --admin-tls-cert and --admin-tls-key go together",
               file=sys.stderr)
         return 2
-    logs.setup(args.log_level, args.log_format, args.log_decisions)
+    logs.setup(args.log_level, args.log_format, decisions=args.log_decisions)
     raise_fd_limit()
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:

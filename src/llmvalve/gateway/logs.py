@@ -106,7 +106,7 @@ class RefusalLines:
 _refusals: RefusalLines | None = None  # set by `setup` for --log-decisions refused
 
 
-def setup(level: str = "INFO", fmt: str = "json", stream: Any = None,
+def setup(level: str = "INFO", fmt: str = "json", stream: Any = None, *,
           decisions: str = "none") -> None:
     """Configure the root logger once for the process (`llmvalve serve`); `decisions`:
     "refused" logs the refusals at INFO, rate-limited (`RefusalLines`), "none" only what
