@@ -444,6 +444,18 @@ def test_a_policy_of_several_pools_needs_each_pools_backends(tmp_path):
         exc.value)
 
 
+@pytest.mark.parametrize("key, line", [("name", 5), ("tenant", 8), ("model", 8)])
+def test_names_sent_in_requests_are_printable(key, line):
+    """Found by a fuzzing review: a newline or an escape in a tenant's name was taken; `bench`
+    sends it in the API key's header."""
+    text = error_of(BASE.replace("name: chat", 'name: "a\\nb"') if key == "name" else
+                    BASE.replace("rate: 1.0", f'rate: 1.0\n    {key}: "a\\nb"'))
+    assert text == (f"t.yaml:{line}: classes[0].{key}: 'a\\nb' has a character that is not "
+                    "printable (it is sent in a request by `bench` and `load`)")
+    trace = "  - name: r\n    trace: {file: azure-conv, split: {0: 1.0}, tenants: {0: \"a\\eb\"}}\n"
+    assert "classes[1].trace.tenants.0: 'a\\x1bb' has a character" in error_of(BASE + trace)
+
+
 def test_an_empty_model_is_one_error_and_a_folder_is_named_so(tmp_path):
     """Found by a fuzzing review: `model: ''` was reported twice, and a folder given as the
     scenario was "no such file"."""

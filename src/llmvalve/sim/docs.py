@@ -327,7 +327,8 @@ used twice; a length distribution whose mean lies outside its `[min, max]`; a re
 without `prob`; `priority`, `prompt` or `output` on a trace class (the split and the trace set
 them); an empty `controllers`, `oracleSweep` or `sweepLoads` list; an on/off period under
 100ms; a policy of several pools without the scenario's `pools` (its `backends` would all go to
-the first); a `secretsFile` in an inline policy (the simulator sends no keys); a `kvBlocks`
+the first); a `secretsFile` in an inline policy (the simulator sends no keys); a class, tenant
+or model name with a character that is not printable (`bench` and `load` send it); a `kvBlocks`
 override that holds less
 than one sequence of the profile's `max_model_len` (vLLM refuses to start so); a trace that
 cannot be read, a trace `split` with no priorities, a default split (P0, P1, P2) the policy's

@@ -406,7 +406,11 @@ def _trace_tenants(c: _Ctx, node: Node | None, field: str
                     names.append((name, share))
         given = [n for n, _ in names]
         twice = sorted({n for n in given if given.count(n) > 1})
-        if twice:
+        unprintable = [n for n in given if not n.isprintable()]
+        if unprintable:
+            c.r.error(v, f, f"{shown(unprintable[0])} has a character that is not printable "
+                      "(it is sent in a request by `bench` and `load`)")
+        elif twice:
             c.r.error(v, f, f"tenant {shown(twice[0])} given twice")
         elif not names and len(c.r.issues) == before:
             c.r.error(v, f, "expected a tenant, a list of tenants or {tenant: share}")
@@ -456,7 +460,7 @@ def _class(c: _Ctx, node: Node, i: int) -> TrafficClass | None:
     f = c.r.fields(node, path, CLASS_KEYS, required=True)
     if f.node is None:
         return None
-    name = f.string("name", f"class{i}")
+    name = _printable(c, f, "name", f"class{i}")
     prio_node = f.get("priority")
     priority = c.priority(prio_node, f.field("priority")) if prio_node is not None else None
     if prio_node is None and 0 not in c.priorities and not f.has("trace"):
@@ -480,14 +484,24 @@ def _class(c: _Ctx, node: Node, i: int) -> TrafficClass | None:
     prob, after = _cancel(c, f.get("cancel"), f.field("cancel"))
     return TrafficClass(
         name=name, priority=priority if priority is not None else 0,
-        tenant=f.string("tenant", name), rate=rate, ramp=ramp, on_off=on_off,
+        tenant=_printable(c, f, "tenant", name), rate=rate, ramp=ramp, on_off=on_off,
         prompt=_dist(c, f.get("prompt"), f.field("prompt"), Dist(500, 0.5)),
         output=_dist(c, f.get("output"), f.field("output"), Dist(150, 0.5)),
         max_tokens=f.integer("maxTokens", 0, ge=1) if f.has("maxTokens") else 0,
         stream=f.boolean("stream", True), cancel_prob=prob, cancel_after_s=after,
         deadline_s=f.duration("deadline", 0.0),
         retry=_retry(c, f.get("retry"), f.field("retry")), trace=trace,
-        model=f.string("model", ""))
+        model=_printable(c, f, "model", ""))
+
+
+def _printable(c: _Ctx, f: NodeFields, key: str, default: str) -> str:
+    """A name `bench` and `load` send in a request (a tenant's in its API key's header): no
+    newline, no control character."""
+    value = f.string(key, default)
+    if f.has(key) and not value.isprintable():  # (a default is the name's, said there)
+        c.r.error(f.get(key), f.field(key), f"{shown(value)} has a character that is not "
+                  "printable (it is sent in a request by `bench` and `load`)")
+    return value
 
 
 def _priority_where_engines_take_it(policy: Policy | None, pools: tuple[PoolDef, ...],
