@@ -719,3 +719,20 @@ async def test_expired_leases_are_one_log_line_a_pass(monkeypatch, caplog):
     lines = [r.getMessage() for r in caplog.records if "lease" in r.getMessage()]
     assert lines and all(m == "500 leases expired, their slots reclaimed (r0, ...)"
                          for m in lines)
+
+
+def test_the_dashboards_time_follows_the_monotonic_clock_after_the_first_sample():
+    """A step of the wall clock back drew the charts' span negative for up to ten minutes
+    (ops review, reasoned from the code): points are timed by the wall clock of the first
+    sample plus the monotonic time since."""
+    from llmvalve.gateway.dashboard import History
+
+    mono, wall = [100.0], [1_700_000_000.0]
+    metrics = GatewayMetrics(clock=lambda: mono[0])
+    history = History(lambda: {"pools": {}}, metrics, wall_clock=lambda: wall[0])
+    times = []
+    for _ in range(3):
+        times.append(history.sample()["t"])
+        mono[0] += 1.0
+        wall[0] -= 30.0  # NTP steps the wall clock back
+    assert times == [1_700_000_000.0, 1_700_000_001.0, 1_700_000_002.0]

@@ -46,6 +46,7 @@ class History:
         self.metrics = metrics
         self.interval_s = interval_s
         self.wall_clock = wall_clock
+        self._epoch: tuple[float, float] | None = None  # (wall, monotonic) at the first sample
         self.points: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep)
         self.seq = 0
         self.watch = StateWatch()
@@ -57,7 +58,11 @@ class History:
     def sample(self) -> dict[str, Any]:
         status = self.status()
         now_mono = self.metrics.clock()
-        at = self.wall_clock()
+        # the wall time of the first sample, then the monotonic clock's: a step of the wall
+        # clock back drew the charts' span negative until its points aged out (10 min)
+        if self._epoch is None:
+            self._epoch = (self.wall_clock(), now_mono)
+        at = self._epoch[0] + now_mono - self._epoch[1]
         for event, fields in self.watch.diff(status):
             logs.state(event, **fields)
         dt = None if self._last_at is None else max(1e-3, now_mono - self._last_at)
