@@ -301,7 +301,7 @@ def test_refusals_are_logged_at_info_at_most_ten_a_second_for_each_reason(monkey
     handler = logging.StreamHandler(out)
     handler.setFormatter(logs.JsonFormatter())
     t = [100.0]
-    monkeypatch.setattr(logs, "_refusals", logs.RefusalLines(clock=lambda: t[0]))
+    monkeypatch.setattr(logs, "_refusals", logs.LineBudget(10, 1.0, clock=lambda: t[0]))
     monkeypatch.setattr(logs.DECISIONS, "level", logging.INFO)
     logs.DECISIONS.addHandler(handler)
     try:

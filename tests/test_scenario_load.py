@@ -461,8 +461,12 @@ def test_an_empty_model_is_one_error_and_a_folder_is_named_so(tmp_path):
     scenario was "no such file"."""
     text = error_of(BASE.replace("rate: 1.0", "rate: 1.0\n    model: ''"))
     assert text == "t.yaml:8: classes[0].model: must not be empty"
-    text = error_of(BASE.replace("rate: 1.0", "rate: 1.0\n    model: 123"))
-    assert text.startswith("t.yaml:8: classes[0].model: expected a string")
-    assert "\n" not in text  # and no pool check of '123
+    two_pools = ("name: t\nduration: 60s\npools:\n"
+                 "  - {name: a, models: [m1], backends: {count: 1, profile: small}}\n"
+                 "  - {name: b, models: [m2], backends: {count: 1, profile: small}}\n"
+                 "classes:\n  - {name: chat, priority: 0, rate: 1.0, model: 123}\n")
+    text = error_of(two_pools)
+    assert text.startswith("t.yaml:7: classes[0].model: expected a string")
+    assert "\n" not in text  # and not "no pool serves model '123'" too
     with pytest.raises(ScenarioError, match="a folder, not a scenario file"):
         load_scenario(str(tmp_path))

@@ -5,7 +5,7 @@ again when the file changes, so a rotated Secret takes effect without a restart.
 `authorization: Bearer TOKEN` (gRPC metadata or an HTTP header; the dashboard page may carry it
 as `?token=` because a browser cannot set headers on a link). The token is never logged; a
 refusal is counted (`llmvalve_admin_refusals_total`) and logged with the method or path, at
-most once every 10 s (`RefusalLog`).
+most once in each 10 s of the clock (`RefusalLog`).
 
 Without a token file the admin gRPC API listens on 127.0.0.1 only, and the admin HTTP port
 serves /status and /dashboard only when it is bound to a loopback address itself.
@@ -17,7 +17,6 @@ import hashlib
 import hmac
 import ipaddress
 import logging
-import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +28,7 @@ from aiohttp import web
 
 from llmvalve.core.policy.nodes import shown
 from llmvalve.gateway.file_stamp import file_stamp
+from llmvalve.gateway.logs import LineBudget
 
 log = logging.getLogger("llmvalve.admin")
 REFUSALS_LOGGED_EVERY_S = 10.0
@@ -36,25 +36,18 @@ REFUSALS_LOGGED_EVERY_S = 10.0
 
 class RefusalLog:
     """At most one WARNING per interval however many calls are refused, the count of the rest
-    in the next one, and the client's path cut short: one line per refusal, echoing its path,
-    was 24 MB of log for 3,000 requests in 0.8 s (found by a review). Every refusal is still
+    in the next one, and the client's path cut short (`LineBudget`). Every refusal is still
     counted in `llmvalve_admin_refusals_total`."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
-        self._quiet_until = -math.inf
-        self._unlogged = 0
+        self.budget = LineBudget(1, REFUSALS_LOGGED_EVERY_S, clock)
 
     def refused(self, what: str) -> None:
-        now = self.clock()
-        if now < self._quiet_until:
-            self._unlogged += 1
-            return
-        more = f"; {self._unlogged} more refused before it" if self._unlogged else ""
-        log.warning("%s refused: missing or wrong token%s (logged at most every %g s)",
-                    what, more, REFUSALS_LOGGED_EVERY_S)
-        self._unlogged = 0
-        self._quiet_until = now + REFUSALS_LOGGED_EVERY_S
+        held = self.budget.held_back().get("refused", 0)
+        if self.budget.allow("refused"):
+            more = f"; {held} more refused before it" if held else ""
+            log.warning("%s refused: missing or wrong token%s (logged once per %g s at most)",
+                        what, more, REFUSALS_LOGGED_EVERY_S)
 
 TOKEN_ENV = "LLMVALVE_ADMIN_TOKEN"
 

@@ -37,6 +37,12 @@ BUFFER_LIMIT_BYTES = ENVOY_BUFFER_BYTES
 # (front.py). 16 MiB: a multimodal request with a few images inline (OpenAI's API takes
 # images up to 20 MB; base64 adds a third).
 PRIORITY_BODY_BYTES = 16 * 1_048_576
+# How long a connection to a backend may sit idle, Envoy's and the scraper's: well below the
+# backends' own keep-alive (vLLM's and SGLang's uvicorn: 5 s), so a request is not sent on one
+# the backend is closing. The server counts from when it wrote a response's end, Envoy from
+# when it read it, and a swamped Envoy reads late (at 4 s a 5,000-connection burst still lost
+# requests to the race).
+BACKEND_IDLE_S = 2.0
 # Envoy's %REQUEST_DURATION% when it sends the check (ms from the request's first byte to its
 # last): on the check's headers (HTTP) or its call's metadata (gRPC); absent when Envoy sent
 # the check before the body's end (a body cut at max_request_bytes)
@@ -69,10 +75,7 @@ class EnvoyParams:
     # A stream (or a non-streamed answer, silent until it ends) that sends nothing this long
     # is ended: an hour, not Envoy's 5 minutes, which cut every answer longer than that.
     idle_timeout_s: float = 3600.0
-    # Well below the backends' own keep-alive (vLLM's and SGLang's uvicorn: 5 s): the server
-    # counts from when it wrote a response's end, Envoy from when it read it, and a swamped
-    # Envoy reads late (at 4 s a 5,000-connection burst still lost requests to the race).
-    upstream_idle_timeout_s: float = 2.0
+    upstream_idle_timeout_s: float = BACKEND_IDLE_S
     buffer_limit_bytes: int = BUFFER_LIMIT_BYTES
     max_body_bytes: int = 262_144  # the policy's requests.maxBodyBytes
     # Request header names the policy reads that do not start with x-llmvalve-.

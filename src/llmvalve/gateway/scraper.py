@@ -30,6 +30,7 @@ from llmvalve.core.signals import CACHE_INFO, ITL, ITL_BEFORE_0_10_2, SignalRead
 from llmvalve.core.types import BackendSnapshot
 from llmvalve.gateway.dns import LOOKUP_TIMEOUT_S, getaddrinfo, one_address
 from llmvalve.gateway.driver import Driver
+from llmvalve.gateway.envoy_config import BACKEND_IDLE_S
 from llmvalve.gateway.metrics import GatewayMetrics
 from llmvalve.gateway.request_facts import host_name
 from llmvalve.gateway.tasks import Background
@@ -74,10 +75,8 @@ class Scraper:
 
     async def start(self, policy: Policy) -> None:
         if self._session is None:
-            # an idle connection is dropped before the backend's own keep-alive ends it (vLLM:
-            # 5 s), so a scrape is not sent on one the backend is closing
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=2.0))
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                limit=0, force_close=False, keepalive_timeout=BACKEND_IDLE_S))
         await self._tasks.stop()
         self.metrics.signals.keep({(pool.name, backend.name) for pool in policy.pools
                                    for backend in pool.backends if backend.metrics_url})

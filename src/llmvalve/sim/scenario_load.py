@@ -8,6 +8,7 @@ backend count, profiles against the known engine profiles.
 
 from __future__ import annotations
 
+import collections
 import math
 import re
 from dataclasses import replace
@@ -404,12 +405,11 @@ def _trace_tenants(c: _Ctx, node: Node | None, field: str
                 share = c.r.number(vn, f"{f}.{kn.value}", gt=0, le=MAX_TENANT_WEIGHT)
                 if name and share:
                     names.append((name, share))
-        given = [n for n, _ in names]
-        twice = sorted({n for n in given if given.count(n) > 1})
+        given = collections.Counter(n for n, _ in names)
         unprintable = [n for n in given if not n.isprintable()]
+        twice = [n for n, k in given.items() if k > 1]
         if unprintable:
-            c.r.error(v, f, f"{shown(unprintable[0])} has a character that is not printable "
-                      "(it is sent in a request by `bench` and `load`)")
+            c.r.error(v, f, _not_printable(unprintable[0]))
         elif twice:
             c.r.error(v, f, f"tenant {shown(twice[0])} given twice")
         elif not names and len(c.r.issues) == before:
@@ -499,9 +499,13 @@ def _printable(c: _Ctx, f: NodeFields, key: str, default: str) -> str:
     newline, no control character."""
     value = f.string(key, default)
     if f.has(key) and not value.isprintable():  # (a default is the name's, said there)
-        c.r.error(f.get(key), f.field(key), f"{shown(value)} has a character that is not "
-                  "printable (it is sent in a request by `bench` and `load`)")
+        c.r.error(f.get(key), f.field(key), _not_printable(value))
     return value
+
+
+def _not_printable(name: str) -> str:
+    return (f"{shown(name)} has a character that is not printable (it is sent in a request by "
+            "`bench` and `load`)")
 
 
 def _priority_where_engines_take_it(policy: Policy | None, pools: tuple[PoolDef, ...],
