@@ -75,6 +75,22 @@ def test_an_engine_that_does_not_report_its_kv_counts_the_fallback_while_it_answ
     assert b.limit() == pytest.approx(0.8 * FALLBACK_CAPACITY_TOKENS)
 
 
+def test_a_pool_whose_every_scrape_fails_keeps_what_its_engines_held():
+    """Found by a review: with no backend answering, C became the fallback for each, so the
+    limit of a pool of engines smaller than the fallback jumped up as the last one failed
+    (four engines of 20,000 tokens: 64,000 -> 209,715), the top class admitted past it."""
+    a = make()
+    for i in range(4):
+        a.on_snapshot(snap(0.0, f"b{i}", capacity=20_000.0), 0.0)
+    assert a.limit() == pytest.approx(64_000.0)
+    for i in range(2):
+        a.on_snapshot(BackendSnapshot(f"b{i}", 1.0, ok=False), 1.0)
+    assert a.limit() == pytest.approx(32_000.0)  # one that fails takes its share with it
+    for i in range(2, 4):
+        a.on_snapshot(BackendSnapshot(f"b{i}", 1.0, ok=False), 1.0)
+    assert a.limit() == pytest.approx(64_000.0)  # none answers: all, as last seen
+
+
 def test_initial_limit_is_in_tokens_until_the_control_law_sets_one():
     a = make(initial_limit_tokens=5_000.0)
     assert a.limit() == pytest.approx(5_000.0)

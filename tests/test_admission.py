@@ -384,6 +384,20 @@ def test_top_class_inside_its_share_starts_where_an_engine_has_room_past_the_har
         assert d.ticket.backend == "b1"
 
 
+def test_a_kv_capacity_the_policy_states_stands_for_the_pages():
+    """Found by a review against real vLLM: for a model with several KV-cache groups (gpt-oss,
+    Gemma 2/3, Llama 4, Mamba hybrids) the page's num_gpu_blocks x block_size is up to the
+    groups times the engine's token capacity, and TensorRT-LLM and SGLang give none: the
+    operator can state it per backend (pools[].backends[].kvCapacityTokens)."""
+    p = dataclasses.replace(policy(), pools=(PoolSpec(
+        backends=(BackendSpec("gpt-oss", "", kv_capacity_tokens=50_000.0),
+                  BackendSpec("plain", "")), lease_timeout_s=10.0),))
+    a = Admission(p, random.Random(7), controller="adaptive")
+    for name in ("gpt-oss", "plain"):
+        a.on_snapshot("default", BackendSnapshot(name, 0.0, kv_capacity_tokens=100_000.0), 0.0)
+    assert a.status(0.0)["pools"]["default"]["limiter"]["capacity_tokens"] == 150_000.0
+
+
 def test_a_queued_request_does_not_take_the_place_of_one_its_backend_dropped():
     """Until the limit's next window sees the loss, a backend that failed a request may be
     gone: its place is not handed to the queue (a finished request's is)."""

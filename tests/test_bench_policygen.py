@@ -33,6 +33,16 @@ def test_policy_dict_round_trips_engine_priority():
     assert q.pools[0].engine_priority
 
 
+def test_policy_dict_round_trips_a_stated_kv_capacity():
+    from llmvalve.core.policy import BackendSpec
+
+    p = default_policy()
+    backends = (BackendSpec("a", "http://10.0.0.1:8000/metrics", 50_000.0),
+                BackendSpec("b", "http://10.0.0.2:8000/metrics"))
+    p = dataclasses.replace(p, pools=(dataclasses.replace(p.pools[0], backends=backends),))
+    assert load_policy(yaml.safe_dump(policy_dict(p))).pools[0].backends == backends
+
+
 @pytest.mark.parametrize("name", ["seq-cap", "holdout-kv-tight"])
 def test_bench_backends_are_the_engines_the_simulator_runs(name):
     """A scenario's backend overrides reach sim-backend as vLLM's flags (`bench`)."""

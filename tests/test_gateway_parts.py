@@ -24,7 +24,7 @@ from llmvalve.core.policy import (
     PoolSpec,
     RequestSpec,
 )
-from llmvalve.core.policy.spec import writes_answer
+from llmvalve.core.policy.spec import AdaptiveLimitSpec, LimiterSpec, writes_answer
 from llmvalve.core.types import Reason, Reject
 from llmvalve.gateway import http_listener, replies
 from llmvalve.gateway import request_facts as reading
@@ -502,7 +502,7 @@ async def test_a_scrape_asks_for_text_refuses_a_huge_page_and_says_what_a_page_l
     bomb = gzip.compress(plain.encode() + b"#" * (scraper_mod.MAX_PAGE_BYTES + 2**20))
 
     async def metrics(request: web.Request) -> web.Response:
-        accepts.append(request.headers.get("Accept"))
+        accepts.append((request.headers.get("Accept"), request.headers.get("Accept-Encoding")))
         if request.path == "/bomb":
             return web.Response(body=bomb, headers={"Content-Encoding": "gzip",
                                                     "Content-Type": "text/plain"})
@@ -526,11 +526,72 @@ async def test_a_scrape_asks_for_text_refuses_a_huge_page_and_says_what_a_page_l
     finally:
         await scraper.stop()
         await runner.cleanup()
-    assert set(accepts) == {"text/plain;version=0.0.4"}
+    assert set(accepts) == {("text/plain;version=0.0.4", "identity")}
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 2, said  # each missing signal once, not once per scrape
     assert any("inter-token latency" in m for m in said)
     assert any("KV capacity" in m for m in said)
+
+
+async def test_a_late_page_is_no_reading_until_the_last_is_stale_and_a_failure_says_why(caplog):
+    """Found by a review against real vLLM, which answers /metrics on the event loop its
+    busiest moments keep busy: one page past the 0.4 s timeout was handed to the core as a
+    failed scrape (the engine saturated and out of the pool at once, at peak load), and no
+    failure ever said why (an auth proxy's 401, a TLS error, a timeout all read alike)."""
+    delay = {"s": 0.0}
+
+    async def metrics(request: web.Request) -> web.Response:
+        if request.path == "/locked":
+            return web.Response(status=401)
+        await asyncio.sleep(delay["s"])
+        return web.Response(text="vllm:num_requests_running 3\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/locked", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    base = f"http://127.0.0.1:{await serve_on_free_port(runner)}"
+    stale_after = 1.0
+    policy = Policy(queues=SEED_QUEUES, limiter=LimiterSpec(adaptive=AdaptiveLimitSpec(
+        stale_after_s=stale_after)), pools=(PoolSpec(
+            backends=(BackendSpec("slow", base + "/metrics"),
+                      BackendSpec("locked", base + "/locked")),
+            scrape_interval_s=0.05, scrape_timeout_s=0.1),))
+    seen: list = []
+
+    class Recorder:
+        def on_snapshot(self, pool, snap, now):
+            seen.append((asyncio.get_running_loop().time(), snap))
+
+    scraper = Scraper(Driver(Recorder(), policy))  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    try:
+        with caplog.at_level(logging.INFO, logger="llmvalve.state"):
+            await scraper.start(policy)
+            while not any(s.ok for _, s in seen):
+                await asyncio.sleep(0.02)
+            delay["s"] = 0.5  # every page late from here
+            slowed = loop.time()
+            while not any(not s.ok and s.backend == "slow" for _, s in seen):
+                assert loop.time() - slowed < 10 * stale_after
+                await asyncio.sleep(0.02)
+    finally:
+        await scraper.stop()
+        await runner.cleanup()
+    failed_at = next(t for t, s in seen if not s.ok and s.backend == "slow")
+    # the scrapes late within staleAfter were no reading; the first after it, a failure
+    assert stale_after <= failed_at - slowed <= stale_after + 0.8, failed_at - slowed
+    assert not [s for t, s in seen if s.backend == "slow" and t > slowed + 0.3
+                and t < failed_at]
+    locked = [s for _, s in seen if s.backend == "locked"]
+    assert locked and not any(s.ok for s in locked)  # an answer that is not a page: at once
+    said = [r.fields for r in caplog.records if getattr(r, "fields", {}).get(
+        "event") == "backend_scrape"]
+    assert {"event": "backend_scrape", "pool": "default", "backend": "locked", "ok": False,
+            "why": "HTTP 401"} in said
+    assert any(f["backend"] == "slow" and "no page within 0.1 s" in f.get("why", "")
+               for f in said), said
 
 
 async def test_a_backend_renamed_by_a_reload_is_scraped_under_its_new_name():

@@ -215,7 +215,7 @@ pools:
     cluster: vllm_pool
     engine: sglang
     backends:
-      - {{name: gpu-0, metricsUrl: "http://10.0.0.1:8000/metrics"}}
+      - {{name: gpu-0, metricsUrl: "http://10.0.0.1:8000/metrics", kvCapacityTokens: 131072}}
       - {{name: gpu-1}}
     scrapeInterval: 1s
     scrapeTimeout: 800ms
@@ -254,7 +254,7 @@ failureModeAllow: true
     assert (a.max_growth, a.decrease_on_drop) == (1.5, 0.8)
     [pool] = p.pools
     assert (pool.name, pool.cluster, pool.engine) == ("main", "vllm_pool", "sglang")
-    assert pool.backends == (BackendSpec("gpu-0", "http://10.0.0.1:8000/metrics"),
+    assert pool.backends == (BackendSpec("gpu-0", "http://10.0.0.1:8000/metrics", 131072),
                              BackendSpec("gpu-1", ""))
     assert (pool.scrape_interval_s, pool.scrape_timeout_s, pool.lease_timeout_s) == (1, .8, 600)
     b = pool.breaker

@@ -165,20 +165,39 @@ def test_vllm_before_0_11_names_the_inter_token_latency_otherwise():
         assert abs(snap.itl_mean_s - 0.03) < 1e-9 and snap.itl_count == 10  # not 20
 
 
-def test_a_data_parallel_servers_kv_is_its_used_share_of_the_summed_capacity():
-    """Found by a review: KV usage was the fullest engine's, capacity the sum of the engines',
-    so engines at 0.9 and 0.1 read as 0.9 of twice the KV, and the lowest class was shed with
-    half the server's KV free."""
+def test_a_data_parallel_servers_kv_is_its_engines_mean_and_its_capacity_read_once():
+    """Found by reviews. KV usage was the fullest engine's, so engines at 0.9 and 0.1 read as
+    0.9 and the lowest class was shed with half the server's KV free. And the capacity was the
+    sum of the engines' lines, but vLLM's front-end sums `num_gpu_blocks` over its engines at
+    start (`vllm/v1/engine/utils.py`) and writes that total on each engine's line: a server of
+    N engines read as N times its KV (the first limit and the KV ceiling N times too high)."""
     page = "vllm:num_requests_running{engine=\"0\"} 3\nvllm:num_requests_running{engine=\"1\"} 1\n"
     for engine, usage in (("0", 0.9), ("1", 0.1)):
         page += (f'vllm:kv_cache_usage_perc{{engine="{engine}",model_name="m"}} {usage}\n'
                  f'vllm:cache_config_info{{block_size="16",engine="{engine}",'
-                 f'num_gpu_blocks="1000"}} 1.0\n')
+                 f'num_gpu_blocks="2000"}} 1.0\n')  # 1,000 blocks each: the server's 2,000
     snap = SignalReader("b").read(page, 0.0)
     assert abs(snap.kv_usage - 0.5) < 1e-9 and snap.kv_capacity_tokens == 32_000
-    # without a capacity for each engine: the fullest one
-    partial = page.replace('engine="1",num_gpu_blocks="1000"', 'engine="1",num_gpu_blocks="None"')
-    assert SignalReader("b").read(partial, 0.0).kv_usage == 0.9
+    # a line without a number (vLLM 0.8.0-0.8.4 wrote "None"): the others still give it
+    partial = page.replace('engine="1",num_gpu_blocks="2000"', 'engine="1",num_gpu_blocks="None"')
+    snap = SignalReader("b").read(partial, 0.0)
+    assert abs(snap.kv_usage - 0.5) < 1e-9 and snap.kv_capacity_tokens == 32_000
+
+
+def test_kv_copies_of_front_end_processes_are_read_only_where_nothing_else_is():
+    """Found by a review: vLLM 0.9-0.11 with `--api-server-count` > 1 exports KV usage once per
+    front-end process (a `pid` label); only the one that got the engine's last statistics is
+    current. The fullest was read: an engine back at 0.04 after a burst read 0.92, shedding
+    the lower classes at idle. The copy without `pid` (the older name, kept current) wins."""
+    page = ('vllm:num_requests_running{engine="0",model_name="m"} 1\n'
+            'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.04\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m",pid="6089"} 0.04\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m",pid="6088"} 0.92\n')
+    reader = SignalReader("b")
+    assert reader.read(page, 0.0).kv_usage == 0.04 and not reader.kv_per_process
+    # only per-process copies (0.11 hides the older name): the fullest, and the reader says so
+    only = page.replace('vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.04\n', "")
+    assert reader.read(only, 0.5).kv_usage == 0.92 and reader.kv_per_process
 
 
 def test_only_the_lines_read_are_parsed_to_the_same_reading():

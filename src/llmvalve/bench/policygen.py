@@ -121,7 +121,10 @@ def policy_dict(policy: Policy) -> dict:
                 "band": a.band, "latencyWindow": a.latency_window_s}},
         "pools": [{
             "name": p.name, "cluster": p.cluster, "engine": p.engine,
-            "backends": [{"name": b.name, "metricsUrl": b.metrics_url} for b in p.backends],
+            "backends": [{"name": b.name, "metricsUrl": b.metrics_url,
+                          **({} if b.kv_capacity_tokens is None
+                             else {"kvCapacityTokens": b.kv_capacity_tokens})}
+                         for b in p.backends],
             "scrapeInterval": p.scrape_interval_s, "scrapeTimeout": p.scrape_timeout_s,
             "breaker": {"failureRatio": p.breaker.failure_ratio,
                         "minRequests": p.breaker.min_requests, "window": p.breaker.window_s,

@@ -459,8 +459,12 @@ class Admission:
         pool.picker.prefill_s_per_token = pool.limit.prefill_s_per_token()
 
     def on_snapshot(self, pool: str, snap: BackendSnapshot, now: float) -> None:
-        """A scrape of one backend (ok=False when it failed)."""
+        """A scrape of one backend (ok=False when it failed); a KV capacity the policy states
+        for it stands for the page's."""
         p = self._pool(pool)
+        stated = p.spec.stated_capacities.get(snap.backend)
+        if stated is not None and snap.ok:
+            snap = snap._replace(kv_capacity_tokens=stated)
         p.limit.on_snapshot(snap, now)
         p.picker.observe(snap.backend, snap.ok, snap.at, snap.kv_usage, snap.waiting,
                          snap.kv_capacity_tokens, snap.itl_mean_s, snap.running,

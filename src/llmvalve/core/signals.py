@@ -9,8 +9,15 @@ backend restarted: the current buckets are then the whole window.
 
 Rules:
 - Several label sets (model names, data-parallel engines) are summed: counts, counters and
-  histogram buckets add up; KV usage (a fraction) is the engines' used KV over their summed
-  capacity when each `engine` reports its capacity, else the maximum, the conservative reading.
+  histogram buckets add up; KV usage (a fraction) is the mean of the engines' (a data-parallel
+  server's engines are alike: engines at 0.9 and 0.1 hold half of its KV), the fullest model's
+  within one engine. The KV capacity is read once: vLLM writes the server's whole capacity,
+  summed over its data-parallel engines, on each engine's `vllm:cache_config_info` line.
+- A KV usage series with a `pid` label is one front-end process's copy (vLLM 0.9-0.11 run with
+  `--api-server-count` > 1, before vLLM PR #28792): only the process that last got the
+  engine's statistics is current, the others keep what they last heard. It is read only where
+  the engine has no other KV series, as the fullest copy (`Reading.kv_per_process`; the
+  scraper warns once).
 - Metric names of vLLM v1 (and the older `vllm:gpu_cache_usage_perc` and
   `vllm:time_per_output_token_seconds`), TensorRT-LLM serve and SGLang are all recognised;
   which engine a backend runs does not need to be configured.
@@ -35,6 +42,7 @@ from typing import NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmvalve.core.policy.spec import MAX_KV_CAPACITY_TOKENS
 from llmvalve.core.types import BackendSnapshot
 
 RUNNING = ("vllm:num_requests_running", "trtllm_num_requests_running", "sglang:num_running_reqs")
@@ -46,7 +54,6 @@ KV_USAGE = (
     "sglang:token_usage",
 )
 PREEMPTIONS = ("vllm:num_preemptions_total",)
-MAX_KV_CAPACITY_TOKENS = 1e9  # far above any one engine's KV cache (an 80 GB GPU: ~10^7)
 FINISHED = ("vllm:request_success_total",)
 CACHE_INFO = "vllm:cache_config_info"
 ITL = "vllm:inter_token_latency_seconds"
@@ -91,6 +98,7 @@ class Reading(NamedTuple):
     kv_capacity_tokens: float
     histograms: Mapping[str, Buckets]
     totals: Mapping[str, tuple[float, float]]  # histogram name → (sum, count)
+    kv_per_process: bool = False  # KV usage read from per-process copies only (module doc)
 
 
 def quantile(buckets: Buckets, q: float) -> float | None:
@@ -151,17 +159,10 @@ def _lines_read_here(text: str) -> str:
     return "\n".join(line for line in text.split("\n") if line.startswith(READ_PREFIXES))
 
 
-def _kv_usage(by_engine: Mapping[str, float], capacity: Mapping[str, float]) -> float | None:
-    """One engine's KV usage; a data-parallel server's (one `engine` label per engine, each with
-    its capacity): the engines' used KV over their summed capacity, as that capacity is the
-    sum. Engines at 0.9 and 0.1 hold half of it, not 0.9 of it. Without a capacity for every
-    engine: the fullest engine, the conservative reading."""
-    if not by_engine:
-        return None
-    if len(by_engine) > 1 and all(capacity.get(e, 0.0) > 0 for e in by_engine):
-        total = sum(capacity[e] for e in by_engine)
-        return sum(usage * capacity[e] for e, usage in by_engine.items()) / total
-    return max(by_engine.values())
+def _kv_usage(by_engine: Mapping[str, float]) -> float | None:
+    """One engine's KV usage; a data-parallel server's (one `engine` label per engine, alike):
+    the mean of its engines'. Engines at 0.9 and 0.1 hold half of its KV, not 0.9 of it."""
+    return sum(by_engine.values()) / len(by_engine) if by_engine else None
 
 
 def _under_current_name(named: dict) -> None:
@@ -175,7 +176,8 @@ def parse(text: str) -> Reading:
     """A /metrics page → its `Reading`. Raises on text that does not parse."""
     gauges: dict[str, float] = {}
     kv_by_engine: dict[str, float] = {}
-    capacity_by_engine: dict[str, float] = {}
+    kv_by_process: dict[str, float] = {}  # the copies with a `pid` label, by engine
+    capacities: list[float] = []  # the server's total on every line
     bucket_series: dict[str, list[tuple[float, float]]] = {}
     totals: dict[str, list[float]] = {}
     wanted = set(RUNNING + WAITING + PREEMPTIONS + FINISHED)
@@ -192,14 +194,13 @@ def parse(text: str) -> Reading:
                 gauges[name] = gauges.get(name, 0.0) + value
             elif name in KV_USAGE:
                 engine = sample.labels.get("engine", "")
-                kv_by_engine[engine] = max(kv_by_engine.get(engine, value), value)
+                into = kv_by_process if "pid" in sample.labels else kv_by_engine
+                into[engine] = max(into.get(engine, value), value)
             elif name == CACHE_INFO:
                 blocks = sample.labels.get("num_gpu_blocks", "")
                 size = sample.labels.get("block_size", "")
-                engine = sample.labels.get("engine", "")
                 with contextlib.suppress(ValueError):
-                    capacity_by_engine[engine] = (capacity_by_engine.get(engine, 0.0)
-                                                  + float(blocks) * float(size))
+                    capacities.append(float(blocks) * float(size))
             elif name.endswith("_bucket") and name[: -len("_bucket")] in PARSED_HISTOGRAMS:
                 le = sample.labels.get("le")
                 if le is not None:
@@ -211,9 +212,12 @@ def parse(text: str) -> Reading:
     _under_current_name(bucket_series)
     _under_current_name(totals)
     histograms = {name: _sum_buckets(series) for name, series in bucket_series.items()}
+    per_process = {e: v for e, v in kv_by_process.items() if e not in kv_by_engine}
+    # a NaN one stays NaN: an implausible page (max() would drop it)
+    capacity = math.nan if any(map(math.isnan, capacities)) else max(capacities, default=0.0)
     return Reading(
-        gauges, _kv_usage(kv_by_engine, capacity_by_engine), sum(capacity_by_engine.values()),
-        histograms, {k: (s, c) for k, (s, c) in totals.items()}
+        gauges, _kv_usage({**per_process, **kv_by_engine}), capacity,
+        histograms, {k: (s, c) for k, (s, c) in totals.items()}, bool(per_process)
     )
 
 
@@ -241,15 +245,18 @@ class SignalReader:
         self.backend = backend
         self._previous: dict[str, Buckets] = {}
         self._previous_totals: dict[str, tuple[float, float]] = {}
+        self.why = ""  # why the last page read failed, for an operator ("" after a good one)
+        self.kv_per_process = False  # the last page's KV came from per-process copies
 
-    def failed(self, now: float) -> BackendSnapshot:
+    def failed(self, now: float, why: str = "") -> BackendSnapshot:
+        self.why = why
         return BackendSnapshot(backend=self.backend, at=now, ok=False)
 
     def read(self, text: str, now: float) -> BackendSnapshot:
         try:
             parsed = parse(text)
-        except Exception:  # the parser raises ValueError, IndexError, … on garbage
-            return self.failed(now)
+        except Exception as exc:  # the parser raises ValueError, IndexError, … on garbage
+            return self.failed(now, f"the page is not Prometheus text ({str(exc)[:80]})")
         return self.reduce(parsed, now)
 
     def reduce(self, parsed: Reading, now: float) -> BackendSnapshot:
@@ -258,7 +265,8 @@ class SignalReader:
         running = _first(parsed.gauges, RUNNING)
         waiting = _first(parsed.gauges, WAITING)
         if running is None and waiting is None and parsed.kv_usage is None:
-            return self.failed(now)
+            return self.failed(now, "no load gauge of vLLM, TensorRT-LLM or SGLang on the page "
+                               "(vLLM run with --disable-log-stats exports none)")
         windowed: dict[str, float | None] = {}
         for name in HISTOGRAMS:
             current = parsed.histograms.get(name)
@@ -294,7 +302,9 @@ class SignalReader:
             finished_in_window=finished,
         )
         if not _plausible(snap, parsed.kv_usage):
-            return self.failed(now)
+            return self.failed(now, "values that cannot be true (negative or infinite, or a KV "
+                               f"capacity over {MAX_KV_CAPACITY_TOKENS:.0e} tokens)")
+        self.why, self.kv_per_process = "", parsed.kv_per_process
         return snap
 
     def _windowed_mean(self, name: str, current: tuple[float, float] | None

@@ -164,13 +164,19 @@ class GatewayMetrics:
     def admin_refused(self, api: str) -> None:
         self._child(self.admin_refusals, api).inc()
 
-    def scraped(self, pool: str, snap: BackendSnapshot) -> None:
-        """A backend scrape, as handed to the core."""
+    def scraped(self, pool: str, snap: BackendSnapshot, why: str = "",
+                seen: bool = True) -> None:
+        """A backend scrape, as handed to the core (`seen`), or not: a late one while the
+        reading before it stands (gateway/scraper.py). A change of `ok` is logged, with why
+        a failed one failed."""
         self.scrapes.labels(snap.backend, "yes" if snap.ok else "no").inc()
+        if not seen:
+            return
         flipped = self.signals.record(pool, snap, self.clock())
         if flipped is not None:
+            fields = {"why": why} if why and not flipped else {}
             logs.state("backend_scrape", pool=pool, backend=snap.backend,
-                       ok=flipped, level=20 if flipped else 30)
+                       ok=flipped, level=20 if flipped else 30, **fields)
 
     def watch_releases(self, tally: Callable[[], Mapping[tuple[str, str], int]]) -> None:
         """llmvalve_releases_total from the front's own tally of closed tickets (one place

@@ -1,10 +1,13 @@
 """Scrape every backend's /metrics on its pool's interval and feed the snapshots to admission.
 
 One task per backend, each with its own `SignalReader` (which keeps the previous histogram
-buckets for windowed percentiles). A scrape that fails or takes longer than the pool's
-`scrapeTimeout` is reported as `ok=False` (the core counts that backend as saturated until
-its next good scrape); how long one whose scrapes stop arriving may stay unreported is the
-core's rule (`limiter.adaptive.staleAfter`), not this module's.
+buckets for windowed percentiles). A scrape that fails is reported as `ok=False` (the core
+counts that backend as saturated and leaves it out of the capacity until its next good
+scrape), with why in the log line of the change. A scrape that takes longer than the pool's
+`scrapeTimeout` is no reading rather than a failed one: vLLM answers /metrics on the event
+loop its busiest moments keep busy, and one late page read as "saturated" flapped engines out
+of the pool at peak load. The core ages the last reading (saturated once older than
+`limiter.adaptive.staleAfter`); scrapes still late by then are reported as failed.
 The interval (0.5 s by default) is a trade-off: vLLM updates its gauges every engine step, and
 a half-second window still holds enough inter-token samples for a p90 while costing each
 backend two small HTTP requests a second.
@@ -39,7 +42,9 @@ log = logging.getLogger("llmvalve.scraper")
 
 RESOLVE_EVERY_S = 5.0  # CoreDNS's default TTL
 # The text format, named: a hop that negotiates OpenMetrics would get `vllm_` for `vllm:`.
-ACCEPT = {"Accept": "text/plain;version=0.0.4"}
+# Uncompressed: vLLM compresses on the event loop that serves its requests, and the page of
+# a server with LoRA adapters grows for its whole life (a gzip of 20,000 series: ~150 ms).
+HEADERS = {"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "identity"}
 # A page larger than this is refused, not buffered: a real vLLM page is tens to hundreds of KB.
 MAX_PAGE_BYTES = 16 * 2**20
 
@@ -72,12 +77,16 @@ class Scraper:
         self._readers: dict[tuple[str, str], SignalReader] = {}
         self._faulted: set[str] = set()  # URLs whose scrape raised an unexpected error
         self._said: set[tuple[str, str]] = set()  # (URL, signal) missing, logged once
+        self._late: set[str] = set()  # URLs whose last scrape passed its timeout
+        self._stated: set[str] = set()  # URLs of backends whose KV capacity the policy states
 
     async def start(self, policy: Policy) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
                 limit=0, force_close=False, keepalive_timeout=BACKEND_IDLE_S))
         await self._tasks.stop()
+        self._stated = {b.metrics_url for pool in policy.pools for b in pool.backends
+                        if b.kv_capacity_tokens is not None}
         self.metrics.signals.keep({(pool.name, backend.name) for pool in policy.pools
                                    for backend in pool.backends if backend.metrics_url})
         for pool in policy.pools:
@@ -88,7 +97,8 @@ class Scraper:
                                                   SignalReader(backend.name))
                 self._tasks.start(
                     self._loop(pool.name, backend.metrics_url, reader, pool.scrape_interval_s,
-                               pool.scrape_timeout_s), f"scrape-{backend.name}")
+                               pool.scrape_timeout_s, policy.limiter.adaptive.stale_after_s),
+                    f"scrape-{backend.name}")
 
     async def stop(self) -> None:
         await self._tasks.stop()
@@ -97,31 +107,43 @@ class Scraper:
             self._session = None
 
     async def scrape_once(self, url: str, reader: SignalReader, timeout_s: float):
+        """The snapshot of one scrape; a failed one's reason is `reader.why`, and one that
+        passed `timeout_s` leaves its URL in `_late`."""
         assert self._session is not None
+        self._late.discard(url)
         try:
             async with self._session.get(
-                url, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=ACCEPT
+                url, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=HEADERS
             ) as response:
                 if response.status != 200:
-                    return reader.failed(self.driver.clock())
+                    return reader.failed(self.driver.clock(), f"HTTP {response.status}")
                 text = await _page(response)
-        except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError, LookupError, OSError,
-                PageTooLarge):
-            return reader.failed(self.driver.clock())
+        except TimeoutError:
+            self._late.add(url)
+            return reader.failed(self.driver.clock(), f"no page within {timeout_s:g} s "
+                                 "(the pool's scrapeTimeout)")
+        except (aiohttp.ClientError, UnicodeDecodeError, LookupError, OSError,
+                PageTooLarge) as exc:
+            return reader.failed(self.driver.clock(), _failure(exc))
         except Exception:  # anything else (a host aiohttp cannot encode)
             if url not in self._faulted:  # is a failed scrape too, not a dead loop
                 self._faulted.add(url)
                 log.exception("scraping %s failed (logged once)", url)
-            return reader.failed(self.driver.clock())
+            return reader.failed(self.driver.clock(), "an unexpected error (logged once)")
         snap = reader.read(text, self.driver.clock())
         if snap.ok:
-            self._say_what_is_missing(url, text, snap)
+            self._say_what_is_missing(url, text, snap, reader.kv_per_process)
         return snap
 
-    def _say_what_is_missing(self, url: str, text: str, snap: BackendSnapshot) -> None:
+    def _say_what_is_missing(self, url: str, text: str, snap: BackendSnapshot,
+                             kv_per_process: bool) -> None:
         """Once per backend and signal: one its pages lack, without which the engine reads as
         less loaded than it is (the page is searched only until that is said)."""
-        if snap.kv_capacity_tokens == 0:
+        if kv_per_process:
+            self._say_once(url, "kv", "one KV usage per engine, but a copy per front-end "
+                           "process (vLLM 0.9-0.11 with --api-server-count > 1): the fullest is "
+                           "read, and it may be stale (vLLM 0.12 exports one)")
+        if snap.kv_capacity_tokens == 0 and url not in self._stated:
             self._say_once(url, "capacity", f"its KV capacity ({CACHE_INFO} with num_gpu_blocks "
                            f"and block_size: {FALLBACK_CAPACITY_TOKENS:,.0f} tokens are assumed)")
         if ((url, "itl") not in self._said and "vllm:num_requests_running" in text
@@ -135,7 +157,7 @@ class Scraper:
             log.warning("the metrics of %s do not give %s", url, what)
 
     async def _loop(self, pool: str, url: str, reader: SignalReader, interval_s: float,
-                    timeout_s: float) -> None:
+                    timeout_s: float, stale_after_s: float) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         host = host_name(url)
@@ -144,14 +166,20 @@ class Scraper:
             self._tasks.start(self._lookups(reader.backend, url, host, wake),
                               f"lookup-{reader.backend}")
         was_ok = True
+        read_at = -float("inf")  # when the core was last given a good reading
         while True:
             snap = await self.scrape_once(url, reader, timeout_s)
-            self.metrics.scraped(pool, snap)
+            # late, with a reading young enough to stand for it: none (module doc)
+            unread = url in self._late and snap.at - read_at < stale_after_s
+            self.metrics.scraped(pool, snap, reader.why, seen=not unread)
             if not (snap.ok and was_ok):
                 wake.set()
             was_ok = snap.ok
+            if snap.ok:
+                read_at = snap.at
             try:
-                self.driver.on_snapshot(pool, snap)
+                if not unread:
+                    self.driver.on_snapshot(pool, snap)
             except Exception:
                 log.exception("Admission.on_snapshot failed for %s", reader.backend)
             next_at = max(next_at + interval_s, loop.time())
@@ -170,3 +198,16 @@ class Scraper:
                 self.driver.on_address(backend, url, address)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), RESOLVE_EVERY_S)
+
+
+def _failure(exc: Exception) -> str:
+    """Why a scrape failed, for the log; never the URL (it may hold credentials)."""
+    if isinstance(exc, PageTooLarge):
+        return f"a page over {MAX_PAGE_BYTES // 2**20} MiB"
+    if isinstance(exc, UnicodeDecodeError | LookupError):
+        return "the page is not text in the charset it names"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return f"TLS: {type(exc).__name__}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect: {exc.os_error.strerror or type(exc.os_error).__name__}"
+    return type(exc).__name__

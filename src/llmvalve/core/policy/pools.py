@@ -2,7 +2,8 @@
 
 Absent, it is one default pool. A request's `model` chooses its pool; with several pools every
 pool but one must list its `models`, and a model is served by one pool only. A pool lists its
-backends (name, metricsUrl) and carries its breaker, scrape timing and lease timeout.
+backends (name, metricsUrl, an optional kvCapacityTokens) and carries its breaker, scrape
+timing and lease timeout.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ from llmvalve.core.policy.nodes import (
     join,
     read_names,
 )
-from llmvalve.core.policy.spec import BackendSpec, BreakerSpec, PoolSpec
+from llmvalve.core.policy.spec import (
+    MAX_KV_CAPACITY_TOKENS,
+    BackendSpec,
+    BreakerSpec,
+    PoolSpec,
+)
 
 ENGINES = ("vllm", "trtllm", "sglang")
 POOL_KEYS = ("name", "cluster", "engine", "backends", "scrapeInterval", "scrapeTimeout",
@@ -105,7 +111,8 @@ def _backends(r: NodeReader, f: NodeFields, known: _BackendNames) -> tuple[Backe
     backends_node = f.get("backends")
     for j, b in enumerate((r.seq(backends_node, f.field("backends")) or [])
                           if backends_node is not None else []):
-        bf = r.fields(b, join(f.field("backends"), j), ("name", "metricsUrl"), required=True)
+        bf = r.fields(b, join(f.field("backends"), j), ("name", "metricsUrl", "kvCapacityTokens"),
+                      required=True)
         if bf.node is None:
             continue
         b_name = bf.unique_name(known.names, "backend")
@@ -119,7 +126,10 @@ def _backends(r: NodeReader, f: NodeFields, known: _BackendNames) -> tuple[Backe
                     "on its own")
         elif url:
             known.urls[url] = bf.path
-        backends.append(BackendSpec(b_name or "", url))
+        capacity = bf.get("kvCapacityTokens")
+        tokens = None if capacity is None else r.number(
+            capacity, bf.field("kvCapacityTokens"), gt=0, le=MAX_KV_CAPACITY_TOKENS)
+        backends.append(BackendSpec(b_name or "", url, tokens))
     return tuple(backends)
 
 

@@ -104,10 +104,19 @@ class BreakerSpec:
     open_s: float = 5.0
 
 
+MAX_KV_CAPACITY_TOKENS = 1e9  # far above any one engine's KV cache (an 80 GB GPU: ~10^7)
+
+
 @dataclass(frozen=True)
 class BackendSpec:
     name: str
     metrics_url: str = ""
+    # Its KV capacity in tokens, where the operator states it (None: from its metrics). The
+    # page's `num_gpu_blocks x block_size` overstates it for models with several KV-cache
+    # groups (sliding-window or chunked-local attention beside full, Mamba hybrids: vLLM's
+    # own figure, in its start-up log line "GPU KV cache size: N tokens", divides by the
+    # groups) and is absent for TensorRT-LLM and SGLang.
+    kv_capacity_tokens: float | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,12 @@ class PoolSpec:
     # Send each admitted request's class priority to its engine (the body's `priority`, which
     # vLLM run with `--scheduling-policy priority` schedules and preempts by)
     engine_priority: bool = False
+
+    @functools.cached_property
+    def stated_capacities(self) -> dict[str, float]:
+        """Backend name → the KV capacity its policy entry states (those that state one)."""
+        return {b.name: b.kv_capacity_tokens for b in self.backends
+                if b.kv_capacity_tokens is not None}
 
 
 @dataclass(frozen=True)
