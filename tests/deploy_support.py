@@ -33,6 +33,8 @@ K8S_SIM = DEPLOY / "kubernetes-sim"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "llmvalve.json"
 # Labels Prometheus adds to every scraped series, whatever the scrape config.
 TARGET_LABELS = frozenset({"job", "instance"})
+# Series Prometheus writes itself for each target (an alert that the target is down reads them).
+PROMETHEUS_OWN = frozenset({"up"})
 # Grafana's own interval macros, and a duration that parses in their place.
 GRAFANA_MACROS = {"__rate_interval": "1m", "__interval": "1m", "__range": "1h"}
 CONTROLLERS = ("adaptive", "static:10", "seed")
@@ -256,6 +258,11 @@ def check_promql(where: str, expr: str, exported, problems: Problems) -> None:
 
     def visit(n):
         if isinstance(n, promql_parser.VectorSelector):
+            if n.name in PROMETHEUS_OWN:
+                for m in n.matchers.matchers:
+                    if m.name not in TARGET_LABELS | {"__name__"}:
+                        problems.add(where, f"{n.name} has no label {m.name!r}")
+                return
             if n.name not in exported:
                 problems.add(where, f"metric {n.name!r} is not exported by the control plane")
                 return

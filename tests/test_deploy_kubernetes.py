@@ -170,6 +170,21 @@ def test_hpa_scales_the_gateway_on_llmvalve_cpu_and_request_rate(deployment):
     assert by_type["Pods"]["pods"]["target"]["type"] == "AverageValue"
 
 
+def test_envoys_memory_limit_is_above_its_heap_bound(deployment):
+    """Found by a deployment review: the limit (1 Gi) was below what the shipped queues make
+    Envoy hold (about 1 GiB of 256 KiB bodies), and nothing bounded Envoy before the OOM kill,
+    which cuts every stream of the pod. Its overload manager now answers 503 near a heap
+    bound, which must sit below the limit with room for the rest of its memory."""
+    [envoy] = [c for c in deployment["spec"]["template"]["spec"]["containers"]
+               if c["name"] == "envoy"]
+    limit = envoy["resources"]["limits"]["memory"]
+    assert limit.endswith("Gi")
+    heap = [m for m in load(K8S / "envoy.yaml")["overload_manager"]["resource_monitors"]
+            if "max_heap_size_bytes" in m["typed_config"]]
+    assert heap and heap[0]["typed_config"]["max_heap_size_bytes"] + 256 * 2**20 <= int(
+        limit[:-2]) * 2**30
+
+
 def millicores(value) -> int:
     text = str(value)
     return int(text[:-1]) if text.endswith("m") else int(float(text) * 1000)
@@ -183,6 +198,11 @@ def test_pdb_leaves_room_to_evict_a_gateway_pod(deployment):
     # and at or above the smallest replica count it would block every node drain.
     assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
     assert hpa["spec"]["minReplicas"] > 1
+    # a pod that is not ready (crash-looping on a refused policy file) no longer blocks drains
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    # each rollout's pods spread among themselves, not against the pods they replace
+    spread = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert all(c["matchLabelKeys"] == ["pod-template-hash"] for c in spread)
 
 
 def test_networkpolicy_admits_callers_to_envoy_and_monitoring_to_metrics_only(deployment):
@@ -215,15 +235,17 @@ def test_networkpolicy_admits_callers_to_envoy_and_monitoring_to_metrics_only(de
 
 
 def test_the_replica_count_comes_from_a_headless_service_of_the_gateway_pods(deployment):
-    """The share follows the HPA: `--replicas-from` names a headless Service that lists every
-    gateway pod, a starting one too (it counts itself before it is ready)."""
+    """The share follows the HPA: `--replicas-from` names a headless Service that lists the
+    ready gateway pods (a starting one counts itself; with not-ready ones published, a
+    rollout's terminating pods were counted for minutes and each replica held half of every
+    budget)."""
     [cp] = [c for c in deployment["spec"]["template"]["spec"]["containers"]
             if c.get("args", [None])[0] == "serve"]
     args = serve_args(cp["args"])
     service = load(K8S / "replicas-service.yaml")
     assert service["metadata"]["name"] == args.replicas_from
     spec = service["spec"]
-    assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is True
+    assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is False
     assert spec["selector"].items() <= pod_labels(deployment).items()
     assert args.replica_share == 0.5  # until the first answer: the HPA's minimum
 

@@ -174,6 +174,14 @@ async def reloads_metric(cp: ControlPlane, result: str) -> float:
     raise AssertionError(f"no llmvalve_policy_reloads_total{{result={result!r}}} in /metrics")
 
 
+async def refused_metric(cp: ControlPlane) -> float:
+    """llmvalve_policy_file_refused: the state an alert reads (the counter steps once per
+    refused content, so an alert on its increase cleared while the file stayed broken)."""
+    [line] = [x for x in (await get(cp, "/metrics")).splitlines()
+              if x.startswith("llmvalve_policy_file_refused ")]
+    return float(line.rsplit(" ", 1)[1])
+
+
 def check(check_id: str, priority: int) -> Check:
     return Check(check_id, {"authorization": "Bearer key-a", "content-length": "10",
                             "x-llmvalve-priority": str(priority)},
@@ -236,6 +244,7 @@ async def test_bad_change_is_refused_visibly_and_the_running_policy_stays(plane,
     assert "queues[0].dropPolicy: unknown dropPolicy 'tial'" in last["error"]
     assert ":3: " in last["error"]  # the line of the file, for the operator
     assert await reloads_metric(cp, "error") == 1 and await reloads_metric(cp, "ok") == 0
+    assert await refused_metric(cp) == 1
     assert any("policy reload failed" in r.getMessage() and "tial" in r.getMessage()
                for r in caplog.records)
     # Reported once, not on every poll: the watcher looks three more times, nothing new.
@@ -247,6 +256,7 @@ async def test_bad_change_is_refused_visibly_and_the_running_policy_stays(plane,
     volume.update(POLICY.replace("limit: 2", "limit: 5"))
     await wait_for(lambda: cp.reloads.last.ok)
     assert (await status_of(cp))["pools"]["default"]["limit"] == 5
+    assert await refused_metric(cp) == 0
     cp.driver.logged(LogEntry("held", 200))
     assert not open_ids(cp)
 

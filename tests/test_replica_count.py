@@ -36,6 +36,33 @@ def test_count_is_distinct_addresses_of_the_larger_family():
     assert count_replicas([]) == 0
 
 
+def test_a_replica_not_in_the_answer_counts_itself():
+    """The Service lists ready pods only (a rollout's terminating pods were listed too, for
+    minutes): a starting pod, not ready yet, adds itself; its own name unresolved, it cannot
+    tell and does not."""
+    own = frozenset({"10.0.0.9", "127.0.0.1", "::1"})
+    assert count_replicas(answers("10.0.0.1", "10.0.0.2"), own) == 3
+    assert count_replicas(answers("10.0.0.1", "10.0.0.9"), own) == 2
+    assert count_replicas(answers("10.0.0.1", "fd00::1", "fd00::9"), own) == 3
+    assert count_replicas(answers("10.0.0.1", "10.0.0.2"), frozenset()) == 2
+    assert count_replicas([], own) == 0  # no answer is no count
+
+
+async def test_a_replica_resolves_its_own_name_for_its_addresses(monkeypatch):
+    monkeypatch.setattr(socket, "gethostname", lambda: "gw-7f9c")
+    names: list[str] = []
+
+    async def resolve(name: str) -> list[tuple]:
+        names.append(name)
+        return answers("10.0.0.9") if name == "gw-7f9c" else answers("10.0.0.1", "10.0.0.2")
+
+    counts: list[int] = []
+    count = ReplicaCount("gw-replicas", counts.append, resolve=resolve)
+    await count.start()
+    await count.stop()
+    assert names[:2] == ["gw-7f9c", "gw-replicas"] and counts == [3]
+
+
 async def test_each_new_count_is_handed_on_and_a_failed_lookup_keeps_it():
     script = [answers("10.0.0.1", "10.0.0.2"), answers("10.0.0.1", "10.0.0.2"),
               socket.gaierror(-2, "Name or service not known"), [],

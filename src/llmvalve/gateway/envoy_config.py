@@ -37,6 +37,11 @@ BUFFER_LIMIT_BYTES = ENVOY_BUFFER_BYTES
 # (front.py). 16 MiB: a multimodal request with a few images inline (OpenAI's API takes
 # images up to 20 MB; base64 adds a third).
 PRIORITY_BODY_BYTES = 16 * 1_048_576
+# Envoy's heap bound (its overload manager): 1.5 GiB, under the shipped Kubernetes container's
+# 2 GiB limit. Measured with Envoy 1.40: a queued request of 256 KiB holds about 590 KiB, one
+# of 2 MB about 2.2 MiB, so the seed policy's 1,700 queue places hold about 1 GiB of 256 KiB
+# bodies and more of larger ones: past the bound new requests get 503 (gateway_memory).
+MAX_HEAP_BYTES = 1536 * 1_048_576
 # How long a connection to a backend may sit idle, Envoy's and the scraper's: well below the
 # backends' own keep-alive (vLLM's and SGLang's uvicorn: 5 s), so a request is not sent on one
 # the backend is closing. The server counts from when it wrote a response's end, Envoy from
@@ -77,6 +82,9 @@ class EnvoyParams:
     idle_timeout_s: float = 3600.0
     upstream_idle_timeout_s: float = BACKEND_IDLE_S
     buffer_limit_bytes: int = BUFFER_LIMIT_BYTES
+    # Envoy's heap, at 95 % of which it answers new requests 503 (the shipped Kubernetes
+    # container's memory limit is 2 GiB: room for the rest of its memory above the heap)
+    max_heap_bytes: int = MAX_HEAP_BYTES
     max_body_bytes: int = 262_144  # the policy's requests.maxBodyBytes
     # Request header names the policy reads that do not start with x-llmvalve-.
     extra_headers: tuple[str, ...] = ()
@@ -237,6 +245,7 @@ def render(params: EnvoyParams) -> str:
         listen_address=params.listen_address,
         listen_port=params.listen_port,
         buffer_limit_bytes=params.buffer_limit_bytes,
+        max_heap_bytes=params.max_heap_bytes,
         priority_body_bytes=PRIORITY_BODY_BYTES,
         max_body_bytes=params.max_body_bytes,
         pack_as_bytes=", pack_as_bytes: true" if params.admission == "grpc" else "",
@@ -303,6 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-timeout", type=float, metavar="SECONDS",
                         help="end a request that sends nothing this long: above the longest "
                              "non-streamed answer and queue timeout (default 3600)")
+    parser.add_argument("--max-heap", type=float, metavar="MIB",
+                        help="Envoy's heap bound: past 95 %% of it new requests get 503 "
+                             f"(default {MAX_HEAP_BYTES // 1_048_576}; below the container's "
+                             "memory limit, with room for the rest of Envoy's memory)")
     args = parser.parse_args(argv)
     clusters = dict(EnvoyParams().clusters)
     for text in args.cluster:
@@ -332,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--idle-timeout must be a number of seconds above the check "
                          f"timeout ({least:g} s: a held request would be cut first)")
         params["idle_timeout_s"] = args.idle_timeout
+    if args.max_heap is not None:
+        if not 64 <= args.max_heap < 2**30:
+            parser.error("--max-heap must be a number of MiB, at least 64")
+        params["max_heap_bytes"] = int(args.max_heap * 1_048_576)
     given = sys.argv[1:] if argv is None else list(argv)
     note = COMPOSE_NOTE if given in ([], ["--compose"]) else (
         "Generated: python -m llmvalve.gateway.envoy_config " + " ".join(given))

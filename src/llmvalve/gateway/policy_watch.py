@@ -15,8 +15,12 @@ running policy stays until content that loads arrives.
 
 `ReloadLog` keeps the outcome of the last reload for `/status` (`policy: {version, path,
 watching, last_reload: {ok, error, at, trigger, version, needs_envoy}, reloads: {ok,
-error}}`) and counts
-every attempt in `llmvalve_policy_reloads_total{result="ok"|"error"}`.
+error}}`), counts
+every attempt in `llmvalve_policy_reloads_total{result="ok"|"error"}`, and says in
+`llmvalve_policy_file_refused` (1) that the last reload was refused: the file on disk is not the
+running policy, and a replica that starts now (a scale-up, a restart, a rollout) exits on it.
+The counter steps once per refused content (it is reported once), so an alert on its increase
+cleared itself while the file stayed broken.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from llmvalve.gateway.file_stamp import file_stamp
 from llmvalve.gateway.tasks import Background
@@ -74,6 +78,9 @@ class ReloadLog:
         self.counter = counter
         for result in self.counts:
             self.counter.labels(result)  # both series exist from the start, at 0
+        self.refused = Gauge("llmvalve_policy_file_refused", "1 while the last policy reload "
+                             "was refused (the file is not the running policy)",
+                             registry=metrics.registry)
 
     def applied(self, trigger: str, version: str | None,
                 needs_envoy: list[str] | tuple[str, ...] = ()) -> None:
@@ -89,6 +96,7 @@ class ReloadLog:
         self.last = outcome
         self.counts[result] += 1
         self.counter.labels(result).inc()
+        self.refused.set(0 if outcome.ok else 1)
 
     def status(self, version: str | None) -> dict[str, Any]:
         return {"version": version, "path": None if self.path is None else str(self.path),

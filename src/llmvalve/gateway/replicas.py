@@ -4,9 +4,12 @@ Theory of operation. Each replica enforces its share 1/R of every tenant budget 
 adaptive limit toward 1/R of the engines (docs/deployment.md); a fixed `--replica-share` is
 right only for the R it was written for, and an autoscaler changes R. With `--replicas-from
 NAME` the replica resolves NAME every `interval_s` (10 s) and takes R from the answer: NAME is a
-headless Service selecting the gateway pods (`publishNotReadyAddresses`, so a starting pod
-counts itself), one address per pod. A dual-stack cluster gives each pod an IPv4 and an IPv6
-address, so R is the larger of the two families' counts, not their sum. An answer with no
+headless Service selecting the gateway pods, one address per ready pod. A dual-stack cluster
+gives each pod an IPv4 and an IPv6 address, so R is the larger of the two families' counts,
+not their sum. A replica whose own address is not in the answer (a pod starting, not ready
+yet) counts itself too. Ready pods only: with not-ready ones published, the Service also
+listed every terminating pod until its last stream ended (up to 290 s), so a rollout counted
+about 2R + 1 replicas for minutes, and each held half of every budget. An answer with no
 address, or a failed lookup, changes nothing: the share stays what it was (at start,
 `--replica-share`), and the failure is logged once until a lookup succeeds again.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 
 from llmvalve.gateway.dns import LOOKUP_TIMEOUT_S, by_family, getaddrinfo
@@ -31,9 +35,25 @@ DEFAULT_INTERVAL_S = 10.0
 Resolve = Callable[[str], Awaitable[list[tuple]]]  # getaddrinfo-shaped answers
 
 
-def count_replicas(answers: list[tuple]) -> int:
-    """Pods behind the answers to a getaddrinfo: distinct addresses of the larger family."""
-    return max((len(addrs) for addrs in by_family(answers).values()), default=0)
+def count_replicas(answers: list[tuple], own: frozenset[str] = frozenset()) -> int:
+    """Pods behind the answers to a getaddrinfo: distinct addresses of the larger family,
+    and this one when none of its addresses (`own`; empty: unknown) is among them."""
+    families = by_family(answers)
+    n = max((len(addrs) for addrs in families.values()), default=0)
+    if n and own and not any(own & addrs for addrs in families.values()):
+        n += 1
+    return n
+
+
+async def own_addresses(resolve: Resolve) -> frozenset[str]:
+    """This host's addresses (a pod's hostname resolves to its IP), with loopback; empty when
+    its name does not resolve (then a replica never counts itself)."""
+    try:
+        answers = await asyncio.wait_for(resolve(socket.gethostname()), LOOKUP_TIMEOUT_S)
+    except (TimeoutError, OSError, ValueError):
+        return frozenset()
+    mine = set().union(*by_family(answers).values())
+    return frozenset(mine | {"127.0.0.1", "::1"}) if mine else frozenset()
 
 
 class ReplicaCount:
@@ -48,13 +68,14 @@ class ReplicaCount:
         self.error: str | None = None  # of the last lookup, None when it succeeded
         self._on_count = on_count
         self._resolve = resolve
+        self._own: frozenset[str] = frozenset()
         self._tasks = Background()
 
     async def refresh(self) -> None:
         """One lookup; a new count is handed on."""
         try:
             answers = await asyncio.wait_for(self._resolve(self.name), LOOKUP_TIMEOUT_S)
-            n = count_replicas(answers)
+            n = count_replicas(answers, self._own)
             if n == 0:
                 raise OSError("no address")
         except (TimeoutError, OSError) as exc:
@@ -72,6 +93,7 @@ class ReplicaCount:
             self._on_count(n)
 
     async def start(self) -> None:
+        self._own = await own_addresses(self._resolve)
         await self.refresh()
         self._tasks.start(self._loop(), "replica-count")
 
