@@ -48,6 +48,14 @@ def load_all(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
+def decisions_metric() -> dict:
+    """The HPA metric components/decisions-hpa adds (the decision rate per pod)."""
+    component = load(K8S / "components" / "decisions-hpa" / "kustomization.yaml")
+    [patch] = component["patches"]
+    [op] = yaml.safe_load(patch["patch"])
+    return op["value"]
+
+
 def kustomize(path: Path) -> list[dict]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:

@@ -21,7 +21,17 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deploy_support import K8S, K8S_SIM, ROOT, clusters, kustomize, load, load_all, serve_args
+from deploy_support import (
+    K8S,
+    K8S_SIM,
+    ROOT,
+    clusters,
+    decisions_metric,
+    kustomize,
+    load,
+    load_all,
+    serve_args,
+)
 from llmvalve.cli import build_parser
 from llmvalve.gateway.envoy_config import main as render_envoy
 
@@ -151,6 +161,9 @@ def ports_by_name(deployment: dict) -> dict[str, tuple[str, int]]:
 
 
 def test_hpa_scales_the_gateway_on_llmvalve_cpu_and_request_rate(deployment):
+    """On CPU in the base; on the decision rate too with components/decisions-hpa (a
+    custom-metrics adapter needed: an HPA with a metric it cannot read never scales down, so
+    in the base, without an adapter, the fleet only grew)."""
     hpa = load(K8S / "hpa.yaml")
     spec = hpa["spec"]
     target = spec["scaleTargetRef"]
@@ -160,14 +173,25 @@ def test_hpa_scales_the_gateway_on_llmvalve_cpu_and_request_rate(deployment):
     # The HPA owns the replica count: a count in the Deployment resets it on every apply.
     assert "replicas" not in deployment["spec"]
     by_type = {m["type"]: m for m in spec["metrics"]}
-    assert set(by_type) == {"ContainerResource", "Pods"}
+    assert set(by_type) == {"ContainerResource"}
     cpu = by_type["ContainerResource"]["containerResource"]
     containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
     assert cpu["name"] == "cpu" and cpu["container"] in containers
     # The target sits below the container's CPU limit, or it could never be reached.
     limit = containers[cpu["container"]]["resources"]["limits"]["cpu"]
     assert millicores(cpu["target"]["averageValue"]) < millicores(limit)
-    assert by_type["Pods"]["pods"]["target"]["type"] == "AverageValue"
+    assert decisions_metric()["pods"]["target"]["type"] == "AverageValue"
+
+
+def test_the_decision_rate_component_adds_its_metric_to_the_hpa(tmp_path):
+    shutil.copytree(K8S, tmp_path / "base")
+    overlay = tmp_path / "mine"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "resources: [../base]\ncomponents: [../base/components/decisions-hpa]\n")
+    [hpa] = [d for d in kustomize(overlay) if d["kind"] == "HorizontalPodAutoscaler"]
+    assert hpa["spec"]["metrics"][1:] == [decisions_metric()]
+    assert not schema_errors(hpa, K8S_VERSIONS[0])
 
 
 def test_envoys_memory_limit_is_above_its_heap_bound(deployment):
@@ -303,7 +327,7 @@ def test_docs_quote_the_hpa_and_pdb_as_shipped():
     hpa = load(K8S / "hpa.yaml")["spec"]
     targets = {m["type"]: m for m in hpa["metrics"]}
     cpu = targets["ContainerResource"]["containerResource"]["target"]["averageValue"]
-    rate = targets["Pods"]["pods"]["target"]["averageValue"]
+    rate = decisions_metric()["pods"]["target"]["averageValue"]
     for figure in (f"{hpa['minReplicas']} to {hpa['maxReplicas']}", f"`{cpu}`",
                    f"{rate} decisions/s", "llmvalve/gateway-client=true",
                    "llmvalve/gateway-operator=true", "llm-gateway-admin-token"):

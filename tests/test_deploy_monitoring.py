@@ -22,6 +22,7 @@ from deploy_support import (
     TARGET_LABELS,
     Problems,
     check_promql,
+    decisions_metric,
     exported_series,
     load,
     netns_owner,
@@ -326,8 +327,7 @@ def test_servicemonitor_selects_the_gateway_service_admin_port():
 
 def test_adapter_rule_serves_the_metric_the_hpa_scales_on(exported):
     [rule] = load(K8S / "examples" / "prometheus-adapter-rules.yaml")["rules"]
-    hpa = load(K8S / "hpa.yaml")
-    [pods_metric] = [m["pods"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
+    pods_metric = decisions_metric()["pods"]
     assert pods_metric["metric"]["name"] == rule["name"]["as"]
     series = re.fullmatch(r"(\w+)\{(.*)\}", rule["seriesQuery"])
     assert re.fullmatch(rule["name"]["matches"], series.group(1))

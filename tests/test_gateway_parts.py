@@ -543,12 +543,16 @@ async def test_a_late_page_is_no_reading_until_the_last_is_stale_and_a_failure_s
     async def metrics(request: web.Request) -> web.Response:
         if request.path == "/locked":
             return web.Response(status=401)
+        if request.path == "/om":  # a hop that answers OpenMetrics whatever was asked
+            return web.Response(text="vllm_num_requests_running 3\n# EOF\n",
+                                content_type="application/openmetrics-text")
         await asyncio.sleep(delay["s"])
         return web.Response(text="vllm:num_requests_running 3\n")
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/locked", metrics)
+    app.router.add_get("/om", metrics)
     runner = web.AppRunner(app)
     await runner.setup()
     base = f"http://127.0.0.1:{await serve_on_free_port(runner)}"
@@ -556,7 +560,7 @@ async def test_a_late_page_is_no_reading_until_the_last_is_stale_and_a_failure_s
     policy = Policy(queues=SEED_QUEUES, limiter=LimiterSpec(adaptive=AdaptiveLimitSpec(
         stale_after_s=stale_after)), pools=(PoolSpec(
             backends=(BackendSpec("slow", base + "/metrics"),
-                      BackendSpec("locked", base + "/locked")),
+                      BackendSpec("locked", base + "/locked"), BackendSpec("om", base + "/om")),
             scrape_interval_s=0.05, scrape_timeout_s=0.1),))
     seen: list = []
 
@@ -592,6 +596,7 @@ async def test_a_late_page_is_no_reading_until_the_last_is_stale_and_a_failure_s
             "why": "HTTP 401"} in said
     assert any(f["backend"] == "slow" and "no page within 0.1 s" in f.get("why", "")
                for f in said), said
+    assert any(f["backend"] == "om" and "OpenMetrics" in f.get("why", "") for f in said)
 
 
 async def test_a_backend_renamed_by_a_reload_is_scraped_under_its_new_name():

@@ -118,6 +118,7 @@ class Scraper:
                 if response.status != 200:
                     return reader.failed(self.driver.clock(), f"HTTP {response.status}")
                 text = await _page(response)
+                open_metrics = response.content_type.startswith("application/openmetrics")
         except TimeoutError:
             self._late.add(url)
             return reader.failed(self.driver.clock(), f"no page within {timeout_s:g} s "
@@ -133,6 +134,8 @@ class Scraper:
         snap = reader.read(text, self.driver.clock())
         if snap.ok:
             self._say_what_is_missing(url, text, snap, reader.kv_per_process)
+        elif open_metrics:  # its names read `vllm_` for `vllm:`
+            reader.why = "an OpenMetrics page: something between ignored Accept: text/plain"
         return snap
 
     def _say_what_is_missing(self, url: str, text: str, snap: BackendSnapshot,
