@@ -1,3 +1,4 @@
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -211,3 +212,26 @@ def test_only_the_lines_read_are_parsed_to_the_same_reading():
                     f'http_requests_total{{handler="/v1/x{i}"}} {i}\n' for i in range(500))
     assert parse(noise + page) == parse(page)
     assert SignalReader("b").read(page + "http_requests_total{broken 1\n", 0.0).ok
+
+
+def test_with_speculative_decoding_the_latency_is_read_per_token():
+    """Found by a review against vLLM's source: vLLM observes one inter-token latency per
+    engine step of a request, and with speculative decoding a step emits 1 + the draft tokens
+    it accepted; read as it was, the latency was that many times the latency per token, and
+    the limit was cut as early (and the engine read as a slow card)."""
+    def page(itl_sum: float, itl_count: float, drafts: float, accepted: float) -> str:
+        return ("vllm:num_requests_running 4\n"
+                f"vllm:inter_token_latency_seconds_sum {itl_sum}\n"
+                f"vllm:inter_token_latency_seconds_count {itl_count}\n"
+                f'vllm:spec_decode_num_drafts_total{{engine="0"}} {drafts}\n'
+                f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {accepted}\n'
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="0"}} {accepted}\n')
+
+    reader = SignalReader("b")
+    reader.read(page(1.0, 10, 100, 50), 0.0)
+    snap = reader.read(page(4.0, 40, 130, 80), 0.5)  # 30 steps of 0.1 s, 2 tokens each
+    assert snap.itl_mean_s == pytest.approx(0.05) and snap.itl_count == pytest.approx(60)
+    plain = SignalReader("b")  # without the counters: as the engine says
+    plain.read(page(1.0, 10, 0, 0).split("vllm:spec")[0], 0.0)
+    assert plain.read(page(4.0, 40, 0, 0).split("vllm:spec")[0], 0.5).itl_mean_s == \
+        pytest.approx(0.1)

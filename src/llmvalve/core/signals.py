@@ -54,6 +54,12 @@ KV_USAGE = (
     "sglang:token_usage",
 )
 PREEMPTIONS = ("vllm:num_preemptions_total",)
+# Speculative decoding (EAGLE, MTP, n-gram): vLLM observes one inter-token latency per engine
+# step of a request, and such a step emits 1 + its accepted draft tokens. Read as it is, the
+# latency was that many times the latency per token, and the limit was cut that much early.
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC = (SPEC_DRAFTS, SPEC_ACCEPTED)
 FINISHED = ("vllm:request_success_total",)
 CACHE_INFO = "vllm:cache_config_info"
 ITL = "vllm:inter_token_latency_seconds"
@@ -69,7 +75,8 @@ OUTPUT_TOKENS = "vllm:request_generation_tokens"
 SUMMED = (*PARSED_HISTOGRAMS, OUTPUT_TOKENS)
 # Every line the reading uses begins with one of these (a sample of a family read here, or of
 # a family whose name extends one: those are skipped by name below).
-READ_PREFIXES = (*RUNNING, *WAITING, *KV_USAGE, *PREEMPTIONS, *FINISHED, CACHE_INFO, *SUMMED)
+READ_PREFIXES = (*RUNNING, *WAITING, *KV_USAGE, *PREEMPTIONS, *FINISHED, *SPEC, CACHE_INFO,
+                 *SUMMED)
 QUANTILE = 0.9
 
 
@@ -180,7 +187,7 @@ def parse(text: str) -> Reading:
     capacities: list[float] = []  # the server's total on every line
     bucket_series: dict[str, list[tuple[float, float]]] = {}
     totals: dict[str, list[float]] = {}
-    wanted = set(RUNNING + WAITING + PREEMPTIONS + FINISHED)
+    wanted = set(RUNNING + WAITING + PREEMPTIONS + FINISHED + SPEC)
     for family in text_string_to_metric_families(_lines_read_here(text)):
         for sample in family.samples:
             name, value = sample.name, float(sample.value)
@@ -245,6 +252,7 @@ class SignalReader:
         self.backend = backend
         self._previous: dict[str, Buckets] = {}
         self._previous_totals: dict[str, tuple[float, float]] = {}
+        self._previous_spec: tuple[float, float] | None = None  # (drafts, accepted)
         self.why = ""  # why the last page read failed, for an operator ("" after a good one)
         self.kv_per_process = False  # the last page's KV came from per-process copies
 
@@ -280,6 +288,10 @@ class SignalReader:
             if previous is not None and current.counts[-1] != previous.counts[-1]:
                 windowed[name] = quantile(delta(current, previous), QUANTILE)
         itl_mean, itl_count = self._windowed_mean(ITL, parsed.totals.get(ITL))
+        tokens = self._tokens_per_step(parsed.gauges)  # the latencies are per step: per token
+        itl_p90 = None if windowed[ITL] is None else windowed[ITL] / tokens
+        if itl_mean is not None:
+            itl_mean, itl_count = itl_mean / tokens, itl_count * tokens
         output_mean, finished = self._windowed_mean(OUTPUT_TOKENS,
                                                     parsed.totals.get(OUTPUT_TOKENS))
         kv = parsed.kv_usage if parsed.kv_usage is not None else 0.0
@@ -292,7 +304,7 @@ class SignalReader:
             kv_usage=min(max(kv, 0.0), 1.0),
             preemptions_total=_first(parsed.gauges, PREEMPTIONS) or 0.0,
             kv_capacity_tokens=parsed.kv_capacity_tokens,
-            itl_p90_s=windowed[ITL],
+            itl_p90_s=itl_p90,
             itl_mean_s=itl_mean,
             itl_count=itl_count,
             queue_time_p90_s=windowed[QUEUE_TIME],
@@ -306,6 +318,18 @@ class SignalReader:
                                f"capacity over {MAX_KV_CAPACITY_TOKENS:.0e} tokens)")
         self.why, self.kv_per_process = "", parsed.kv_per_process
         return snap
+
+    def _tokens_per_step(self, gauges: Mapping[str, float]) -> float:
+        """Tokens an engine step emits for a request in the window since the previous page:
+        1 + the draft tokens accepted per draft with speculative decoding, else 1."""
+        if SPEC_DRAFTS not in gauges or SPEC_ACCEPTED not in gauges:
+            return 1.0
+        current = (gauges[SPEC_DRAFTS], gauges[SPEC_ACCEPTED])
+        previous, self._previous_spec = self._previous_spec, current
+        if previous is None:
+            return 1.0
+        drafts, accepted = current[0] - previous[0], current[1] - previous[1]
+        return 1.0 + accepted / drafts if drafts > 0 and accepted >= 0 else 1.0
 
     def _windowed_mean(self, name: str, current: tuple[float, float] | None
                        ) -> tuple[float | None, float]:
