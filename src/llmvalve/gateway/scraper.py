@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 
 import aiohttp
 
@@ -78,6 +79,8 @@ class Scraper:
         self._faulted: set[str] = set()  # URLs whose scrape raised an unexpected error
         self._said: set[tuple[str, str]] = set()  # (URL, signal) missing, logged once
         self._late: set[str] = set()  # URLs whose last scrape passed its timeout
+        # URL → when the core last got a good reading of it (kept across a reload's restart)
+        self._read_at: dict[str, float] = {}
         self._stated: set[str] = set()  # URLs of backends whose KV capacity the policy states
 
     async def start(self, policy: Policy) -> None:
@@ -87,6 +90,8 @@ class Scraper:
         await self._tasks.stop()
         self._stated = {b.metrics_url for pool in policy.pools for b in pool.backends
                         if b.kv_capacity_tokens is not None}
+        urls = {b.metrics_url for pool in policy.pools for b in pool.backends}
+        self._read_at = {u: t for u, t in self._read_at.items() if u in urls}
         self.metrics.signals.keep({(pool.name, backend.name) for pool in policy.pools
                                    for backend in pool.backends if backend.metrics_url})
         for pool in policy.pools:
@@ -169,17 +174,17 @@ class Scraper:
             self._tasks.start(self._lookups(reader.backend, url, host, wake),
                               f"lookup-{reader.backend}")
         was_ok = True
-        read_at = -float("inf")  # when the core was last given a good reading
         while True:
             snap = await self.scrape_once(url, reader, timeout_s)
             # late, with a reading young enough to stand for it: none (module doc)
-            unread = url in self._late and snap.at - read_at < stale_after_s
+            unread = (url in self._late
+                      and snap.at - self._read_at.get(url, -math.inf) < stale_after_s)
             self.metrics.scraped(pool, snap, reader.why, seen=not unread)
             if not (snap.ok and was_ok):
                 wake.set()
             was_ok = snap.ok
             if snap.ok:
-                read_at = snap.at
+                self._read_at[url] = snap.at
             try:
                 if not unread:
                     self.driver.on_snapshot(pool, snap)
