@@ -89,6 +89,8 @@ def test_a_pool_whose_every_scrape_fails_keeps_what_its_engines_held():
     for i in range(2, 4):
         a.on_snapshot(BackendSnapshot(f"b{i}", 1.0, ok=False), 1.0)
     assert a.limit() == pytest.approx(64_000.0)  # none answers: all, as last seen
+    a.on_snapshot(BackendSnapshot("new", 1.0, ok=False), 1.0)  # never seen: no guess added
+    assert a.limit() == pytest.approx(64_000.0)
 
 
 def test_initial_limit_is_in_tokens_until_the_control_law_sets_one():

@@ -398,6 +398,28 @@ def test_a_kv_capacity_the_policy_states_stands_for_the_pages():
     assert a.status(0.0)["pools"]["default"]["limiter"]["capacity_tokens"] == 150_000.0
 
 
+def test_a_pools_stated_kv_capacity_reaches_backends_given_by_metrics_url():
+    """Found by a review: the shipped deployments name their backends with `--metrics-url`,
+    which replaced the policy's backends and dropped their kvCapacityTokens silently. A pool
+    states it for all its backends, and a listed backend's own goes with its URL."""
+    from llmvalve.gateway.control_plane import with_backends
+
+    p = load_policy("""
+queues:
+  - {priority: 0, name: interactive, maxQueueSize: 10, timeout: 8s, dropPolicy: tail}
+pools:
+  - name: gpt-oss
+    kvCapacityTokens: 40000
+    backends:
+      - {name: big, metricsUrl: "http://10.0.0.9:8000/metrics", kvCapacityTokens: 90000}
+""")
+    p = with_backends(p, ("http://10.0.0.1:8000/metrics", "http://10.0.0.9:8000/metrics"))
+    a = Admission(p, random.Random(7), controller="adaptive")
+    for b in p.pools[0].backends:
+        a.on_snapshot("gpt-oss", BackendSnapshot(b.name, 0.0, kv_capacity_tokens=1e6), 0.0)
+    assert a.status(0.0)["pools"]["gpt-oss"]["limiter"]["capacity_tokens"] == 130_000.0
+
+
 def test_a_queued_request_does_not_take_the_place_of_one_its_backend_dropped():
     """Until the limit's next window sees the loss, a backend that failed a request may be
     gone: its place is not handed to the queue (a finished request's is)."""

@@ -70,7 +70,8 @@ async def test_each_new_count_is_handed_on_and_a_failed_lookup_keeps_it():
     counts: list[int] = []
 
     async def resolve(name: str) -> list[tuple]:
-        assert name == "gw-replicas"
+        if name != "gw-replicas":  # its own host name: unknown here
+            raise socket.gaierror(-2, "Name or service not known")
         step = script.pop(0)
         if isinstance(step, Exception):
             raise step
@@ -87,6 +88,59 @@ async def test_each_new_count_is_handed_on_and_a_failed_lookup_keeps_it():
     assert count.replicas == 2 and count.status()["error"]
     await count.refresh()
     assert (count.replicas, counts, count.error) == (4, [2, 4], None)
+
+
+async def test_a_smaller_count_is_taken_once_it_has_held_a_minute():
+    """Found by a review: with ready pods only, a pod that stops being ready for a while (a
+    probe missed under load, Envoy at its heap bound) left the others' count at once while it
+    still held its queues and its share: the shares added up to 1 + 1/R (150 % at R = 2)."""
+    now = [0.0]
+    answer = [answers("10.0.0.1", "10.0.0.2", "10.0.0.3")]
+
+    async def resolve(name: str) -> list[tuple]:
+        return answers("10.0.0.1") if name == "gw-1" else answer[0]
+
+    counts: list[int] = []
+    count = ReplicaCount("gw-replicas", counts.append, resolve=resolve, clock=lambda: now[0])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(socket, "gethostname", lambda: "gw-1")
+        await count.refresh()
+        answer[0] = answers("10.0.0.1", "10.0.0.2")  # one not ready
+        for now[0] in (10.0, 40.0, 69.0):
+            await count.refresh()
+        assert counts == [3]
+        now[0] = 71.0
+        await count.refresh()
+        assert counts == [3, 2]
+        answer[0] = answers("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4")
+        await count.refresh()  # a larger count at once
+        assert counts == [3, 2, 4]
+        answer[0] = answers("10.0.0.1", "10.0.0.2", "10.0.0.3")
+        now[0] = 80.0
+        await count.refresh()
+        answer[0] = answers("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4")
+        await count.refresh()  # back before the minute: the timer starts over
+        answer[0] = answers("10.0.0.1", "10.0.0.2", "10.0.0.3")
+        now[0] = 130.0
+        await count.refresh()
+        assert counts == [3, 2, 4]
+
+
+async def test_a_host_name_on_loopback_only_is_no_address_of_its_own(monkeypatch):
+    """Debian's /etc/hosts gives the host name 127.0.1.1, which no Service lists: read as an
+    address of its own, the replica counted itself on top of every answer for good."""
+    from llmvalve.gateway.replicas import own_addresses
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "laptop")
+
+    async def loopback(name: str) -> list[tuple]:
+        return answers("127.0.1.1")
+
+    async def pod(name: str) -> list[tuple]:
+        return answers("10.0.0.9")
+
+    assert await own_addresses(loopback) == frozenset()
+    assert await own_addresses(pod) == {"10.0.0.9", "127.0.0.1", "::1"}
 
 
 async def test_a_lookup_that_hangs_times_out_and_hands_nothing_on(monkeypatch):

@@ -199,6 +199,10 @@ def test_kv_copies_of_front_end_processes_are_read_only_where_nothing_else_is():
     # only per-process copies (0.11 hides the older name): the fullest, and the reader says so
     only = page.replace('vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.04\n', "")
     assert reader.read(only, 0.5).kv_usage == 0.92 and reader.kv_per_process
+    # ... but an engine that runs and queues nothing holds no KV, whatever a copy says
+    idle = only.replace('vllm:num_requests_running{engine="0",model_name="m"} 1',
+                        'vllm:num_requests_running{engine="0",model_name="m"} 0')
+    assert reader.read(idle, 1.0).kv_usage == 0.0
 
 
 def test_only_the_lines_read_are_parsed_to_the_same_reading():
@@ -219,7 +223,7 @@ def test_with_speculative_decoding_the_latency_is_read_per_token():
     engine step of a request, and with speculative decoding a step emits 1 + the draft tokens
     it accepted; read as it was, the latency was that many times the latency per token, and
     the limit was cut as early (and the engine read as a slow card)."""
-    def page(itl_sum: float, itl_count: float, drafts: float, accepted: float) -> str:
+    def page(itl_sum: float, itl_count: float, drafts: float, accepted: float | str) -> str:
         return ("vllm:num_requests_running 4\n"
                 f"vllm:inter_token_latency_seconds_sum {itl_sum}\n"
                 f"vllm:inter_token_latency_seconds_count {itl_count}\n"
@@ -231,6 +235,12 @@ def test_with_speculative_decoding_the_latency_is_read_per_token():
     reader.read(page(1.0, 10, 100, 50), 0.0)
     snap = reader.read(page(4.0, 40, 130, 80), 0.5)  # 30 steps of 0.1 s, 2 tokens each
     assert snap.itl_mean_s == pytest.approx(0.05) and snap.itl_count == pytest.approx(60)
+    # counters that cannot be true make the page implausible, not the latency NaN for good
+    bad = SignalReader("b")
+    bad.read(page(1.0, 10, 100, 50), 0.0)
+    assert not bad.read(page(4.0, 40, 130, "+Inf"), 0.5).ok
+    bad.read(page(1.0, 10, 100, 50), 1.0)
+    assert not bad.read(page(4.0, 40, 130, 5000), 1.5).ok  # 167 tokens a step
     plain = SignalReader("b")  # without the counters: as the engine says
     plain.read(page(1.0, 10, 0, 0).split("vllm:spec")[0], 0.0)
     assert plain.read(page(4.0, 40, 0, 0).split("vllm:spec")[0], 0.5).itl_mean_s == \

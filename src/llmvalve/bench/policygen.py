@@ -130,6 +130,8 @@ def policy_dict(policy: Policy) -> dict:
                         "minRequests": p.breaker.min_requests, "window": p.breaker.window_s,
                         "open": p.breaker.open_s},
             "leaseTimeout": p.lease_timeout_s, "enginePriority": p.engine_priority,
+            **({"kvCapacityTokens": p.kv_capacity_tokens}
+               if p.kv_capacity_tokens is not None else {}),
             **({"models": list(p.models)} if p.models else {})} for p in policy.pools],
         "tenants": [{"name": t.name, "apiKeyHashes": list(t.api_key_hashes),
                      "maxPriority": t.max_priority, "defaultPriority": t.default_priority,

@@ -283,13 +283,14 @@ class AdaptiveLimit:
     def _capacity_live(self) -> float:
         """C: the KV of the backends whose last scrape answered (one that leaves takes its
         share with it), FALLBACK_CAPACITY_TOKENS for each that does not report its size.
-        When none answers, what they all held when last seen: the fallback for each made the
-        limit of a pool of small engines jump up as its last scrape failed (four engines of
-        20,000 tokens: 64,000 -> 209,715)."""
+        When none answers, what they held when last seen (those whose size is known): the
+        fallback for each made the limit of a pool of small engines jump up as its last scrape
+        failed (four engines of 20,000 tokens: 64,000 -> 209,715)."""
         if self._cap_cache is None:
             live = [b for b in self.backends.values() if b.snap.ok]
-            self._cap_cache = (_kv_sum(live or list(self.backends.values()))
-                               or FALLBACK_CAPACITY_TOKENS)
+            known = sum(b.snap.kv_capacity_tokens for b in self.backends.values())
+            self._cap_cache = _kv_sum(live) if live else (
+                known or FALLBACK_CAPACITY_TOKENS * max(1, len(self.backends)))
         return self._cap_cache
 
     def limit(self) -> float:

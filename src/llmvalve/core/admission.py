@@ -462,7 +462,7 @@ class Admission:
         """A scrape of one backend (ok=False when it failed); a KV capacity the policy states
         for it stands for the page's."""
         p = self._pool(pool)
-        stated = p.spec.stated_capacities.get(snap.backend)
+        stated = p.spec.stated_capacity(snap.backend)
         if stated is not None and snap.ok:
             snap = snap._replace(kv_capacity_tokens=stated)
         p.limit.on_snapshot(snap, now)

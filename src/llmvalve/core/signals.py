@@ -16,8 +16,8 @@ Rules:
 - A KV usage series with a `pid` label is one front-end process's copy (vLLM 0.9-0.11 run with
   `--api-server-count` > 1, before vLLM PR #28792): only the process that last got the
   engine's statistics is current, the others keep what they last heard. It is read only where
-  the engine has no other KV series, as the fullest copy (`Reading.kv_per_process`; the
-  scraper warns once).
+  the engine has no other KV series, as the fullest copy, and as 0 while the engine runs and
+  queues nothing (`Reading.kv_per_process`; the scraper warns once).
 - Metric names of vLLM v1 (and the older `vllm:gpu_cache_usage_perc` and
   `vllm:time_per_output_token_seconds`), TensorRT-LLM serve and SGLang are all recognised;
   which engine a backend runs does not need to be configured.
@@ -60,6 +60,7 @@ PREEMPTIONS = ("vllm:num_preemptions_total",)
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 SPEC = (SPEC_DRAFTS, SPEC_ACCEPTED)
+MAX_TOKENS_PER_STEP = 64.0  # 1 + accepted per draft above this cannot be true (EAGLE drafts ~4)
 FINISHED = ("vllm:request_success_total",)
 CACHE_INFO = "vllm:cache_config_info"
 ITL = "vllm:inter_token_latency_seconds"
@@ -220,8 +221,9 @@ def parse(text: str) -> Reading:
     _under_current_name(totals)
     histograms = {name: _sum_buckets(series) for name, series in bucket_series.items()}
     per_process = {e: v for e, v in kv_by_process.items() if e not in kv_by_engine}
-    # a NaN one stays NaN: an implausible page (max() would drop it)
-    capacity = math.nan if any(map(math.isnan, capacities)) else max(capacities, default=0.0)
+    # a NaN or negative one makes the page implausible (max() would drop it)
+    capacity = (math.nan if any(not c >= 0 for c in capacities)
+                else max(capacities, default=0.0))
     return Reading(
         gauges, _kv_usage({**per_process, **kv_by_engine}), capacity,
         histograms, {k: (s, c) for k, (s, c) in totals.items()}, bool(per_process)
@@ -231,7 +233,7 @@ def parse(text: str) -> Reading:
 def _plausible(snap: BackendSnapshot, kv_usage: float | None) -> bool:
     numbers = (snap.running, snap.waiting, snap.preemptions_total, snap.kv_capacity_tokens,
                snap.requests_finished_total, kv_usage, snap.itl_p90_s, snap.itl_mean_s,
-               snap.queue_time_p90_s, snap.ttft_p90_s, snap.output_tokens_mean)
+               snap.itl_count, snap.queue_time_p90_s, snap.ttft_p90_s, snap.output_tokens_mean)
     present = [x for x in numbers if x is not None]  # never empty: running is a number
     # A NaN or an infinity makes the sum NaN or infinite (so would finite values near 1e308).
     return (math.isfinite(sum(present)) and min(present) >= 0
@@ -295,6 +297,8 @@ class SignalReader:
         output_mean, finished = self._windowed_mean(OUTPUT_TOKENS,
                                                     parsed.totals.get(OUTPUT_TOKENS))
         kv = parsed.kv_usage if parsed.kv_usage is not None else 0.0
+        if parsed.kv_per_process and not running and not waiting:
+            kv = 0.0  # an idle engine's copies may hold a burst's last figure (module doc)
         snap = BackendSnapshot(
             backend=self.backend,
             at=now,
@@ -321,15 +325,23 @@ class SignalReader:
 
     def _tokens_per_step(self, gauges: Mapping[str, float]) -> float:
         """Tokens an engine step emits for a request in the window since the previous page:
-        1 + the draft tokens accepted per draft with speculative decoding, else 1."""
+        1 + the draft tokens accepted per draft with speculative decoding, else 1.
+        Counters that cannot be true (infinite, or past MAX_TOKENS_PER_STEP): NaN, which
+        makes the page implausible. Steps that drafted nothing (n-gram without a match) emit
+        one token: counted at the window's rate, they make the latency read low."""
         if SPEC_DRAFTS not in gauges or SPEC_ACCEPTED not in gauges:
             return 1.0
         current = (gauges[SPEC_DRAFTS], gauges[SPEC_ACCEPTED])
         previous, self._previous_spec = self._previous_spec, current
+        if not all(map(math.isfinite, current)):
+            return math.nan
         if previous is None:
             return 1.0
         drafts, accepted = current[0] - previous[0], current[1] - previous[1]
-        return 1.0 + accepted / drafts if drafts > 0 and accepted >= 0 else 1.0
+        if not (drafts > 0 and accepted >= 0):  # none drafted, or a restart
+            return 1.0
+        tokens = 1.0 + accepted / drafts
+        return tokens if tokens <= MAX_TOKENS_PER_STEP else math.nan
 
     def _windowed_mean(self, name: str, current: tuple[float, float] | None
                        ) -> tuple[float | None, float]:

@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         params["idle_timeout_s"] = args.idle_timeout
     if args.max_heap is not None:
         if not 64 <= args.max_heap < 2**30:
-            parser.error("--max-heap must be a number of MiB, at least 64")
+            parser.error("--max-heap must be a number of MiB, from 64 to 2^30")
         params["max_heap_bytes"] = int(args.max_heap * 1_048_576)
     given = sys.argv[1:] if argv is None else list(argv)
     note = COMPOSE_NOTE if given in ([], ["--compose"]) else (

@@ -9,9 +9,12 @@ gives each pod an IPv4 and an IPv6 address, so R is the larger of the two famili
 not their sum. A replica whose own address is not in the answer (a pod starting, not ready
 yet) counts itself too. Ready pods only: with not-ready ones published, the Service also
 listed every terminating pod until its last stream ended (up to 290 s), so a rollout counted
-about 2R + 1 replicas for minutes, and each held half of every budget. An answer with no
-address, or a failed lookup, changes nothing: the share stays what it was (at start,
-`--replica-share`), and the failure is logged once until a lookup succeeds again.
+about 2R + 1 replicas for minutes, and each held half of every budget. A smaller count is
+taken once it has held `DECREASE_AFTER_S`: a pod that stops being ready for a while (a probe
+missed under load, Envoy at its heap bound) still holds its queues and takes its share, and
+counted out at once, the fleet's shares added up to 1 + 1/R. A larger one is taken at once.
+An answer with no address, or a failed lookup, changes nothing: the share stays what it was
+(at start, `--replica-share`), and the failure is logged once until a lookup succeeds again.
 
 The count lags a scale event by up to one interval plus the DNS record's TTL (CoreDNS: 5 s by
 default); meanwhile the adaptive limit's step gain keeps within 1/2x-2x of any share, and a
@@ -21,8 +24,10 @@ budget is off by the ratio of the two counts.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable
 
 from llmvalve.gateway.dns import LOOKUP_TIMEOUT_S, by_family, getaddrinfo
@@ -31,6 +36,7 @@ from llmvalve.gateway.tasks import Background
 log = logging.getLogger("llmvalve.replicas")
 
 DEFAULT_INTERVAL_S = 10.0
+DECREASE_AFTER_S = 60.0  # a smaller count holds this long before it is taken
 
 Resolve = Callable[[str], Awaitable[list[tuple]]]  # getaddrinfo-shaped answers
 
@@ -47,12 +53,14 @@ def count_replicas(answers: list[tuple], own: frozenset[str] = frozenset()) -> i
 
 async def own_addresses(resolve: Resolve) -> frozenset[str]:
     """This host's addresses (a pod's hostname resolves to its IP), with loopback; empty when
-    its name does not resolve (then a replica never counts itself)."""
+    its name does not resolve, or only to loopback (Debian's /etc/hosts: 127.0.1.1), which no
+    Service lists: then a replica does not count itself."""
     try:
         answers = await asyncio.wait_for(resolve(socket.gethostname()), LOOKUP_TIMEOUT_S)
+        mine = {a for a in set().union(*by_family(answers).values())
+                if not ipaddress.ip_address(a).is_loopback}
     except (TimeoutError, OSError, ValueError):
         return frozenset()
-    mine = set().union(*by_family(answers).values())
     return frozenset(mine | {"127.0.0.1", "::1"}) if mine else frozenset()
 
 
@@ -61,7 +69,8 @@ class ReplicaCount:
 
     def __init__(self, name: str, on_count: Callable[[int], None],
                  interval_s: float = DEFAULT_INTERVAL_S,
-                 resolve: Resolve = getaddrinfo) -> None:
+                 resolve: Resolve = getaddrinfo,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self.interval_s = interval_s
         self.replicas: int | None = None  # by the last answer that had addresses
@@ -69,10 +78,14 @@ class ReplicaCount:
         self._on_count = on_count
         self._resolve = resolve
         self._own: frozenset[str] = frozenset()
+        self._clock = clock
+        self._lower_since: float | None = None  # when a smaller count was first seen
         self._tasks = Background()
 
     async def refresh(self) -> None:
-        """One lookup; a new count is handed on."""
+        """One lookup; a new count is handed on (a smaller one once it has held)."""
+        if not self._own:  # not known yet: asked again at each lookup
+            self._own = await own_addresses(self._resolve)
         try:
             answers = await asyncio.wait_for(self._resolve(self.name), LOOKUP_TIMEOUT_S)
             n = count_replicas(answers, self._own)
@@ -86,6 +99,13 @@ class ReplicaCount:
             self.error = error
             return
         self.error = None
+        if self.replicas is not None and n < self.replicas:
+            now = self._clock()
+            if self._lower_since is None:
+                self._lower_since = now
+            if now - self._lower_since < DECREASE_AFTER_S:
+                return
+        self._lower_since = None
         if n != self.replicas:
             log.info("replica count: %d behind %s (was %s): share 1/%d", n, self.name,
                      self.replicas, n)
@@ -93,7 +113,6 @@ class ReplicaCount:
             self._on_count(n)
 
     async def start(self) -> None:
-        self._own = await own_addresses(self._resolve)
         await self.refresh()
         self._tasks.start(self._loop(), "replica-count")
 

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 
 import aiohttp
 
@@ -89,7 +90,7 @@ class Scraper:
                 limit=0, force_close=False, keepalive_timeout=BACKEND_IDLE_S))
         await self._tasks.stop()
         self._stated = {b.metrics_url for pool in policy.pools for b in pool.backends
-                        if b.kv_capacity_tokens is not None}
+                        if pool.stated_capacity(b.name) is not None}
         urls = {b.metrics_url for pool in policy.pools for b in pool.backends}
         self._read_at = {u: t for u, t in self._read_at.items() if u in urls}
         self.metrics.signals.keep({(pool.name, backend.name) for pool in policy.pools
@@ -217,5 +218,6 @@ def _failure(exc: Exception) -> str:
     if isinstance(exc, aiohttp.ClientSSLError):
         return f"TLS: {type(exc).__name__}"
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"cannot connect: {exc.os_error.strerror or type(exc.os_error).__name__}"
+        errno = exc.os_error.errno
+        return f"cannot connect: {os.strerror(errno) if errno else type(exc.os_error).__name__}"
     return type(exc).__name__

@@ -29,7 +29,7 @@ from llmvalve.core.policy.spec import (
 
 ENGINES = ("vllm", "trtllm", "sglang")
 POOL_KEYS = ("name", "cluster", "engine", "backends", "scrapeInterval", "scrapeTimeout",
-             "breaker", "leaseTimeout", "models", "enginePriority")
+             "breaker", "leaseTimeout", "models", "enginePriority", "kvCapacityTokens")
 MIN_SCRAPE_INTERVAL_S = 0.01  # below it, a scrape loop loads the engines it watches
 
 
@@ -87,6 +87,7 @@ def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str],
     engine = (None if engine_node is None
               else r.choice(engine_node, f.field("engine"), ENGINES, "engine"))
     backends, breaker = _backends(r, f, known), _breaker(f)  # read in this order: issues keep it
+    capacity = _capacity(r, f)
     engine_priority = f.boolean("enginePriority", d.engine_priority)
     if engine_priority and (engine or d.engine) != "vllm":
         r.error(f.get("enginePriority"), f.field("enginePriority"), "only vLLM takes a "
@@ -95,6 +96,7 @@ def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str],
     return PoolSpec(
         name=name, cluster=f.string("cluster", d.cluster), engine=engine or d.engine,
         backends=backends, models=models, engine_priority=engine_priority,
+        kv_capacity_tokens=capacity,
         scrape_interval_s=duration_at_least(
             f, "scrapeInterval", d.scrape_interval_s, MIN_SCRAPE_INTERVAL_S,
             "a scrape loop that fast loads the engines it watches"),
@@ -104,6 +106,13 @@ def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str],
             f, "leaseTimeout", d.lease_timeout_s, 1.0,
             "a lease shorter than a request reclaims slots still in use"),
     )
+
+
+def _capacity(r: NodeReader, f: NodeFields) -> float | None:
+    """A stated `kvCapacityTokens` (a pool's, for its backends, or one backend's)."""
+    node = f.get("kvCapacityTokens")
+    return None if node is None else r.number(node, f.field("kvCapacityTokens"), gt=0,
+                                               le=MAX_KV_CAPACITY_TOKENS)
 
 
 def _backends(r: NodeReader, f: NodeFields, known: _BackendNames) -> tuple[BackendSpec, ...]:
@@ -126,10 +135,7 @@ def _backends(r: NodeReader, f: NodeFields, known: _BackendNames) -> tuple[Backe
                     "on its own")
         elif url:
             known.urls[url] = bf.path
-        capacity = bf.get("kvCapacityTokens")
-        tokens = None if capacity is None else r.number(
-            capacity, bf.field("kvCapacityTokens"), gt=0, le=MAX_KV_CAPACITY_TOKENS)
-        backends.append(BackendSpec(b_name or "", url, tokens))
+        backends.append(BackendSpec(b_name or "", url, _capacity(r, bf)))
     return tuple(backends)
 
 

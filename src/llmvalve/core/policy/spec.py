@@ -135,12 +135,19 @@ class PoolSpec:
     # Send each admitted request's class priority to its engine (the body's `priority`, which
     # vLLM run with `--scheduling-policy priority` schedules and preempts by)
     engine_priority: bool = False
+    # Each backend's KV capacity in tokens where the operator states it for the whole pool
+    # (a backend's own stands first): backends given by `--metrics-url` are named there only.
+    kv_capacity_tokens: float | None = None
 
     @functools.cached_property
     def stated_capacities(self) -> dict[str, float]:
         """Backend name → the KV capacity its policy entry states (those that state one)."""
         return {b.name: b.kv_capacity_tokens for b in self.backends
                 if b.kv_capacity_tokens is not None}
+
+    def stated_capacity(self, backend: str) -> float | None:
+        """The KV capacity the policy states for `backend` (its own, else its pool's)."""
+        return self.stated_capacities.get(backend, self.kv_capacity_tokens)
 
 
 @dataclass(frozen=True)
