@@ -209,6 +209,28 @@ def als_message(check_id: str) -> als_pb2.StreamAccessLogsMessage:
     return message
 
 
+async def test_requests_envoy_refuses_at_its_heap_bound_are_counted():
+    """Envoy answers them 503 gateway_memory itself, before the check (its overload manager):
+    the control plane sees them only in Envoy's access log, which a real Envoy 1.40 sends for
+    them (checked by hand: five refusals, five entries without a check id, details
+    `overload`), and counted none, so no metric or alert showed them."""
+    servicer = AccessLogServicer(Driver(Front(Admission(load_policy(ADAPTIVE.replace(
+        "URL", "http://127.0.0.1:1")), random.Random(1)))))
+    refused = accesslog_pb2.HTTPAccessLogEntry()
+    refused.response.response_code.CopyFrom(wrappers_pb2.UInt32Value(value=503))
+    refused.response.response_code_details = "overload"
+    message = als_pb2.StreamAccessLogsMessage()
+    message.http_logs.log_entry.extend([refused, refused])
+
+    async def messages():
+        yield message
+
+    await servicer.StreamAccessLogs(messages(), None)
+    metrics = servicer.metrics
+    assert metrics.envoy_memory_refusals._value.get() == 2
+    assert metrics.access_logs_skipped._value.get() == 2
+
+
 async def test_access_log_stream_that_drops_loses_entries_and_reconciling_frees_their_slots():
     """The access log releases slots. A stream cut mid-way (Envoy restarted, network) ends
     quietly and the next one is served; an entry lost with it leaves its slot open only until

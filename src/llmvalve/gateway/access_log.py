@@ -62,6 +62,11 @@ def _ms_tag(tags, name: str) -> float | None:
         return None
 
 
+# What Envoy's access log says of a request its overload manager refused (the heap bound in its
+# config: answered 503 gateway_memory before any filter saw it): otherwise invisible here.
+OVERLOAD_DETAILS = "overload"
+
+
 def entry_of(entry: accesslog_pb2.HTTPAccessLogEntry) -> LogEntry | None:
     """The entry of a request the gateway let through, or None (one it answered itself)."""
     check_id = entry.request.request_headers.get(ID_HEADER)
@@ -97,6 +102,8 @@ class AccessLogServicer(als_pb2_grpc.AccessLogServiceServicer):
                     entry = entry_of(raw)
                     if entry is None:
                         self.metrics.access_logs_skipped.inc()
+                        if raw.response.response_code_details == OVERLOAD_DETAILS:
+                            self.metrics.envoy_memory_refusals.inc()
                         continue
                     self.last = entry
                     try:

@@ -84,6 +84,10 @@ class GatewayMetrics:
         self.access_logs_skipped = Counter(
             "llmvalve_access_log_entries_skipped", "Envoy access-log entries of requests the "
             "gateway answered itself (denied checks, static fallbacks)", registry=r)
+        self.envoy_memory_refusals = Counter(
+            "llmvalve_envoy_memory_refusals", "Requests Envoy answered 503 itself at its heap "
+            "bound (gateway_memory: its overload manager), read from its access log",
+            registry=r)
         self.admin_refusals = Counter(
             "llmvalve_admin_refusals", "Admin API calls refused for a missing or wrong token",
             ["api"], registry=r)
