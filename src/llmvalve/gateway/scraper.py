@@ -151,7 +151,8 @@ class Scraper:
         if kv_per_process:
             self._say_once(url, "kv", "one KV usage per engine, but a copy per front-end "
                            "process (vLLM 0.9-0.11 with --api-server-count > 1): the fullest is "
-                           "read, and it may be stale (vLLM 0.12 exports one)")
+                           "read, 0 while the engine is idle, and it may be stale (vLLM 0.12 "
+                           "exports one)")
         if snap.kv_capacity_tokens == 0 and url not in self._stated:
             self._say_once(url, "capacity", f"its KV capacity ({CACHE_INFO} with num_gpu_blocks "
                            f"and block_size: {FALLBACK_CAPACITY_TOKENS:,.0f} tokens are assumed)")
