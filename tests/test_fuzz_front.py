@@ -289,8 +289,9 @@ def test_a_reroute_happens_only_where_envoy_can_rewrite_the_model_exactly():
     """Envoy's Lua filter rewrites the first `"model": "…"` of the body's text: a body whose
     nested `"model"` comes first (or that holds none, or an escaped quote in its name) would
     reach the small model's pool asking for the big one, or with a nested field changed. It
-    is shed as without the fallback instead. So is a body over the policy's maxBodyBytes,
-    which the gateway does not read (found by a review: it was rewritten all the same)."""
+    is shed as without the fallback instead. A body over the policy's maxBodyBytes, which the
+    gateway does not read, was rewritten all the same (found by a review); with several pools
+    it is now refused 413 before, its pool unknown."""
     assert not reading.model_rewrite_is_exact(b'{"model": "big\\"v2"}', "tiny")
     assert not reading.model_rewrite_is_exact(b'{"model": "big", "model": "big"}', "tiny")
     assert not reading.model_rewrite_is_exact(b'{"messages": []}', "tiny")
@@ -312,7 +313,9 @@ def test_a_reroute_happens_only_where_envoy_can_rewrite_the_model_exactly():
                                     path="/v1/chat/completions", method="POST"), 1.0)
         rerouted = name == "top level"
         assert isinstance(verdict, Go if rerouted else Answer), name
-        assert verdict.record.decision == ("fallback_reroute" if rerouted else "rejected"), name
+        # one over maxBodyBytes is refused before (its model, and so its pool, not read)
+        expected = {"top level": "fallback_reroute", "over maxBodyBytes": "bad_request"}
+        assert verdict.record.decision == expected.get(name, "rejected"), name
 
 
 def test_a_reload_that_removes_a_class_moves_its_waiting_requests_in_the_front_too():
@@ -437,6 +440,25 @@ def test_a_tenant_limited_to_some_models_names_its_model_in_a_body_read_whole():
     assert isinstance(check("c5", json.dumps(doc).encode()[:20], complete=False), Go)
 
 
+def test_a_body_too_large_to_read_names_its_pool_by_the_model_header():
+    """Found by a client review: with several pools, a body over maxBodyBytes (its model not
+    read) went to the first pool whatever model it asked for, and engines that do not serve it
+    answer 404. It is refused 413 unless the model header names the model."""
+    front = Front(Admission(variant(True, limit=4), random.Random(1), now=0.0))
+    doc = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+
+    def check(cid: str, headers: dict):
+        return front.check(Check(cid, {"authorization": "Bearer k0", **headers},
+                                 body=doc.encode()[:20], body_complete=False,
+                                 path="/v1/chat/completions", method="POST"), 1.0)
+
+    cut = check("c0", {})
+    assert cut.reply.status == 413 and cut.record.reason == "body_too_large"
+    assert "x-llmvalve-model" in json.loads(cut.reply.body)["error"]["message"]
+    named = check("c1", {"x-llmvalve-model": "tiny"})
+    assert isinstance(named, Go) and named.ticket.pool == "small"
+
+
 def test_a_request_rerouted_into_another_pool_is_judged_once():
     """A fallback's reroute is a miss of its class when it is decided (metrics.record); its
     access-log entry still releases the slot and feeds the limiter, but is not judged again."""
@@ -527,7 +549,7 @@ def test_engine_priority_goes_upstream_only_for_a_pool_that_sends_it():
                                 method="POST"), 1.0)
         assert isinstance(big, Answer) and big.reply.status == 413, cid
         assert big.record.reason == "body_too_large"
-    small = front.check(Check("x2", {"authorization": "Bearer k0",
+    small = front.check(Check("x2", {"authorization": "Bearer k0", "x-llmvalve-model": "big",
                                      "x-llmvalve-content-length": "2000000"}, body=body,
                               body_complete=False, path="/v1/chat/completions",
                               method="POST"), 1.0)

@@ -49,6 +49,21 @@ def test_shed_reply_shape():
     error = json.loads(reply.body)["error"]
     assert error["type"] == "rate_limit_exceeded" and error["code"] == "queue_timeout"
     assert "agent-workflow" in error["message"]
+    assert "x-should-retry" not in hs
+
+
+def test_retry_after_ms_is_rounded_up():
+    """Found by a client review: rounded to the nearest, a wait under half a millisecond was
+    sent as 0, which the OpenAI SDK ignores (it then backs off on its own schedule)."""
+    assert dict(replies.retry_after_headers(0.0004))["retry-after-ms"] == "1"
+    assert dict(replies.retry_after_headers(0.3))["retry-after-ms"] == "300"
+
+
+def test_a_request_past_its_own_deadline_is_not_retried_by_the_sdk():
+    """Found by a client review: the OpenAI SDK retried a 429 client_deadline at its
+    Retry-After, three tries over 8.6 s for a request of a 200 ms deadline."""
+    reply = replies.shed(Reject("r", 429, Reason.DEADLINE, 2.0, 0.2), "x")
+    assert dict(reply.headers)["x-should-retry"] == "false"
 
 
 @pytest.mark.parametrize("reason", [Reason.BREAKER_OPEN, Reason.DRAINING])

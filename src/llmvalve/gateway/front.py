@@ -274,6 +274,15 @@ class Front:
                 classified.tenant))
         model = (facts.model if facts is not None and facts.model
                  else headers.get(spec.model_header) or None)
+        if (model is None and check.body and not whole and len(policy.pools) > 1
+                and policy.inspects_bodies):
+            # the pool is chosen by the model: a body cut at maxBodyBytes went to the first
+            # pool whatever it asked for (engines that do not serve it answer 404)
+            reply = replies.body_too_large(
+                spec.max_body_bytes, "the pool is chosen by the body's model, and a body this "
+                f"large is not read: name the model in the {spec.model_header} header")
+            return Answer(check.check_id, reply, Record("bad_request", klass, "body_too_large",
+                                                        classified.tenant))
         pool = policy.pool_for_model(model)
         if pool is None:
             return Answer(check.check_id, replies.model_not_found(model or ""),
