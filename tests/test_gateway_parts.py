@@ -52,11 +52,12 @@ def test_shed_reply_shape():
     assert "x-should-retry" not in hs
 
 
-def test_retry_after_ms_is_rounded_up():
+def test_retry_after_ms_is_never_0_for_a_wait():
     """Found by a client review: rounded to the nearest, a wait under half a millisecond was
     sent as 0, which the OpenAI SDK ignores (it then backs off on its own schedule)."""
     assert dict(replies.retry_after_headers(0.0004))["retry-after-ms"] == "1"
     assert dict(replies.retry_after_headers(0.3))["retry-after-ms"] == "300"
+    assert dict(replies.retry_after_headers(0.0))["retry-after-ms"] == "0"
 
 
 def test_a_request_past_its_own_deadline_is_not_retried_by_the_sdk():

@@ -58,10 +58,9 @@ def _error_body(message: str, kind: str, code: str) -> bytes:
 
 def retry_after_headers(retry_after_s: float) -> tuple[tuple[str, str], ...]:
     seconds = max(0.0, retry_after_s)
-    # rounded up, as the seconds: 0 is a value the OpenAI SDK ignores (it then backs off on
-    # its own schedule)
-    return (("retry-after", str(math.ceil(seconds))),
-            ("retry-after-ms", str(math.ceil(round(seconds * 1000, 6)))))
+    # never 0 for a wait: the OpenAI SDK ignores it (it then backs off on its own schedule)
+    ms = max(1, round(seconds * 1000)) if seconds > 0 else 0
+    return (("retry-after", str(math.ceil(seconds))), ("retry-after-ms", str(ms)))
 
 
 def duration(seconds: float) -> str:
