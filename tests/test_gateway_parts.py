@@ -89,6 +89,35 @@ def test_static_fallback_for_legacy_completions(stream):
     assert first["id"] == "cmpl-llmvalve-abc" and first["model"] == "llmvalve-fallback"
 
 
+def test_a_static_fallback_answers_every_choice_and_the_usage_chunk_asked_for():
+    """Found by a client review with the OpenAI SDK: a static fallback answered one choice
+    whatever `n` or a completions list of prompts asked for, and no usage chunk for
+    `stream_options.include_usage` (an SDK waiting for it found none)."""
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    def answer(path: str, doc: dict, stream: bool) -> replies.Reply:
+        facts = reading.parse_body(json.dumps(doc).encode(), path)
+        return replies.static_fallback(
+            FallbackSpec("static", "later"), reason=Reason.BREAKER_OPEN, path=path,
+            model=facts.model, stream=stream, request_id="abc", created=1,
+            answers=facts.answers, usage_chunk=facts.usage_chunk)
+
+    chat = {"model": "m", "n": 2, "messages": [{"role": "user", "content": "hi"}]}
+    whole = ChatCompletion.model_validate_json(answer(CHAT, chat, False).body)
+    assert [c.index for c in whole.choices] == [0, 1]
+    streamed = answer(CHAT, {**chat, "stream": True,
+                             "stream_options": {"include_usage": True}}, True).body.decode()
+    chunks = [ChatCompletionChunk.model_validate_json(line[6:])
+              for line in streamed.split("\n\n") if line.startswith("data: {")]
+    assert {c.choices[0].index for c in chunks if c.choices} == {0, 1}
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == 0
+    plain = answer(CHAT, {**chat, "stream": True}, True).body.decode()
+    assert '"usage"' not in plain
+    prompts = {"model": "m", "prompt": ["a", "b", "c"]}
+    listed = json.loads(answer("/v1/completions", prompts, False).body)
+    assert [c["index"] for c in listed["choices"]] == [0, 1, 2]
+
+
 # -- reading -----------------------------------------------------------------------------------
 def test_a_request_shed_for_the_gateways_own_lag_gets_its_features_fallback():
     policy = Policy(queues=SEED_QUEUES,

@@ -159,7 +159,7 @@ class AuthzHttp:
         feature = policy.feature(request.headers.get(STATIC_FALLBACK_HEADER))
         if feature is None or feature.fallback is None or feature.fallback.kind != "static":
             return reply_response(replies.bad_request("no static fallback for this request"))
-        facts = request_facts.parse_body(request.body) if request.body else None
+        facts = request_facts.parse_body(request.body, request.path) if request.body else None
         body = facts if isinstance(facts, request_facts.BodyFacts) else None
         try:
             reason = Reason(request.headers.get("x-llmvalve-reason", ""))
@@ -170,7 +170,9 @@ class AuthzHttp:
         reply = replies.static_fallback(
             feature.fallback, reason=reason, path=request.path,
             model=body.model if body is not None else None, stream=stream,
-            request_id=request.headers.get("x-request-id", ""), created=int(self.wall_clock()))
+            request_id=request.headers.get("x-request-id", ""), created=int(self.wall_clock()),
+            answers=body.answers if body is not None else 1,
+            usage_chunk=body.usage_chunk if body is not None else False)
         return Response(reply.status, reply.headers, reply.body)
 
 

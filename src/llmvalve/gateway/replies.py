@@ -213,6 +213,9 @@ def bad_request(message: str) -> Reply:
                  "llmvalve_bad_request")
 
 
+MAX_STATIC_CHOICES = 1024  # a static answer's choices, whatever `n` a body asks for
+
+
 def has_static_shape(path: str) -> bool:
     """A static fallback can answer it: a chat completion or a completion (one conversation,
     not a batch of them; on another route, embeddings or a Responses call, the SDK could not
@@ -221,9 +224,14 @@ def has_static_shape(path: str) -> bool:
 
 
 def static_fallback(fallback: FallbackSpec, *, reason: Reason, path: str, model: str | None,
-                    stream: bool, request_id: str, created: int) -> Reply:
-    """A pre-written answer in the shape the endpoint would have given (SSE when streaming)."""
+                    stream: bool, request_id: str, created: int, answers: int = 1,
+                    usage_chunk: bool = False) -> Reply:
+    """A pre-written answer in the shape the endpoint would have given (SSE when streaming):
+    one choice for each answer it asks for (`n` for each prompt of a completions list, at most
+    MAX_STATIC_CHOICES), and a stream's usage chunk where `stream_options` asks for one (an SDK
+    waiting for it, or for a choice's index, found neither)."""
     completions = endpoint(path).endswith("/completions") and "/chat/" not in path
+    indices = range(max(1, min(answers, MAX_STATIC_CHOICES)))
     model_name = model or "llmvalve-fallback"
     ident = ("cmpl-" if completions else "chatcmpl-") + "llmvalve-" + request_id
     common = {"id": ident, "created": created, "model": model_name}
@@ -231,31 +239,37 @@ def static_fallback(fallback: FallbackSpec, *, reason: Reason, path: str, model:
         ("x-llmvalve-fallback", "static"),
         ("x-llmvalve-reason", reason.value),
     )
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     if stream:
-        if completions:
-            chunks = [{**common, "object": "text_completion",
-                       "choices": [{"index": 0, "text": fallback.content, "finish_reason": None,
-                                    "logprobs": None}]},
-                      {**common, "object": "text_completion",
-                       "choices": [{"index": 0, "text": "", "finish_reason": "stop",
-                                    "logprobs": None}]}]
-        else:
-            chunks = [{**common, "object": "chat.completion.chunk",
-                       "choices": [{"index": 0, "finish_reason": None,
-                                    "delta": {"role": "assistant", "content": fallback.content}}]},
-                      {**common, "object": "chat.completion.chunk",
-                       "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+        kind = "text_completion" if completions else "chat.completion.chunk"
+        chunks = []
+        for i in indices:
+            if completions:
+                chunks += [{**common, "object": kind,
+                            "choices": [{"index": i, "text": fallback.content,
+                                         "finish_reason": None, "logprobs": None}]},
+                           {**common, "object": kind,
+                            "choices": [{"index": i, "text": "", "finish_reason": "stop",
+                                         "logprobs": None}]}]
+            else:
+                chunks += [{**common, "object": kind,
+                            "choices": [{"index": i, "finish_reason": None, "delta": {
+                                "role": "assistant", "content": fallback.content}}]},
+                           {**common, "object": kind,
+                            "choices": [{"index": i, "delta": {}, "finish_reason": "stop"}]}]
+        if usage_chunk:
+            chunks.append({**common, "object": kind, "choices": [], "usage": usage})
         body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
         return Reply(200, (("content-type", "text/event-stream"), ("cache-control", "no-cache"),
                            *headers), body.encode(), "llmvalve_fallback_static")
-    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     if completions:
         payload = {**common, "object": "text_completion", "usage": usage,
-                   "choices": [{"index": 0, "text": fallback.content, "finish_reason": "stop",
-                                "logprobs": None}]}
+                   "choices": [{"index": i, "text": fallback.content, "finish_reason": "stop",
+                                "logprobs": None} for i in indices]}
     else:
         payload = {**common, "object": "chat.completion", "usage": usage,
-                   "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
-                                "message": {"role": "assistant", "content": fallback.content}}]}
+                   "choices": [{"index": i, "finish_reason": "stop", "logprobs": None,
+                                "message": {"role": "assistant", "content": fallback.content}}
+                               for i in indices]}
     return Reply(200, (("content-type", "application/json"), *headers),
                  json.dumps(payload).encode(), "llmvalve_fallback_static")

@@ -44,6 +44,7 @@ class BodyFacts:
     prompt_ids: int = 0  # prompt tokens given as token ids: counted as they are
     media_parts: int = 0  # images, audio, video and files in the prompt
     answers: int = 1  # sequences it decodes: `n` for each of its prompts
+    usage_chunk: bool = False  # a stream that ends with a usage chunk (stream_options)
 
 
 @dataclass(frozen=True)
@@ -210,9 +211,11 @@ def parse_body(body: bytes, path: str = "") -> BodyFacts | str:
             return "stream must be true or false"
     if model is not None and not (isinstance(model, str) and model):
         return "model must be a non-empty string"
+    options = doc.get("stream_options")
+    usage_chunk = isinstance(options, dict) and lax_bool(options.get("include_usage")) is True
     return BodyFacts(prompt_bytes=prompt.text_bytes, max_tokens=max_tokens, stream=stream,
                      model=model, prompt_ids=prompt.ids, media_parts=prompt.media,
-                     answers=answers)
+                     answers=answers, usage_chunk=usage_chunk)
 
 
 # What the Lua filter of Envoy's template rewrites for a reroute to another model: the first
