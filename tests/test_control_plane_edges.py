@@ -195,6 +195,24 @@ pools: [{{name: main, backends: [{{name: a, metricsUrl: "{url}/a/metrics"}},
         await runner.cleanup()
 
 
+async def test_models_lists_a_model_once_under_the_pool_it_goes_to(monkeypatch):
+    """Found by a client review: the catch-all pool's backends also served a model another
+    pool lists, and /v1/models listed it twice (a request for it goes to that pool)."""
+    async def listing(url: str) -> list[dict]:
+        return [{"id": "big", "object": "model"}, {"id": "tiny", "object": "model"}]
+
+    monkeypatch.setattr("llmvalve.gateway.authz_http.backend_models", listing)
+    policy = load_policy("""
+queues: [{priority: 0, name: top, maxQueueSize: 1, timeout: 1s, dropPolicy: tail}]
+pools:
+  - {name: main, backends: [{name: a, metricsUrl: "http://10.0.0.1:8000/metrics"}]}
+  - {name: small, models: [tiny], backends: [{name: b, metricsUrl: "http://10.0.0.2:8000/metrics"}]}
+""")
+    authz = AuthzHttp(SimpleNamespace(policy=policy))  # type: ignore[arg-type]
+    listed = [(m["id"], m.get("owned_by")) for m in await authz.models()]
+    assert listed == [("big", None), ("tiny", "small")]
+
+
 async def test_a_body_over_the_listeners_cap_is_cut_not_dropped():
     """The data-plane listener dropped a body over 4 MiB, and the check read the request as
     one without a body: a tenant bound to model `small` was admitted for `big`. The body is

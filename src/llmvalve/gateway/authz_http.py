@@ -133,9 +133,10 @@ class AuthzHttp:
 
     async def models(self) -> list[dict]:
         """What the pools serve: each pool's `models`, or what the first of its backends to
-        answer lists. Backends are asked all at once (one at a time, three that hang took
-        longer than Envoy waits), and one answer, even an empty one, serves every call of
-        the next MODELS_TTL_S (by the monotonic clock)."""
+        answer lists, but for a model a pool's `models` gives to that pool (listed twice, as
+        the catch-all pool's backends served it too). Backends are asked all at once (one at
+        a time, three that hang took longer than Envoy waits), and one answer, even an empty
+        one, serves every call of the next MODELS_TTL_S (by the monotonic clock)."""
         async with self._models_lock:  # one asking at a time; the others take its answer
             now = time.monotonic()
             if self._models is not None and now - self._models[0] < MODELS_TTL_S:
@@ -146,11 +147,13 @@ class AuthzHttp:
                 asyncio.gather(*(backend_models(b.metrics_url) for b in pool.backends
                                  if b.metrics_url and not pool.models))
                 for pool in pools))
+            owned = {m for pool in pools for m in pool.models}
             data: list[dict] = []
             for pool, answers in zip(pools, asked, strict=True):
                 data += ([{"id": m, "object": "model", "created": created,
                            "owned_by": pool.name} for m in pool.models]
-                         if pool.models else next((a for a in answers if a), []))
+                         if pool.models else [m for m in next((a for a in answers if a), [])
+                                              if m["id"] not in owned])
             self._models = (now, data)
             return data
 
