@@ -288,9 +288,9 @@ class AdaptiveLimit:
         failed (four engines of 20,000 tokens: 64,000 -> 209,715)."""
         if self._cap_cache is None:
             live = [b for b in self.backends.values() if b.snap.ok]
-            known = sum(b.snap.kv_capacity_tokens for b in self.backends.values())
             self._cap_cache = _kv_sum(live) if live else (
-                known or FALLBACK_CAPACITY_TOKENS * max(1, len(self.backends)))
+                sum(b.snap.kv_capacity_tokens for b in self.backends.values())
+                or FALLBACK_CAPACITY_TOKENS * max(1, len(self.backends)))
         return self._cap_cache
 
     def limit(self) -> float:

@@ -254,7 +254,6 @@ class SignalReader:
         self.backend = backend
         self._previous: dict[str, Buckets] = {}
         self._previous_totals: dict[str, tuple[float, float]] = {}
-        self._previous_spec: tuple[float, float] | None = None  # (drafts, accepted)
         self.why = ""  # why the last page read failed, for an operator ("" after a good one)
         self.kv_per_process = False  # the last page's KV came from per-process copies
 
@@ -331,16 +330,12 @@ class SignalReader:
         one token: counted at the window's rate, they make the latency read low."""
         if SPEC_DRAFTS not in gauges or SPEC_ACCEPTED not in gauges:
             return 1.0
-        current = (gauges[SPEC_DRAFTS], gauges[SPEC_ACCEPTED])
-        previous, self._previous_spec = self._previous_spec, current
-        if not all(map(math.isfinite, current)):
-            return math.nan
-        if previous is None:
+        # accepted per draft, windowed as a histogram's mean (a restart: the current totals)
+        accepted, _ = self._windowed_mean(SPEC_ACCEPTED,
+                                          (gauges[SPEC_ACCEPTED], gauges[SPEC_DRAFTS]))
+        if accepted is None:  # no window yet, or nothing drafted in it
             return 1.0
-        drafts, accepted = current[0] - previous[0], current[1] - previous[1]
-        if not (drafts > 0 and accepted >= 0):  # none drafted, or a restart
-            return 1.0
-        tokens = 1.0 + accepted / drafts
+        tokens = 1.0 + accepted
         return tokens if tokens <= MAX_TOKENS_PER_STEP else math.nan
 
     def _windowed_mean(self, name: str, current: tuple[float, float] | None

@@ -147,6 +147,7 @@ class Driver:
     async def _maintain(self) -> None:
         while True:
             await asyncio.sleep(MAINTAIN_EVERY_S)
+            logs.flush_refusals()
             now = self.clock()
             try:
                 reclaimed = self.front.reclaim(now)
@@ -154,7 +155,6 @@ class Driver:
             except Exception:
                 log.exception("reclaiming slots failed")
                 continue
-            logs.flush_refusals()
             if reclaimed:  # one line a pass, as for reconciliation (not one per ticket)
                 log.warning("%d leases expired, their slots reclaimed (%s%s)", len(reclaimed),
                             reclaimed[0].request_id, ", ..." if len(reclaimed) > 1 else "")

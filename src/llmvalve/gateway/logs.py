@@ -139,7 +139,6 @@ def decision(*, check_id: str, request_id: str, tenant: str, klass: str, decisio
     if DECISIONS.isEnabledFor(logging.DEBUG):
         level = logging.DEBUG
     elif _refusals is not None and decision in REFUSALS:
-        flush_refusals()
         if not _refusals.allow(reason):
             return
         level = logging.INFO
@@ -156,7 +155,7 @@ def decision(*, check_id: str, request_id: str, tenant: str, klass: str, decisio
 
 def flush_refusals() -> None:
     """Say how many refusals of the seconds that are over were not logged (the driver calls it
-    each second, and each refusal logged)."""
+    each second)."""
     held = _refusals.held_back() if _refusals is not None else {}
     if held:
         DECISIONS.info("decisions_not_logged", extra={"fields": {

@@ -114,11 +114,12 @@ class GatewayMetrics:
         labelled tenants it removed go (their labels are free for others: kept, the series
         would grow with every reload that changes tenants)."""
         gone = self.tenants.follow(names)
-        at = {id(self.decisions): (self.decisions, 2), id(self.budget_refusals):
-              (self.budget_refusals, 0)}  # the metrics with a tenant label, and its place
-        for key in [k for k in self._children if k[0] in at and k[1][at[k[0]][1]] in gone]:
-            at[key[0]][0].remove(*key[1])
-            del self._children[key]
+        # the metrics with a tenant label, and its place among their labels
+        for metric, place in ((self.decisions, 2), (self.budget_refusals, 0)):
+            for key in [k for k in self._children
+                        if k[0] == id(metric) and k[1][place] in gone]:
+                metric.remove(*key[1])
+                del self._children[key]
 
     def record(self, record: Record, check_id: str = "", request_id: str = "") -> None:
         """One decision delivered to Envoy (or a request that left): counters, the SLO
