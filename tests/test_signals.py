@@ -245,3 +245,39 @@ def test_with_speculative_decoding_the_latency_is_read_per_token():
     plain.read(page(1.0, 10, 0, 0).split("vllm:spec")[0], 0.0)
     assert plain.read(page(4.0, 40, 0, 0).split("vllm:spec")[0], 0.5).itl_mean_s == \
         pytest.approx(0.1)
+
+
+QUEUE_TIME_PAGE = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running 4.0
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_bucket{le="0.3"} {first}
+vllm:request_queue_time_seconds_bucket{le="0.5"} {total}
+vllm:request_queue_time_seconds_bucket{le="+Inf"} {total}
+vllm:request_queue_time_seconds_count {total}
+vllm:request_queue_time_seconds_sum {s}
+"""
+
+
+def queue_time_page(first: int, total: int, s: float) -> str:
+    return (QUEUE_TIME_PAGE.replace("{first}", str(first)).replace("{total}", str(total))
+            .replace("{s}", str(s)))
+
+
+def test_a_queue_draining_within_vllms_first_bucket_reads_its_own_wait_not_the_bucket():
+    """vLLM's queue-time histogram begins at 0.3 s: interpolation reads 0.27 s for any wait
+    under it, so a policy with a TTFT objective under about a second read every engine's
+    queue as draining too slowly. Where the whole window lies in that bucket, its mean (exact)
+    gives the p90 as for exponential waits; otherwise the interpolation stands."""
+    reader = SignalReader("b0")
+    reader.read(queue_time_page(10, 10, 0.5), now=0.0)
+    # 20 more waits, all under 0.3 s, averaging 40 ms
+    snap = reader.read(queue_time_page(30, 30, 0.5 + 20 * 0.04), now=0.5)
+    assert snap.queue_time_p90_s == pytest.approx(2.302585 * 0.04, rel=1e-4)
+    # a wait past the first bound in the window: the interpolation, as before
+    # (7 of 10 under 0.3 s, 3 under 0.5 s: rank 9 is two thirds into the second bucket)
+    snap = reader.read(queue_time_page(37, 40, 1.3 + 7 * 0.04 + 3 * 0.4), now=1.0)
+    assert snap.queue_time_p90_s == pytest.approx(0.3 + 0.2 * 2 / 3)
+    # long waits in the first bucket: never above what the interpolation says
+    snap = reader.read(queue_time_page(47, 50, 2.78 + 10 * 0.29), now=1.5)
+    assert snap.queue_time_p90_s == pytest.approx(0.27)

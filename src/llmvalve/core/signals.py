@@ -133,6 +133,18 @@ def quantile(buckets: Buckets, q: float) -> float | None:
     return lower_bound + (bound - lower_bound) * fraction
 
 
+def p90(window: Buckets, mean: float | None) -> float | None:
+    """The window's p90: `quantile`, except where every observation lies in the first bucket.
+    There interpolation can only say 0.9 of its bound, whatever the observations (vLLM's
+    queue time: 0.27 s for any wait under its first bound, 0.3 s, so a queue that drains in
+    50 ms read as one that drains in 270). The window's mean is exact: with waits distributed
+    exponentially, the p90 is ln 10 times it (no more than the interpolation)."""
+    q = quantile(window, QUANTILE)
+    if q is not None and mean is not None and window.counts[0] >= window.counts[-1]:
+        return min(q, math.log(10) * mean)
+    return q
+
+
 def delta(current: Buckets, previous: Buckets | None) -> Buckets:
     """current − previous, bucket by bucket; a decrease (restart) or a new layout → current."""
     if previous is None or not current.counts:
@@ -277,6 +289,7 @@ class SignalReader:
             return self.failed(now, "no load gauge of vLLM, TensorRT-LLM or SGLang on the page "
                                "(vLLM run with --disable-log-stats exports none)")
         windowed: dict[str, float | None] = {}
+        means = {name: self._windowed_mean(name, parsed.totals.get(name)) for name in HISTOGRAMS}
         for name in HISTOGRAMS:
             current = parsed.histograms.get(name)
             previous = self._previous.get(name)
@@ -287,8 +300,8 @@ class SignalReader:
             # The first scrape has no window: its cumulative counts span the backend's lifetime.
             # No new observation (the +Inf bucket holds the count): an empty window.
             if previous is not None and current.counts[-1] != previous.counts[-1]:
-                windowed[name] = quantile(delta(current, previous), QUANTILE)
-        itl_mean, itl_count = self._windowed_mean(ITL, parsed.totals.get(ITL))
+                windowed[name] = p90(delta(current, previous), means[name][0])
+        itl_mean, itl_count = means[ITL]
         tokens = self._tokens_per_step(parsed.gauges)  # the latencies are per step: per token
         itl_p90 = None if windowed[ITL] is None else windowed[ITL] / tokens
         if itl_mean is not None:
