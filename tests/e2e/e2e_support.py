@@ -41,6 +41,16 @@ def get_json(url: str, timeout_s: float = 2.0) -> dict:
     return json.loads(body)
 
 
+def metric(e2e, name: str) -> float:
+    """The sum of the admin /metrics samples whose line begins with `name`."""
+    _, body = http_get(e2e.stack.admin_url + "/metrics", 2.0)
+    total = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def post_json(url: str, payload: dict, headers: dict[str, str] | None = None,
               timeout_s: float = 2.0) -> dict:
     import urllib.request

@@ -22,6 +22,7 @@ from e2e_support import (
     get_json,
     headers,
     hold_slots,
+    metric,
     post_json,
     wait_until,
 )
@@ -29,15 +30,6 @@ from e2e_support import (
 from llmvalve.processes import http_get
 
 pytestmark = pytest.mark.e2e
-
-
-def metric(e2e, name: str) -> float:
-    _, body = http_get(e2e.stack.admin_url + "/metrics", 2.0)
-    total = 0.0
-    for line in body.decode().splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 async def test_backend_that_hangs_holds_only_what_it_was_given(e2e):

@@ -23,6 +23,7 @@ from e2e_support import (
     client,
     headers,
     hold_slots,
+    metric,
     slow_upload,
     wait_until,
 )
@@ -61,6 +62,24 @@ def test_openai_sdk_non_streaming_and_streaming(e2e):
     # hang up as the last bytes arrive: Envoy flags that DC, not a sample) fed the limiter.
     assert status["gateway"]["joined"] >= 3 and status["gateway"]["unmatched"] == 0
     assert status["pools"]["default"]["samples"] >= 2
+
+
+def test_sdk_streams_read_to_their_end_are_answers_not_cancellations(e2e):
+    """The OpenAI SDK stops reading at `[DONE]` and closes the connection. A server that ends
+    its chunked body after that event, not with it, lets Envoy see the client leave first:
+    the answer counted as cancelled (no SLO verdict, no sample; 3 of 10 with the simulated
+    engine's separate end-of-body write)."""
+    before = metric(e2e, 'llmvalve_decisions_total{class="realtime-interactive",'
+                         'decision="cancelled_in_flight"')
+    c = client(e2e)
+    for _ in range(10):
+        assert "".join(chunk.choices[0].delta.content or ""
+                       for chunk in c.chat.completions.create(**chat_body(4, stream=True))
+                       if chunk.choices)
+    e2e.wait_idle()
+    time.sleep(1.5)  # the access log of the last ones (flushed each second)
+    assert metric(e2e, 'llmvalve_decisions_total{class="realtime-interactive",'
+                       'decision="cancelled_in_flight"') == before
 
 
 def test_unknown_key_is_401_openai_style(e2e):

@@ -181,10 +181,12 @@ class SimBackend:
                     return self._cut(request)
                 start, end = box.take()
                 reason = finish_reason(end, max_tokens) if box.finished else None
-                await resp.write(shaper.chunk(start, end, reason))
                 if reason is not None:
                     break
-            await resp.write_eof()
+                await resp.write(shaper.chunk(start, end, reason))
+            # `[DONE]` and the body's end in one write, as a client that hangs up at `[DONE]`
+            # (the OpenAI SDK) needs: a body ended later reads as the client leaving first
+            await resp.write_eof(shaper.chunk(start, end, reason))
         except ConnectionResetError:
             pass  # the client left between two chunks; the caller aborts the request
         return resp
