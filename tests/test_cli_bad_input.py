@@ -4,6 +4,7 @@ subcommand)."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,19 @@ def test_an_unreadable_token_file_or_key_is_a_message(tmp_path: Path):
         done = run(args, stdin)
         assert done.returncode == 1 and b"Traceback" not in done.stderr, args
         assert b"UTF-8" in done.stderr, args
+
+
+@pytest.mark.parametrize("flag", ["--port", "--admin-port"])
+def test_up_on_a_port_in_use_says_so_before_it_starts_anything(flag: str):
+    """A second `llmvalve up` on the first one's ports printed its banner (the first stack
+    answered its readiness checks), then stopped as its own processes failed, and exited 0
+    (found by a new-user trial)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        others = {"--port": "0", "--admin-port": "0"}
+        done = run(["up", *(a for f, v in {**others, flag: str(port)}.items() for a in (f, v))])
+    assert done.returncode == 1, done.stderr
+    assert f"{flag} {port} in use".encode() in done.stderr
+    assert b"is up" not in done.stdout and b"starting" not in done.stdout

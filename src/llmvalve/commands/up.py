@@ -56,6 +56,16 @@ def run(args: argparse.Namespace) -> int:
         except (PolicyError, OSError) as exc:
             print(f"llmvalve up: --policy: {exc}", file=sys.stderr)
             return 2
+    # Another stack on these ports would answer this one's readiness checks: it would print
+    # its banner, then stop as its Envoy and control plane fail to bind.
+    taken = [f"{flag} {port}" for flag, port, host in (("--port", args.port, args.listen),
+                                                       ("--admin-port", args.admin_port,
+                                                        "127.0.0.1"))
+             if port and not port_free(port, host)]
+    if taken:
+        print(f"llmvalve up: {' and '.join(taken)} in use (another `llmvalve up`?); stop it, "
+              "or choose others (0: a free port)", file=sys.stderr)
+        return 1
     stack = Stack(StackConfig(policy=args.policy, backends=args.backends, profile=args.profile,
                               time_scale=args.time_scale, port=args.port,
                               listen_address=args.listen, admin_port=args.admin_port,
@@ -76,18 +86,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"llmvalve up: {exc}\nlogs: {stack.workdir}", file=sys.stderr)
         return 1
     print(banner(stack), flush=True)
+    failed = False
     try:
         while not stopping.is_set():
             for proc in [stack.envoy, stack.control_plane, *(p for p, _ in stack.backends)]:
                 if proc is not None and not proc.alive():
                     print(f"llmvalve up: {proc.name} exited ({proc.popen.returncode}); "
                           f"see {proc.log_path}", file=sys.stderr)
+                    failed = True
                     stopping.set()
             stopping.wait(0.5)
     finally:
         print("stopping …", flush=True)
         stack.stop()
-    return 0
+    return 1 if failed else 0
 
 
 
