@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 up: $(STAMP)
-	$(BIN)/llmvalve up
+	$(BIN)/llmvalve up $(if $(POLICY),--policy $(POLICY))
 
 test: $(STAMP) browser
 	$(BIN)/ruff check src tests

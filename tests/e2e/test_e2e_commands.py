@@ -15,7 +15,7 @@ import aiohttp
 import grpc
 import openai
 import pytest
-from e2e_support import HERE, P0_KEY, children_of
+from e2e_support import HERE, P0_KEY, children_of, get_json
 from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
@@ -117,6 +117,16 @@ def test_up_starts_everything_serves_and_stops_everything(tmp_path):
             model="sim-tiny", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
         assert completion.choices[0].message.content
         assert _status(f"http://127.0.0.1:{admin_port}/readyz") == 200
+        # the policy it runs is a copy the banner names, and an edit of it is applied (it ran
+        # the packaged file, unwatched: found by a new-user trial)
+        policy = Path(re.search(r"policy +(\S+)", banner)[1])
+        assert policy.parent == Path(re.search(r"logs +(\S+)", banner)[1])
+        policy.write_text(policy.read_text().replace("timeout: 8s", "timeout: 7s", 1))
+        status = get_json(f"http://127.0.0.1:{admin_port}/status")["policy"]
+        assert status["path"] == str(policy) and status["watching"], status
+        assert not status["reloads"].get("ok"), status
+        wait_for(lambda: get_json(f"http://127.0.0.1:{admin_port}/status")["policy"]["reloads"]
+                 .get("ok", 0) >= 1, 10, "the edit applied")
 
         up.send_signal(signal.SIGTERM)
         assert up.wait(30) == 0

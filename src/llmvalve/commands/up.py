@@ -5,8 +5,10 @@ for at most 5 s: requests in flight may finish), then Envoy, then the backends."
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -19,7 +21,8 @@ MAX_BACKENDS = 64  # each is a process on this machine (a demo stack, not a flee
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", type=Path, default=None,
-                        help="policy file (default: the packaged default policy)")
+                        help="policy file (default: a copy of the packaged default policy in "
+                        "the logs folder, named in the banner)")
     from llmvalve.engine.profiles import PROFILES  # pure data: cheap to import
 
     parser.add_argument("--backends", type=count, default=2, help="simulated backends (default 2)")
@@ -45,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from llmvalve.core.policy import PolicyError
-    from llmvalve.gateway.policy_file import load_policy_file
+    from llmvalve.gateway.policy_file import default_policy_path, load_policy_file
 
     if not 1 <= args.backends <= MAX_BACKENDS:
         print(f"llmvalve up: --backends must be from 1 to {MAX_BACKENDS}", file=sys.stderr)
@@ -66,8 +69,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"llmvalve up: {' and '.join(taken)} in use (another `llmvalve up`?); stop it, "
               "or choose others (0: a free port)", file=sys.stderr)
         return 1
-    stack = Stack(StackConfig(policy=args.policy, backends=args.backends, profile=args.profile,
-                              time_scale=args.time_scale, port=args.port,
+    policy, workdir = args.policy, None
+    if policy is None:  # a copy to edit: reloaded on save, as any policy file the stack runs
+        workdir = Path(tempfile.mkdtemp(prefix="llmvalve-up-"))
+        policy = workdir / "policy.yaml"
+        shutil.copyfile(default_policy_path(), policy)
+    stack = Stack(StackConfig(policy=policy, workdir=workdir, backends=args.backends,
+                              profile=args.profile, time_scale=args.time_scale, port=args.port,
                               listen_address=args.listen, admin_port=args.admin_port,
                               admin_grpc_port=(args.admin_grpc_port
                                                if port_free(args.admin_grpc_port) else 0),
@@ -123,6 +131,8 @@ llmvalve is up.
   control plane admin API {c.host}:{c.admin_grpc_port} (llmvalve status / top / override)
   Envoy admin            {stack.envoy_admin_url}
   backends (by pool)     {backends}
+  policy                 {c.policy}
+                         (edit it: reloaded within a second; a bad edit is refused and named)
   logs                   {stack.workdir}
   demo API keys:
 {keys}
