@@ -321,6 +321,12 @@ async def test_a_reload_that_changes_what_envoy_reads_says_so(plane, caplog):
     needs = (await status_of(cp))["policy"]["last_reload"]["needs_envoy"]
     assert needs == ["failureModeAllow"]
     assert "render Envoy's config again" in caplog.text and "failureModeAllow" in caplog.text
+    # it is said against the policy Envoy's config was rendered from (the one the process
+    # started with), not the last reload's: a later edit still differs from it, and the
+    # original again does not (it warned then, and the warning stuck: a new-user trial)
     volume.update(POLICY.replace("limit: 2", "limit: 4") + "failureModeAllow: true\n")
+    assert await cp.reload("sighup") is True
+    assert (await status_of(cp))["policy"]["last_reload"]["needs_envoy"] == ["failureModeAllow"]
+    volume.update(POLICY)
     assert await cp.reload("sighup") is True
     assert (await status_of(cp))["policy"]["last_reload"]["needs_envoy"] == []

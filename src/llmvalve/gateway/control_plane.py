@@ -133,6 +133,7 @@ class ControlPlane:
     def __init__(self, policy: Policy, config: ControlPlaneConfig) -> None:
         self.config = config
         self.policy = with_backends(policy, config.metrics_urls)
+        self._rendered_from = self.policy  # what Envoy's config is taken to be rendered from
         self.ports: dict[str, int] = {}
         self.data_grpc: grpc.aio.Server | None = None
         self.admin_grpc: grpc.aio.Server | None = None
@@ -284,10 +285,10 @@ class ControlPlane:
                 log.error("policy reload failed, keeping the current policy: %s", exc)
                 self.reloads.failed(trigger, exc, self.policy.version)
                 return False
-            old, self.policy = self.policy, policy
+            self.policy = policy
             self.metrics.follow_tenants(policy.tenant_names())
             await self.scraper.start(policy)
-            envoy = envoy_read_changes(old, policy)
+            envoy = envoy_read_changes(self._rendered_from, policy)
             self.reloads.applied(trigger, policy.version, envoy)
             log.info("policy reloaded (%s): %s", trigger, policy.version or "-")
             if envoy:

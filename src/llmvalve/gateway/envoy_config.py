@@ -162,9 +162,10 @@ def _seconds(value: float) -> str:
 
 
 def envoy_read_changes(old: Policy, new: Policy) -> list[str]:
-    """What a reload from `old` to `new` changed that Envoy reads from its own config, which
-    is rendered from the policy (`llmvalve up` at its start, or `--policy`): those apply only
-    once the config is rendered again and Envoy rolled out (docs/policy.md)."""
+    """What `new` changes from `old`, the policy Envoy's config was rendered from (`llmvalve
+    up` at its start, or `--policy`; the control plane takes the one it started with), in
+    what Envoy reads from its own config: those apply only once the config is rendered again
+    and Envoy rolled out (docs/policy.md)."""
     out = []
     if new.failure_mode_allow != old.failure_mode_allow:
         out.append("failureModeAllow")
