@@ -99,3 +99,15 @@ def test_up_on_a_port_in_use_says_so_before_it_starts_anything(flag: str):
     assert done.returncode == 1, done.stderr
     assert f"{flag} {port} in use".encode() in done.stderr
     assert b"is up" not in done.stdout and b"starting" not in done.stdout
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """`llmvalve status | head`: a BrokenPipeError traceback (found by a new-user trial)."""
+    proc = subprocess.Popen([sys.executable, "-m", "llmvalve.cli", "simulate", "--scenario",
+                             "steady", "--controllers", "none", "--seeds", "1-3", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10)
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(60) == 141 and stderr == b"", stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name → (module with `add_arguments(parser)` and `run(args) -> int`, help)
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C where a command does not handle it (its imports)
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `llmvalve status | head`: the reader has what it wanted
+        # the interpreter's own flush of stdout at exit would raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports SIGPIPE
 
 
 if __name__ == "__main__":
