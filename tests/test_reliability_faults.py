@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import socket
 import time
@@ -294,7 +295,7 @@ anonymous: null
 """
 
 
-async def test_drain_sheds_new_requests_and_lets_held_ones_finish():
+async def test_drain_sheds_new_requests_and_lets_held_ones_finish(caplog):
     plane = ControlPlane(load_policy(DRAIN), ControlPlaneConfig())
     await plane.start()
     url = f"http://127.0.0.1:{plane.ports['http']}"
@@ -305,9 +306,13 @@ async def test_drain_sheds_new_requests_and_lets_held_ones_finish():
             queued = asyncio.create_task(ask(session, url, "queued", **key))
             await wait_for(lambda: plane.driver.waiting == 1)
 
-            drain = asyncio.create_task(plane.drain(10.0))
-            await asyncio.sleep(0.1)
+            with caplog.at_level(logging.INFO):
+                drain = asyncio.create_task(plane.drain(10.0))
+                await asyncio.sleep(0.1)
             assert plane.state.draining
+            # said as it begins (a drain with nothing open ended unlogged: a new-user trial)
+            assert [r.fields for r in caplog.records if r.getMessage() == "draining"] == [
+                {"event": "draining", "held": 1, "in_flight": 1, "timeout_s": 10.0}]
             # A new request is shed at once: 503 (418 on the wire: Envoy maps it), Retry-After,
             # reason draining.
             late = await ask(session, url, "late", **key)

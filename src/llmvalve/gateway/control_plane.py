@@ -33,7 +33,7 @@ from llmvalve.admin.v1 import admin_pb2_grpc
 from llmvalve.core.admission import Admission
 from llmvalve.core.policy import BackendSpec, Policy
 from llmvalve.core.policy.pools import metrics_url_problem, pool_and_url
-from llmvalve.gateway import dashboard
+from llmvalve.gateway import dashboard, logs
 from llmvalve.gateway.access_log import AccessLogServicer
 from llmvalve.gateway.admin_auth import AdminToken, TokenInterceptor, http_guard, is_loopback
 from llmvalve.gateway.admin_grpc import AdminServicer
@@ -302,6 +302,8 @@ class ControlPlane:
         deadline."""
         self.state.draining = True
         self.front.admission.draining = True
+        logs.state("draining", held=self.driver.waiting, in_flight=self.front.open_tickets(),
+                   timeout_s=timeout_s)
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
         while (self.driver.waiting or self.front.open_tickets()) and loop.time() < end:

@@ -172,15 +172,15 @@ class SloTracker:
 
 class StateWatch:
     """Diffs successive /status documents into state changes worth one INFO log line each:
-    a pool's breaker state, its limit override, the policy version, draining."""
+    a pool's breaker state, its limit override, the policy version. (Draining is logged as it
+    begins: a drain with nothing open ends before the next diff.)"""
 
     def __init__(self) -> None:
         self._last: dict[str, Any] | None = None
 
     @staticmethod
     def _facts(status: dict[str, Any]) -> dict[str, Any]:
-        facts: dict[str, Any] = {"policy_version": status.get("policy_version"),
-                                 "draining": bool(status.get("draining"))}
+        facts: dict[str, Any] = {"policy_version": status.get("policy_version")}
         for name, pool in (status.get("pools") or {}).items():
             facts[f"breaker/{name}"] = pool.get("breaker")
             facts[f"override/{name}"] = pool.get("override")
@@ -202,8 +202,6 @@ class StateWatch:
                 out.append(("override", {"pool": pool, "limit": value, "was": last[key]}))
             elif kind == "policy_version":
                 out.append(("policy", {"version": value, "was": last[key]}))
-            elif kind == "draining":
-                out.append(("draining", {"draining": value}))
         return out
 
 
