@@ -270,3 +270,18 @@ def test_envoy_answers_503_with_a_retry_after_while_its_heap_is_at_its_bound(env
     reply = info.value
     assert reply.code == 503 and reply.headers["retry-after"] == "1"
     assert json.loads(reply.read())["error"]["type"] == "service_unavailable"
+
+
+def test_health_and_unnamed_requests_go_to_the_policys_first_pool(tmp_path, capsys):
+    """`/health` and a request the check names no cluster for (failureModeAllow while the
+    control plane is down) went to `llm_backends` whatever the policy's first pool's cluster
+    was: a load balancer's probe of a pool on `vllm_big` asked a host that may not exist
+    (found by a review of the docs against the code)."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("queues: [{priority: 0, name: p0, maxQueueSize: 10, timeout: 8s,"
+                      " dropPolicy: tail}]\npools:\n  - {name: big, cluster: vllm_big}\n")
+    assert main(["--policy", str(policy), "--cluster", "vllm_big=10.0.0.7:8000"]) == 0
+    [host] = hcm_of(yaml.safe_load(capsys.readouterr().out))["route_config"]["virtual_hosts"]
+    targets = {r["match"].get("path", r["match"].get("prefix")): r["route"]["cluster"]
+               for r in host["routes"] if "cluster" in r.get("route", {})}
+    assert targets["/health"] == "vllm_big" and targets["/"] == "vllm_big", targets

@@ -65,13 +65,17 @@ class EnvoyParams:
     # The control plane beside Envoy (same pod / network namespace: loopback only).
     control_plane_http: Endpoint = ("127.0.0.1", 9001)
     control_plane_grpc: Endpoint = ("127.0.0.1", 9000)
-    # Envoy cluster name → endpoints. The first is the default pool's cluster.
+    # Envoy cluster name → endpoints.
     clusters: dict[str, tuple[Endpoint, ...]] = field(
         default_factory=lambda: {
             "llm_backends": (("backend", 8000),),
             "fallback_model": (("fallback-model", 8000),),
         }
     )
+    # The default pool's cluster (the policy's first pool's): /health and requests the check
+    # names no cluster for (failureModeAllow while the control plane is down); "": the
+    # first of `clusters`
+    default_cluster: str = ""
     failure_mode_allow: bool = False
     # How long a check may be held: longer than the longest queue timeout of the policy.
     check_timeout_s: float = 120.0
@@ -103,6 +107,7 @@ def policy_params(policy: Policy) -> dict:
     check_timeout = max(q.timeout_s for q in policy.queues) + CHECK_MARGIN_S
     r = policy.requests
     return dict(
+        default_cluster=policy.pools[0].cluster,
         failure_mode_allow=policy.failure_mode_allow,
         max_body_bytes=r.max_body_bytes,
         check_timeout_s=check_timeout,
@@ -255,7 +260,7 @@ def render(params: EnvoyParams) -> str:
         als_flush_s=_seconds(params.als_flush_s),
         als_buffer_bytes=params.als_buffer_bytes,
         failure_mode_allow="true" if params.failure_mode_allow else "false",
-        first_cluster=next(iter(params.clusters)),
+        first_cluster=params.default_cluster or next(iter(params.clusters)),
         stripped_headers="\n".join(f"                - remove: {h}" for h in SET_BY_LLMVALVE),
         policy_header_patterns="\n".join(f"                - {{exact: {h}}}" for h in extra),
         admission_service=_admission_service(params),
