@@ -111,3 +111,18 @@ def test_a_reader_that_stops_early_gets_no_traceback():
     proc.stdout.close()
     stderr = proc.stderr.read()
     assert proc.wait(60) == 141 and stderr == b"", stderr
+
+
+def test_every_option_of_every_command_says_what_it_is():
+    """`--help` had options without a word (load --path, sim-backend --host, …; found by a
+    review of the docs against the code)."""
+    import argparse
+
+    from llmvalve.cli import build_parser
+
+    [commands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    silent = [f"{name} {action.option_strings[0]}"
+              for name, parser in commands.choices.items() for action in parser._actions
+              if action.option_strings and action.help is None
+              and not isinstance(action, argparse._HelpAction)]
+    assert silent == []

@@ -20,7 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("llmvalve.commands.bench",
               "a scenario through real Envoy, control plane and backends"),
     "load": ("llmvalve.commands.load", "drive a running gateway with a scenario's traffic"),
-    "policy": ("llmvalve.commands.policy", "policy tools: `llmvalve policy check FILE`"),
+    "policy": ("llmvalve.commands.policy",
+               "policy tools: `llmvalve policy check FILE`, `llmvalve policy hash-key -`"),
     "status": ("llmvalve.commands.status", "print the control plane's status"),
     "top": ("llmvalve.commands.top",
             "a live terminal view of the control plane (admin gRPC)"),
@@ -30,7 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llmvalve", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="llmvalve", description="llmvalve: admission control for LLM inference behind "
+        "Envoy (admit, queue by priority, or shed), with its simulator and benchmarks. "
+        "`llmvalve COMMAND --help` for each command.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text)

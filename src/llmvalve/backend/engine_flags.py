@@ -22,8 +22,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default=None,
                         help="priority schedules and preempts by the body's `priority` (lower "
                         "first); fcfs (the profiles') answers 400 to one other than 0")
-    for flag in ("--max-num-seqs", "--max-num-batched-tokens", "--num-gpu-blocks-override"):
-        engine.add_argument(flag, type=int, default=None, metavar="N")
+    for flag, what in (("--max-num-seqs", "sequences the engine runs at once"),
+                       ("--max-num-batched-tokens", "tokens one engine step takes"),
+                       ("--num-gpu-blocks-override", "KV cache blocks")):
+        engine.add_argument(flag, type=int, default=None, metavar="N", help=what)
 
 
 def profile_args(overrides: tuple[tuple[str, int | str], ...]) -> tuple[str, ...]:

@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="API keys per scenario tenant (others use --key)")
     p.add_argument("--model", default=None,
                    help="model name to ask for (default: the first of GET /v1/models)")
-    p.add_argument("--path", default="/v1/chat/completions")
+    p.add_argument("--path", default="/v1/chat/completions",
+                   help="the API path requests are sent to (default /v1/chat/completions)")
     p.add_argument("--policy", type=Path, default=None,
                    help="policy whose SLOs and priority header to use (default: the "
                    "scenario's, else the packaged default)")

@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "ports from here (default 8001)")
     where.add_argument("--ports", type=_ports, help="comma-separated ports, one backend each")
     parser.add_argument("--count", type=int, help="backends to run with --port (default 1)")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1)")
     from llmvalve.engine.profiles import PROFILES  # pure data: cheap to import
 
     parser.add_argument("--profile", default="small",
@@ -42,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="engine time = X × wall time (2: twice as fast)")
     parser.add_argument("--tokens-per-chunk", type=int, default=1,
                         help="output tokens per SSE chunk (bounds the event rate)")
-    parser.add_argument("--metrics-flavor", choices=("vllm", "trtllm", "sglang"), default="vllm")
+    parser.add_argument("--metrics-flavor", choices=("vllm", "trtllm", "sglang"), default="vllm",
+                        help="whose metric names /metrics uses (default vllm)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the error_rate RNG")
     faults = parser.add_argument_group("faults (also at run time: POST /admin/faults)")
     faults.add_argument("--slowdown", type=float, default=1.0, help="step-time multiplier")

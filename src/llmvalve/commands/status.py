@@ -24,8 +24,9 @@ DEFAULT_GRPC_ADDR = "127.0.0.1:9101"
 DEFAULT_ADMIN_URL = "http://127.0.0.1:9100"
 
 
-def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """--grpc, --token-file and TLS, shared by `status`, `top` and `override`."""
+def add_connection_arguments(parser: argparse.ArgumentParser, with_admin: bool = False) -> None:
+    """--grpc, --token-file and TLS, shared by `status`, `top` and `override` (`with_admin`:
+    the command also has --admin, the HTTP alternative)."""
     parser.add_argument("--grpc", type=address, default=DEFAULT_GRPC_ADDR, metavar="ADDR",
                         help="the control plane's admin gRPC address (default "
                         f"{DEFAULT_GRPC_ADDR})")
@@ -36,7 +37,8 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
                         "(without it: $LLMVALVE_ADMIN_CA; neither: plain gRPC)")
     parser.add_argument("--tls-server-name", default=None, metavar="NAME",
                         help="with TLS over gRPC: the name the certificate must hold, when the "
-                        "address is not it (a port-forward to 127.0.0.1; not with --admin)")
+                        "address is not it (a port-forward to 127.0.0.1)"
+                        + ("; not with --admin" if with_admin else ""))
 
 
 def ca_file(args: argparse.Namespace) -> str | None:
@@ -66,12 +68,13 @@ def admin_channel(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_connection_arguments(parser)
+    add_connection_arguments(parser, with_admin=True)
     parser.add_argument("--admin", default=None, metavar="URL",
                         help=f"read /status over HTTP from this admin URL instead (e.g. "
                         f"{DEFAULT_ADMIN_URL})")
     parser.add_argument("--json", action="store_true", help="print the raw JSON")
-    parser.add_argument("--timeout", type=positive_number, default=3.0)
+    parser.add_argument("--timeout", type=positive_number, default=3.0, metavar="S",
+                        help="seconds to wait for the answer (default 3)")
 
 
 def _fmt(value: Any) -> str:
