@@ -208,9 +208,16 @@ pools:
   - {name: main, backends: [{name: a, metricsUrl: "http://10.0.0.1:8000/metrics"}]}
   - {name: small, models: [tiny], backends: [{name: b, metricsUrl: "http://10.0.0.2:8000/metrics"}]}
 """)
-    authz = AuthzHttp(SimpleNamespace(policy=policy))  # type: ignore[arg-type]
+    clock = [1000.0]
+    authz = AuthzHttp(SimpleNamespace(policy=policy),  # type: ignore[arg-type]
+                      wall_clock=lambda: clock[0])
     listed = [(m["id"], m.get("owned_by")) for m in await authz.models()]
     assert listed == [("big", None), ("tiny", "small")]
+    # a pool's own model keeps its `created` (it was each refresh's time: found by a
+    # new-user trial)
+    clock[0] += 3600
+    authz._models = None  # as the cache's time to live passing
+    assert [m.get("created") for m in await authz.models()] == [None, 1000]
 
 
 async def test_a_body_over_the_listeners_cap_is_cut_not_dropped():

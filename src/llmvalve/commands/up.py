@@ -140,7 +140,8 @@ llmvalve is up.
 try:
   curl -sS {gw}/v1/chat/completions -H 'authorization: Bearer {p0}' \\
     -H 'content-type: application/json' \\
-    -d '{{"model": "sim-{c.profile}", "messages": [{{"role": "user", "content": "hi"}}]}}' -i
+    -d '{{"model": "sim-{c.profile}", "max_tokens": 32,
+         "messages": [{{"role": "user", "content": "hi"}}]}}' -i
 
   # the small model's own pool (policy: pools[].models): ask for model "sim-tiny"
 

@@ -97,6 +97,9 @@ class AuthzHttp:
         self.lag_clock = lag_clock or wall_clock  # what a check's age is measured by
         self.listener = HttpListener(self.handle)
         self._models: tuple[float, list[dict]] | None = None  # (monotonic time, the list)
+        # a pool's own models' `created`: when this process started, the same on every call
+        # (it was each refresh's time: clients that cache by it saw a new model each minute)
+        self._created = int(wall_clock())
         self._models_lock = asyncio.Lock()
 
     async def handle(self, request: Request) -> Response:
@@ -141,7 +144,7 @@ class AuthzHttp:
             now = time.monotonic()
             if self._models is not None and now - self._models[0] < MODELS_TTL_S:
                 return self._models[1]
-            created = int(self.wall_clock())
+            created = self._created
             pools = self.driver.policy.pools
             asked = await asyncio.gather(*(
                 asyncio.gather(*(backend_models(b.metrics_url) for b in pool.backends
