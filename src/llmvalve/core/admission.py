@@ -329,10 +329,13 @@ class Admission:
         elif spec.drop_policy is DropPolicy.EARLY_DROP_ON_PRESSURE:
             # this request, at its tenant's turn, within its own deadline
             may_wait = self.may_wait_s(req.priority, self.offered_load(pool, now) < CALM_LOAD)
-            if req.deadline is not None:
-                may_wait = min(may_wait, req.deadline - now)
+            by_deadline = req.deadline is not None and req.deadline - now < may_wait
+            if by_deadline:
+                may_wait = req.deadline - now  # type: ignore[operator]
             if self.under_pressure(pool, req, cost, may_wait, now):
-                return self._reject(pool, req, Reason.PREDICTED_WAIT, now)
+                # the client's own deadline binds: it says so, and not to retry
+                reason = Reason.DEADLINE if by_deadline else Reason.PREDICTED_WAIT
+                return self._reject(pool, req, reason, now)
         if full:  # the tenant that holds the most places of the class gives one up
             out = pool.scheduler.push_out(req.priority, req.tenant)
             assert out is not None

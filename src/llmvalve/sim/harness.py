@@ -237,8 +237,8 @@ class Simulation:
         if retry_after is not None:
             self.retry_after.append(retry_after)
         self.rejections_since_tick += 1
-        reason = answer.record.reason
-        final = ("dropped" if reason in DROPPED_REASONS
+        reason, waited = answer.record.reason, answer.record.wait_s > 0
+        final = ("dropped" if reason in DROPPED_REASONS and waited
                  else "over_budget" if reason in BUDGET_REASONS else "rejected")
         self._retry_or_settle(st, retry_after, final, now)
 
