@@ -12,7 +12,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (128: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (136: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -691,6 +691,23 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 2.9-8.2 s from arrival, no gateway wait): the place no admission decision reaches.
     "holdout-b47-outage-rejoin-retry-medium4-gw2": ("seed 2: P0 attainment",
                                                     "seed 3: P0 attainment"),
+    # Batch 48 (eight files written at stop 54 by a helper who had not read the controller,
+    # judged as they stood at dccb945; five met every target).
+    # Do no harm with the engines scraped every 5 s (holdout-b48-calm-stale-signals-medium3-
+    # gw2): as written 0.942 / 0.945 / 0.959 x `none`, P1 0.907 / 0.920 / 0.944 against its
+    # 1.000 (eight targets): each reading was stale after the policy's 2 s, so every engine
+    # read saturated three seconds in five and held the lower classes back. Since a
+    # staleAfter the policy leaves out follows the scrape interval (twice it; a given one at
+    # or below it is an error) it meets every target.
+    # RAG with 3-7 % of one tenant's prompts over the 8,192-token context (answered 400 at
+    # once): seed 1 reads 0.897 of static:24 (1.04 and 1.08 at seeds 2 and 3); not traced.
+    "holdout-b48-ctx-overflow-rag-small3": ("seed 1: adaptive",),
+    # Engines capped at 8 sequences, ~300-token answers, retrying bursts: the best fixed
+    # limit (static:40, every slot of the fleet) gives P0 up (0.86-0.89), and the best that
+    # keeps it serves 0.61-0.90 of its goodput. Adaptive: 0.986 / 0.911 / 0.857 of static:40,
+    # P0 0.963 / 0.989 / 1.000; not traced.
+    "holdout-b48-seqcap-drafts-medium5-retry": ("seed 1: P0 attainment", "seed 2: adaptive",
+                                                "seed 2: P0 attainment", "seed 3: adaptive"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"

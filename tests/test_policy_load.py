@@ -207,7 +207,7 @@ limiter:
     waitingTarget: 3
     queueTarget: 0
     itlTarget: 50ms
-    staleAfter: 1s
+    staleAfter: 3s
     maxGrowth: 1.5
     decreaseOnDrop: 0.8
 pools:
@@ -250,7 +250,7 @@ failureModeAllow: true
     a = p.limiter.adaptive
     assert (a.initial_limit_tokens, a.min_limit_tokens, a.max_limit_tokens) == (5e4, 1e3, 1e5)
     assert (a.window_s, a.min_samples, a.kv_target, a.waiting_target) == (0.25, 5, 0.8, 3.0)
-    assert (a.queue_target_s, a.itl_target_s, a.stale_after_s) == (0.0, 0.05, 1.0)
+    assert (a.queue_target_s, a.itl_target_s, a.stale_after_s) == (0.0, 0.05, 3.0)
     assert (a.max_growth, a.decrease_on_drop) == (1.5, 0.8)
     [pool] = p.pools
     assert (pool.name, pool.cluster, pool.engine) == ("main", "vllm_pool", "sglang")
@@ -658,3 +658,14 @@ def test_docs_examples_load():
                 load_policy(block)
         else:
             load_policy(block, "docs")
+
+
+def test_stale_after_left_out_follows_the_longest_scrape_interval():
+    """Scraped every 5 s, a reading was stale after the 2 s default before the next came
+    (tests/policy_cases/stale-before-the-next-scrape.yaml: given that short, an error)."""
+    base = ("queues: [{priority: 0, name: p0, maxQueueSize: 9, timeout: 8s, dropPolicy: tail}]\n"
+            "pools: [{name: a, scrapeInterval: 5s}, {name: b, models: [m], scrapeInterval: 1s}]\n")
+    assert load_policy(base).limiter.adaptive.stale_after_s == 10.0
+    assert load_policy(base.replace("5s", "0.5s")).limiter.adaptive.stale_after_s == 2.0
+    given = load_policy(base + "limiter: {adaptive: {staleAfter: 6s}}\n").limiter.adaptive
+    assert given.stale_after_s == 6.0 and given.stale_after_given

@@ -470,3 +470,23 @@ def test_an_empty_model_is_one_error_and_a_folder_is_named_so(tmp_path):
     assert "\n" not in text  # and not "no pool serves model '123'" too
     with pytest.raises(ScenarioError, match="a folder, not a scenario file"):
         load_scenario(str(tmp_path))
+
+
+def test_a_scenarios_scrapes_are_its_policys_and_stale_after_follows_them():
+    """A scenario scraped every 5 s ran a policy whose readings were stale after 2 s: every
+    engine read saturated three seconds in five, and adaptive held the lower classes back at
+    0.6x load (holdout-b48-calm-stale-signals-medium3-gw2: P1 0.91-0.94 against `none`'s 1.0).
+    A policy that leaves staleAfter out has it follow the scrapes (twice the interval, as the
+    loader settles it: core/policy/limiter.py); one that gives it too short is an error."""
+    from llmvalve.sim.runner import scenario_policy
+
+    sc = parse_scenario(BASE + "metrics: {scrapeInterval: 5s}\n", "t.yaml")
+    policy = scenario_policy(sc)
+    assert {p.scrape_interval_s for p in policy.pools} == {5.0}
+    assert policy.limiter.adaptive.stale_after_s == 10.0
+    assert scenario_policy(parse_scenario(BASE, "t.yaml")) == default_policy()
+    inline = ("policy:\n  queues: [{priority: 0, name: p0, maxQueueSize: 9, timeout: 8s,"
+              " dropPolicy: tail}]\n  limiter: {adaptive: {staleAfter: 3s}}\n")
+    msg = error_of(BASE + "metrics: {scrapeInterval: 5s}\n" + inline)
+    assert msg.startswith("t.yaml:8: metrics.scrapeInterval: the policy's "
+                          "limiter.adaptive.staleAfter 3s must be above"), msg

@@ -44,7 +44,7 @@ from llmvalve.bench.scenario_pools import (
 from llmvalve.core.policy import Policy
 from llmvalve.sim.harness import DRAIN_LIMIT_S, RunResult
 from llmvalve.sim.report import capacity_report, summarize
-from llmvalve.sim.runner import default_policy
+from llmvalve.sim.runner import scenario_policy
 from llmvalve.sim.scenario import PoolDef, Scenario
 from llmvalve.sim.workload import generate
 from llmvalve.stack import Stack, StackConfig, envoy_binary
@@ -349,7 +349,7 @@ def _measure(sc: Scenario, stacks: list[BenchStack], gen: LoadGenerator, policy:
 def run_mode(sc: Scenario, mode: str, opts: BenchOptions, progress: Progress,
              workdir: Path) -> ModeRun:
     seed = sc.seed if opts.seed is None else opts.seed
-    policy = sc.policy or default_policy()
+    policy = scenario_policy(sc)
     jobs = generate(sc, opts.load_scale, seed)
     layout = sc.layout(policy)
     profile = layout[0].engine_profile()
@@ -421,7 +421,7 @@ def simulate_same(sc: Scenario, modes: list[str], opts: BenchOptions) -> tuple[d
     scenario with a departure it moves goodput by several per cent (docs/benchmarks.md)."""
     from llmvalve.sim.runner import simulate
 
-    policy = sc.policy or default_policy()
+    policy = scenario_policy(sc)
     draws = range(1, opts.sim_draws + 1) if opts.sim_draws > 0 else (0,)
     tries = [(k, *simulate(dataclasses.replace(sc, timing_draw=k), modes, opts.seed,
                            load_scale=opts.load_scale)) for k in draws]

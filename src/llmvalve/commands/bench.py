@@ -156,12 +156,12 @@ def _bench(sc: Scenario, modes: list[str], loads: list[float], opts: BenchOption
 def _plot(plot: str, sc: Scenario, opts: BenchOptions, res: dict,
           runs: dict[str, RunResult]) -> None:
     from llmvalve.bench.plot import plot_sweep, plot_timeseries, plot_ttft
-    from llmvalve.sim.runner import default_policy
+    from llmvalve.sim.runner import scenario_policy
 
     stem = plot.removesuffix(".png")
     plot_timeseries(runs, plot, f"llmvalve bench — {sc.name} (real Envoy, time scale "
                     f"{opts.time_scale:g})")
-    plot_ttft(runs, sc.policy or default_policy(), stem + "-ttft.png",
+    plot_ttft(runs, scenario_policy(sc), stem + "-ttft.png",
               f"{sc.name}: time to first token by class")
     if res.get("sweep"):
         plot_sweep(res["sweep"], stem + "-sweep.png",

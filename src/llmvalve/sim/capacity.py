@@ -22,7 +22,7 @@ import random
 from dataclasses import replace
 
 from llmvalve.sim.harness import Simulation
-from llmvalve.sim.runner import default_policy
+from llmvalve.sim.runner import scenario_policy
 from llmvalve.sim.scenario import RetrySpec, Scenario
 from llmvalve.sim.workload import Job, generate
 
@@ -53,7 +53,7 @@ def measure(sc: Scenario, seed: int | None = None, duration_s: float = 300.0,
                           j.output_tokens, j.max_tokens, None))
     steady = replace(sc, events=tuple(e for e in sc.events if e.at_s == 0),
                      duration_s=duration_s)
-    policy = sc.policy or default_policy()
+    policy = scenario_policy(sc)
     best: dict = {"capacity_tok_s": 0.0}
     for c in [f"static:{n}" for n in sc.oracle_sweep] + ["none"]:
         run = Simulation(steady, policy, c, replay, seed).run()

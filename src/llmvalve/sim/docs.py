@@ -229,7 +229,9 @@ events:                                   # capacity events; backend: an index o
 gateways: 1                               # independent replicas, each with its own controller
                                           # (static:N is N per replica; at most 1,024)
 metrics: {scrapeInterval: 0.5s, alsDelay: 0.05s}  # feedback delays (on a fixed grid;
-                                          # `simulate --timing-draw K` draws phase and delay)
+                                          # `simulate --timing-draw K` draws phase and delay);
+                                          # scrapeInterval is the policy's for every pool (a
+                                          # staleAfter the policy leaves out follows it)
 policy: default                           # or a policy file path, or an inline mapping
 controllers: [none, static:32, seed, adaptive]
 oracleSweep: [8, 12, 16, 24, 32, 40, 48, 64, 96]

@@ -30,6 +30,7 @@ from dataclasses import replace
 from importlib import resources
 
 from llmvalve.core.policy import Policy, load_policy
+from llmvalve.core.policy.limiter import with_scrape_interval
 from llmvalve.sim.harness import RunResult, Simulation
 from llmvalve.sim.report import capacity_report, good_tokens_by_arrival, summarize, timeseries
 from llmvalve.sim.scenario import Scenario
@@ -49,10 +50,17 @@ def default_policy() -> Policy:
     return dataclasses.replace(policy, pools=policy.pools[:1], features=())
 
 
+def scenario_policy(sc: Scenario) -> Policy:
+    """The policy a scenario's gateways run: its own or the default, scraping the backends
+    every `metrics.scrapeInterval` (core/policy/limiter.py: a staleAfter the policy leaves
+    out follows it; ValueError for one it gives that is too short)."""
+    return with_scrape_interval(sc.policy or default_policy(), sc.scrape_interval_s)
+
+
 def run_one(sc: Scenario, controller: str, seed: int | None = None,
             load_scale: float = 1.0, stepping: str = "event") -> RunResult:
     seed = sc.seed if seed is None else seed
-    policy = sc.policy or default_policy()
+    policy = scenario_policy(sc)
     jobs = generate(sc, load_scale, seed)
     return Simulation(sc, policy, controller, jobs, seed, stepping).run()
 
@@ -80,7 +88,7 @@ def simulate(sc: Scenario, controllers: list[str] | None = None, seed: int | Non
     if gateways is not None:
         sc = replace(sc, gateways=gateways)
     seed = sc.seed if seed is None else seed
-    policy = sc.policy or default_policy()
+    policy = scenario_policy(sc)
     runs: dict[str, RunResult] = {}
     out: dict = {"scenario": sc.name, "seed": seed, "duration_s": sc.duration_s,
                  "controllers": {}}
@@ -247,7 +255,7 @@ def seed_summary(per: dict[int, dict]) -> dict:
 def sweep(sc: Scenario, controllers: list[str], loads: list[float],
           seed: int | None = None, stepping: str = "event") -> list[dict]:
     """Goodput and attainment per controller at each multiple of the scenario's rates."""
-    policy = sc.policy or default_policy()
+    policy = scenario_policy(sc)
     out = []
     for load in loads:
         row: dict = {"load": load, "controllers": {}}

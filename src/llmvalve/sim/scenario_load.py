@@ -685,6 +685,12 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
         r.error(class_node, "classes", too_many)
     if too_many := over_scrape_bound(sc):
         r.error(top.get("duration"), "duration", too_many)
+    from llmvalve.sim.runner import scenario_policy
+
+    try:  # the scenario's scrapes are the policy's
+        scenario_policy(sc)
+    except ValueError as e:
+        r.error(m.get("scrapeInterval"), "metrics.scrapeInterval", str(e))
     if issues:
         raise ScenarioError("\n".join(str(i) for i in sorted(issues, key=lambda i: i.line)))
     return sc

@@ -82,6 +82,9 @@ class AdaptiveLimitSpec:
     queue_target_s: float = 0.0  # 0 → a quarter of the tightest class TTFT SLO
     itl_target_s: float = 0.0  # 0 → 0.8 × the tightest class TPOT SLO
     stale_after_s: float = 2.0  # backend metrics older than this count as saturated
+    # given by the policy (else derived from the scrape intervals): where it came from, not
+    # what it means, so two specs with the same staleAfter are equal
+    stale_after_given: bool = field(default=False, compare=False)
     max_growth: float = 1.25
     decrease_on_drop: float = 0.9
     band: float = 0.1  # dead band around the target: hold while |r - 1| <= band / 2
