@@ -261,6 +261,18 @@ async def test_bad_change_is_refused_visibly_and_the_running_policy_stays(plane,
     assert not open_ids(cp)
 
 
+async def test_a_refused_controller_change_names_the_file_and_line(plane):
+    """A file that loads but cannot replace the running policy (a controller change needs a
+    restart) said so without its file and line, unlike every other refusal (found by a
+    new-user trial)."""
+    cp, volume = plane
+    volume.update(POLICY.replace("controller: static", "controller: adaptive"))
+    assert await cp.reload("sighup") is False
+    error = (await status_of(cp))["policy"]["last_reload"]["error"]
+    assert error.startswith(f"{cp.config.policy_path}:5: limiter.controller: static → "
+                            "adaptive needs a restart"), error
+
+
 async def test_deleted_policy_file_is_an_error_not_a_crash(plane):
     cp, volume = plane
     running = cp.policy.version

@@ -70,6 +70,15 @@ from llmvalve.core.types import (
     Ticket,
 )
 
+
+class ChangeRefused(ValueError):
+    """A policy that loads but cannot replace the running one: `field` (dotted) says where."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 # Below this offered load (of what the limit holds at its reach) a queue is a burst the pool
 # drains before the next: early drop refuses only what its whole TTFT objective cannot cover.
 # Refusing at half the objective there refused a sixth of a tenant's synchronized bursts at
@@ -504,8 +513,8 @@ class Admission:
         limiters learned carry over; a pool that is no longer in the policy keeps serving its
         in-flight requests to their end and takes no new ones."""
         if self._controller_from_policy and policy.limiter.controller != self.controller:
-            raise ValueError(
-                f"limiter.controller: {self.controller} → {policy.limiter.controller} needs a "
+            raise ChangeRefused(
+                "limiter.controller", f"{self.controller} → {policy.limiter.controller} needs a "
                 "restart (the running limit's unit and what it learned cannot carry over); "
                 "the running policy stays")
         old_policy, self.policy = self.policy, policy

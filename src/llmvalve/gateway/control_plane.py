@@ -30,7 +30,7 @@ from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.auth.v3 import external_auth_pb2_grpc
 
 from llmvalve.admin.v1 import admin_pb2_grpc
-from llmvalve.core.admission import Admission
+from llmvalve.core.admission import Admission, ChangeRefused
 from llmvalve.core.policy import BackendSpec, Policy
 from llmvalve.core.policy.pools import metrics_url_problem, pool_and_url
 from llmvalve.gateway import dashboard, logs
@@ -45,7 +45,7 @@ from llmvalve.gateway.driver import Driver
 from llmvalve.gateway.envoy_config import envoy_read_changes
 from llmvalve.gateway.front import Front
 from llmvalve.gateway.metrics import GatewayMetrics
-from llmvalve.gateway.policy_file import load_policy_file
+from llmvalve.gateway.policy_file import field_line, load_policy_file
 from llmvalve.gateway.policy_watch import PolicyWatcher, ReloadLog
 from llmvalve.gateway.replicas import DEFAULT_INTERVAL_S as DEFAULT_REPLICAS_INTERVAL_S
 from llmvalve.gateway.replicas import ReplicaCount
@@ -282,6 +282,9 @@ class ControlPlane:
                 policy = with_backends(loaded, self.config.metrics_urls)
                 self.driver.replace_policy(policy)
             except Exception as exc:
+                if isinstance(exc, ChangeRefused):  # the file's line, as a bad file's errors
+                    line = field_line(self.config.policy_path, exc.field)
+                    exc = ValueError(f"{self.config.policy_path}:{line or '?'}: {exc}")
                 log.error("policy reload failed, keeping the current policy: %s", exc)
                 self.reloads.failed(trigger, exc, self.policy.version)
                 return False
