@@ -283,8 +283,9 @@ class ControlPlane:
                 self.driver.replace_policy(policy)
             except Exception as exc:
                 if isinstance(exc, ChangeRefused):  # the file's line, as a bad file's errors
-                    line = field_line(self.config.policy_path, exc.field)
-                    exc = ValueError(f"{self.config.policy_path}:{line or '?'}: {exc}")
+                    path = self.config.policy_path
+                    line = field_line(path, exc.field)
+                    exc = ValueError(f"{path}:{line}: {exc}" if line else f"{path}: {exc}")
                 log.error("policy reload failed, keeping the current policy: %s", exc)
                 self.reloads.failed(trigger, exc, self.policy.version)
                 return False

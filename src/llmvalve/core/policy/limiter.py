@@ -62,15 +62,8 @@ def read_limiter(top: NodeFields, pools: tuple[PoolSpec, ...]) -> LimiterSpec:
         band=a.number("band", ad.band, ge=0, lt=1),
         latency_window_s=a.duration("latencyWindow", ad.latency_window_s),
     )
-    # A reading is stale after staleAfter: not given, the default or twice the longest
-    # scrapeInterval, the longer; given, above every pool's scrapeInterval, or every reading
-    # is stale before the next (scraped every 5 s under the 2 s default,
-    # every engine read saturated three seconds in five: the lower classes were held back at
-    # 0.6x load, holdout-b48-calm-stale-signals-medium3-gw2)
-    if not adaptive.stale_after_given:
-        adaptive = replace(adaptive, stale_after_s=max(
-            [adaptive.stale_after_s, *(2 * p.scrape_interval_s for p in pools)]))
-    elif (late := stale_before_next(adaptive, pools)) is not None:
+    adaptive, late = settle_stale_after(adaptive, pools)
+    if late is not None:
         f.r.error(a.get("staleAfter"), a.field("staleAfter"), late)
     lo, hi = adaptive.min_limit_tokens, adaptive.max_limit_tokens
     if hi < lo:
@@ -84,23 +77,30 @@ def read_limiter(top: NodeFields, pools: tuple[PoolSpec, ...]) -> LimiterSpec:
 
 
 
-def stale_before_next(a: AdaptiveLimitSpec, pools: tuple[PoolSpec, ...]) -> str | None:
-    """Why a given `staleAfter` is too short for a pool's scrapes (None: it is not)."""
+def settle_stale_after(a: AdaptiveLimitSpec, pools: tuple[PoolSpec, ...]
+                       ) -> tuple[AdaptiveLimitSpec, str | None]:
+    """`staleAfter` against the pools' scrapes, and why a given one is too short (None: it is
+    not). Left out, it is the default or twice the longest `scrapeInterval`, the longer;
+    given, it must be above every pool's `scrapeInterval`, or every reading is stale before
+    the next (scraped every 5 s under the 2 s default, every engine read saturated three
+    seconds in five, and the lower classes were held back at 0.6x load:
+    holdout-b48-calm-stale-signals-medium3-gw2)."""
+    if not a.stale_after_given:
+        return replace(a, stale_after_s=max(
+            [AdaptiveLimitSpec.stale_after_s, *(2 * p.scrape_interval_s for p in pools)])), None
     for i, p in enumerate(pools):
         if a.stale_after_s <= p.scrape_interval_s:
-            return (f"{a.stale_after_s:g}s must be above pools[{i}]'s scrapeInterval "
-                    f"({p.scrape_interval_s:g}s): every reading would be stale before the next")
-    return None
+            return a, (f"{a.stale_after_s:g}s must be above pools[{i}]'s scrapeInterval "
+                       f"({p.scrape_interval_s:g}s): every reading would be stale before the "
+                       "next")
+    return a, None
 
 
 def with_scrape_interval(policy: Policy, interval_s: float) -> Policy:
     """`policy` with every pool scraped every `interval_s` (a scenario's `metrics`), its
     `staleAfter` settled as the loader settles it; ValueError for a given one too short."""
     pools = tuple(replace(p, scrape_interval_s=interval_s) for p in policy.pools)
-    a = policy.limiter.adaptive
-    if a.stale_after_given:
-        if (late := stale_before_next(a, pools)) is not None:
-            raise ValueError(f"the policy's limiter.adaptive.staleAfter {late}")
-    else:
-        a = replace(a, stale_after_s=max(AdaptiveLimitSpec.stale_after_s, 2 * interval_s))
+    a, late = settle_stale_after(policy.limiter.adaptive, pools)
+    if late is not None:
+        raise ValueError(f"the policy's limiter.adaptive.staleAfter {late}")
     return replace(policy, pools=pools, limiter=replace(policy.limiter, adaptive=a))
