@@ -242,21 +242,18 @@ def static_fallback(fallback: FallbackSpec, *, reason: Reason, path: str, model:
     usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     if stream:
         kind = "text_completion" if completions else "chat.completion.chunk"
-        chunks = []
-        for i in indices:
+
+        def piece(i: int, last: bool) -> dict:
+            """Choice i's text, then its end."""
             if completions:
-                chunks += [{**common, "object": kind,
-                            "choices": [{"index": i, "text": fallback.content,
-                                         "finish_reason": None, "logprobs": None}]},
-                           {**common, "object": kind,
-                            "choices": [{"index": i, "text": "", "finish_reason": "stop",
-                                         "logprobs": None}]}]
+                choice = {"index": i, "text": "" if last else fallback.content,
+                          "finish_reason": "stop" if last else None, "logprobs": None}
             else:
-                chunks += [{**common, "object": kind,
-                            "choices": [{"index": i, "finish_reason": None, "delta": {
-                                "role": "assistant", "content": fallback.content}}]},
-                           {**common, "object": kind,
-                            "choices": [{"index": i, "delta": {}, "finish_reason": "stop"}]}]
+                choice = {"index": i, "finish_reason": "stop" if last else None, "delta": {} if
+                          last else {"role": "assistant", "content": fallback.content}}
+            return {**common, "object": kind, "choices": [choice]}
+
+        chunks = [piece(i, last) for i in indices for last in (False, True)]
         if usage_chunk:
             chunks.append({**common, "object": kind, "choices": [], "usage": usage})
         body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"

@@ -79,7 +79,6 @@ class Scraper:
         self._readers: dict[tuple[str, str], SignalReader] = {}
         self._faulted: set[str] = set()  # URLs whose scrape raised an unexpected error
         self._said: set[tuple[str, str]] = set()  # (URL, signal) missing, logged once
-        self._late: set[str] = set()  # URLs whose last scrape passed its timeout
         # URL → when the core last got a good reading of it (kept across a reload's restart)
         self._read_at: dict[str, float] = {}
         self._stated: set[str] = set()  # URLs of backends whose KV capacity the policy states
@@ -113,10 +112,9 @@ class Scraper:
             self._session = None
 
     async def scrape_once(self, url: str, reader: SignalReader, timeout_s: float):
-        """The snapshot of one scrape; a failed one's reason is `reader.why`, and one that
-        passed `timeout_s` leaves its URL in `_late`."""
+        """The snapshot of one scrape; a failed one's reason is `reader.why`. One that passes
+        `timeout_s` raises TimeoutError: late is not failed (the loop decides, module doc)."""
         assert self._session is not None
-        self._late.discard(url)
         try:
             async with self._session.get(
                 url, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=HEADERS
@@ -126,9 +124,7 @@ class Scraper:
                 text = await _page(response)
                 open_metrics = response.content_type.startswith("application/openmetrics")
         except TimeoutError:
-            self._late.add(url)
-            return reader.failed(self.driver.clock(), f"no page within {timeout_s:g} s "
-                                 "(the pool's scrapeTimeout)")
+            raise  # before OSError, of which it is one
         except (aiohttp.ClientError, UnicodeDecodeError, LookupError, OSError,
                 PageTooLarge) as exc:
             return reader.failed(self.driver.clock(), _failure(exc))
@@ -177,10 +173,14 @@ class Scraper:
                               f"lookup-{reader.backend}")
         was_ok = True
         while True:
-            snap = await self.scrape_once(url, reader, timeout_s)
-            # late, with a reading young enough to stand for it: none (module doc)
-            unread = (url in self._late
-                      and snap.at - self._read_at.get(url, -math.inf) < stale_after_s)
+            try:
+                snap = await self.scrape_once(url, reader, timeout_s)
+                unread = False
+            except TimeoutError:
+                snap = reader.failed(self.driver.clock(), f"no page within {timeout_s:g} s "
+                                     "(the pool's scrapeTimeout)")
+                # late, with a reading young enough to stand for it: none (module doc)
+                unread = snap.at - self._read_at.get(url, -math.inf) < stale_after_s
             self.metrics.scraped(pool, snap, reader.why, seen=not unread)
             if not (snap.ok and was_ok):
                 wake.set()
