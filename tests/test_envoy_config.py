@@ -285,3 +285,19 @@ def test_health_and_unnamed_requests_go_to_the_policys_first_pool(tmp_path, caps
     targets = {r["match"].get("path", r["match"].get("prefix")): r["route"]["cluster"]
                for r in host["routes"] if "cluster" in r.get("route", {})}
     assert targets["/health"] == "vllm_big" and targets["/"] == "vllm_big", targets
+
+
+def test_a_new_first_pool_cluster_is_what_envoy_reads():
+    """Envoy's default route and /health go to the first pool's cluster: a reload that
+    changes it (pools reordered onto clusters Envoy has) said nothing was left for Envoy."""
+    from llmvalve.core.policy import load_policy
+    from llmvalve.gateway.envoy_config import envoy_read_changes
+
+    head = "queues: [{priority: 0, name: p0, maxQueueSize: 9, timeout: 8s, dropPolicy: tail}]\n"
+    a = load_policy(head + "pools: [{name: a, cluster: ca}, {name: b, cluster: cb, "
+                    "models: [m]}]\n")
+    b = load_policy(head + "pools: [{name: b, cluster: cb}, {name: a, cluster: ca, "
+                    "models: [m]}]\n")
+    assert envoy_read_changes(a, b) == ["the first pool's cluster (Envoy's default route and "
+                                        "/health)"]
+    assert envoy_read_changes(a, a) == []

@@ -67,10 +67,12 @@ def test_openai_sdk_non_streaming_and_streaming(e2e):
 def test_sdk_streams_read_to_their_end_are_answers_not_cancellations(e2e):
     """The OpenAI SDK stops reading at `[DONE]` and closes the connection. A server that ends
     its chunked body after that event, not with it, lets Envoy see the client leave first:
-    the answer counted as cancelled (no SLO verdict, no sample; 3 of 10 with the simulated
-    engine's separate end-of-body write)."""
+    the answer counted as cancelled (no SLO verdict, no sample; 3 to 5 of 10 with the
+    simulated engine's separate end-of-body write)."""
+    admitted = 'llmvalve_decisions_total{class="realtime-interactive",decision="admitted"'
     before = metric(e2e, 'llmvalve_decisions_total{class="realtime-interactive",'
                          'decision="cancelled_in_flight"')
+    admitted_before = metric(e2e, admitted)
     c = client(e2e)
     for _ in range(10):
         assert "".join(chunk.choices[0].delta.content or ""
@@ -80,6 +82,7 @@ def test_sdk_streams_read_to_their_end_are_answers_not_cancellations(e2e):
     time.sleep(1.5)  # the access log of the last ones (flushed each second)
     assert metric(e2e, 'llmvalve_decisions_total{class="realtime-interactive",'
                        'decision="cancelled_in_flight"') == before
+    assert metric(e2e, admitted) == admitted_before + 10  # the series read here exist
 
 
 def test_unknown_key_is_401_openai_style(e2e):

@@ -40,12 +40,10 @@ from dataclasses import dataclass, field
 
 from llmvalve.client import Backoff, RetryBudget, RetryPolicy, retry_after_s
 from llmvalve.core.quantiles import percentile
-from llmvalve.sim.harness import JobState
+from llmvalve.sim.harness import JobState, final_of
 from llmvalve.sim.workload import Job
 
-DROP_REASONS = ("queue_timeout", "client_deadline")  # the simulator counts these as dropped
 FINAL = ("completed", "rejected", "dropped", "cancelled", "over_budget")
-BUDGET_REASONS = ("budget_requests", "budget_tokens")  # the tenant's budget: as the simulator
 PROMPT_UNIT = "lore"  # 4 characters: one prompt token for the gateway's estimate
 
 
@@ -336,8 +334,7 @@ class LoadGenerator:
             self.rejections_by_s[sec] = self.rejections_by_s.get(sec, 0) + 1
             if ra is not None:
                 self.retry_after.append(ra * self.x)
-            final = ("dropped" if reason in DROP_REASONS
-                     else "over_budget" if reason in BUDGET_REASONS else "rejected")
+            final = final_of(reason, int(headers.get("x-llmvalve-queue-wait-ms", "0")) > 0)
             return final, ra, True
         if status == 429:  # someone else's rate limit: honour it the same way
             return "rejected", retry_after_s(headers), True

@@ -281,14 +281,13 @@ class ControlPlane:
                 loaded = await asyncio.to_thread(load_policy_file, self.config.policy_path)
                 policy = with_backends(loaded, self.config.metrics_urls)
                 self.driver.replace_policy(policy)
+            except ChangeRefused as exc:  # the file's line, as a bad file's errors give it
+                path = self.config.policy_path
+                line = field_line(path, exc.field)
+                return self._refused(trigger, f"{path}:{line}: {exc}" if line
+                                     else f"{path}: {exc}")
             except Exception as exc:
-                if isinstance(exc, ChangeRefused):  # the file's line, as a bad file's errors
-                    path = self.config.policy_path
-                    line = field_line(path, exc.field)
-                    exc = ValueError(f"{path}:{line}: {exc}" if line else f"{path}: {exc}")
-                log.error("policy reload failed, keeping the current policy: %s", exc)
-                self.reloads.failed(trigger, exc, self.policy.version)
-                return False
+                return self._refused(trigger, exc)
             self.policy = policy
             self.metrics.follow_tenants(policy.tenant_names())
             await self.scraper.start(policy)
@@ -300,6 +299,11 @@ class ControlPlane:
                             "it does not reload: render Envoy's config again and roll it out "
                             "for these to apply: %s", "; ".join(envoy))
             return True
+
+    def _refused(self, trigger: str, error: BaseException | str) -> bool:
+        log.error("policy reload failed, keeping the current policy: %s", error)
+        self.reloads.failed(trigger, error, self.policy.version)
+        return False
 
     async def drain(self, timeout_s: float) -> None:
         """New requests get 503 draining; held and in-flight ones may finish until the

@@ -183,6 +183,8 @@ def envoy_read_changes(old: Policy, new: Policy) -> list[str]:
         header = getattr(new.requests, attr)
         if header != getattr(old.requests, attr) and not header.startswith("x-llmvalve-"):
             out.append(f"requests.{key} (a header Envoy must pass to the check)")
+    if new.pools[0].cluster != old.pools[0].cluster:
+        out.append("the first pool's cluster (Envoy's default route and /health)")
     added = sorted(_clusters(new) - _clusters(old))
     if added:
         out.append("new clusters " + ", ".join(added))

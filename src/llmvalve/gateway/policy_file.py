@@ -8,7 +8,7 @@ from pathlib import Path
 from yaml.nodes import MappingNode
 
 from llmvalve.core.policy import Policy, load_policy_source
-from llmvalve.core.policy.document import policy_root
+from llmvalve.core.policy.document import keys_of, policy_root
 
 
 def read_text(path: str) -> str:
@@ -42,7 +42,7 @@ def field_line(path: str | Path, field: str) -> int | None:
     for key in field.split("."):
         if not isinstance(node, MappingNode):
             return None
-        node = next((v for k, v in node.value if getattr(k, "value", None) == key), None)
+        node = keys_of(node).get(key)
         if node is None:
             return None
     return reader.line(node)

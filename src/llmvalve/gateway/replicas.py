@@ -77,14 +77,14 @@ class ReplicaCount:
         self.error: str | None = None  # of the last lookup, None when it succeeded
         self._on_count = on_count
         self._resolve = resolve
-        self._own: frozenset[str] = frozenset()
+        self._own: frozenset[str] | None = None  # this host's addresses, once looked up
         self._clock = clock
         self._lower_since: float | None = None  # when a smaller count was first seen
         self._tasks = Background()
 
     async def refresh(self) -> None:
         """One lookup; a new count is handed on (a smaller one once it has held)."""
-        if not self._own:  # not known yet: asked again at each lookup
+        if self._own is None:
             self._own = await own_addresses(self._resolve)
         try:
             answers = await asyncio.wait_for(self._resolve(self.name), LOOKUP_TIMEOUT_S)

@@ -32,6 +32,13 @@ from llmvalve.sim.workload import Job
 MAINTAIN_EVERY_S = 1.0  # as the production driver: reclaim leases, reconcile slots
 DROPPED_REASONS = ("queue_timeout", "client_deadline")  # waited, then shed: "dropped"
 BUDGET_REASONS = ("budget_requests", "budget_tokens")  # the tenant's budget: "over_budget"
+
+
+def final_of(reason: str, waited: bool) -> str:
+    """A refusal's outcome, as `simulate` and `bench` count it: dropped after a wait (a
+    client's deadline may also refuse at arrival: rejected), over_budget, or rejected."""
+    return ("dropped" if reason in DROPPED_REASONS and waited
+            else "over_budget" if reason in BUDGET_REASONS else "rejected")
 FINAL = ("completed", "rejected", "dropped", "cancelled", "over_budget")
 
 DRAIN_LIMIT_S = 120.0  # after the traffic stops, how long unfinished requests may still finish
@@ -237,9 +244,7 @@ class Simulation:
         if retry_after is not None:
             self.retry_after.append(retry_after)
         self.rejections_since_tick += 1
-        reason, waited = answer.record.reason, answer.record.wait_s > 0
-        final = ("dropped" if reason in DROPPED_REASONS and waited
-                 else "over_budget" if reason in BUDGET_REASONS else "rejected")
+        final = final_of(answer.record.reason, answer.record.wait_s > 0)
         self._retry_or_settle(st, retry_after, final, now)
 
     def _retry_or_settle(self, st: JobState, retry_after_s: float | None, final: str,

@@ -85,7 +85,7 @@ def configmap_policy(doc: Node) -> Node | None:
     if not isinstance(data, MappingNode):
         return data if data is not None else doc
     # only this key: the Deployment mounts data."policy.yaml" and nothing else
-    return _keys(data).get("policy.yaml", data)
+    return keys_of(data).get("policy.yaml", data)
 
 
 def holds_policy(doc: Node) -> bool:
@@ -93,7 +93,7 @@ def holds_policy(doc: Node) -> bool:
     policy's (other ConfigMaps may sit beside it)."""
     top = _configmap(doc)
     data = top.get("data") if top is not None else None
-    return isinstance(data, MappingNode) and "policy.yaml" in _keys(data)
+    return isinstance(data, MappingNode) and "policy.yaml" in keys_of(data)
 
 
 def _policy_given_twice(doc: Node) -> tuple[Node, str] | None:
@@ -116,12 +116,12 @@ def _policy_given_twice(doc: Node) -> tuple[Node, str] | None:
 def _configmap(doc: Node) -> dict[str, Node] | None:
     if not isinstance(doc, MappingNode):
         return None
-    top = _keys(doc)
+    top = keys_of(doc)
     kind = top.get("kind")
     return top if isinstance(kind, ScalarNode) and kind.value == "ConfigMap" else None
 
 
-def _keys(node: MappingNode) -> dict[str, Node]:
+def keys_of(node: MappingNode) -> dict[str, Node]:
     return {k.value: v for k, v in node.value if isinstance(k, ScalarNode)}
 
 
