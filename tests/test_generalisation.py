@@ -711,6 +711,46 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # there is no room past the engines' cap. Not mended.
     "holdout-b48-seqcap-drafts-medium5-retry": ("seed 1: P0 attainment", "seed 2: adaptive",
                                                 "seed 2: P0 attainment", "seed 3: adaptive"),
+    # Batch 49 (eight files written at stop 55 by a helper who had not read the controller,
+    # judged as they stood at 84cbcd9; three met every target: code completion on eight
+    # small engines behind four replicas at 3x, a P1 tenant flooding at 10x with retries,
+    # engines capped at 10 sequences behind three replicas).
+    # Heavy-tailed answers (cv 2.5-3) on five small engines behind two replicas: seed 2
+    # reads 0.879 of static:24 (1.12 and 0.98 at seeds 1 and 3; P0 1.000 at each, where
+    # static:32 gives it up at seed 3). Looked at (seed 2): 285 preemptions against
+    # static:24's 113, throughput 1,185 against 1,364 tok/s: the answers that grow to 4,000
+    # tokens outgrow what the limit charged them (the heavy-tail family of the issue).
+    "holdout-b49-heavytail-small5-gw2": ("seed 2: adaptive",),
+    # Three of eight tiny engines slowed 3x for 40 s at 1.5x: seed 2 reads 0.914 of
+    # static:32, which lets P0 fall to 0.971, and 0.944 of static:24, the best that keeps it
+    # (0.960 and 0.956 at seeds 1 and 3). Looked at (seed 2): adaptive refuses 709 P1
+    # requests on arrival against static:24's 429, P1 0.810 against 0.891, P0 0.998.
+    "holdout-b49-slow3x-three-of-tiny8-gw2": ("seed 2: adaptive",),
+    # Do no harm with 24 P1 tenants, eight of them in independent bursts, on four small
+    # engines (mean load 0.63-0.71x, but overlapping bursts overload the pool for tens of
+    # seconds): `none` runs ~110 requests with 40 waiting in the engines and 74 preemptions at
+    # seed 2, P0 0.884; adaptive keeps P0 at 1.000 and refuses or times out P1 requests of
+    # the bursting tenants (31 refused, 13 dropped at seed 2). Traced (seed 2): the queue of
+    # ~40 P1 builds while KV sits at the 0.8 target and the limit is cut for latency at KV
+    # 0.85, which keeps P0's TPOT; the P1 objective (8 s) is loose enough for `none` to serve
+    # its requests late in the engines' queues. The trade of the KV target again. Measured,
+    # not kept: a KV target that probes up to 0.08 above kvTarget while nothing preempts.
+    "holdout-b49-calm-tenants24-small4-gw2": ("seed 2: adaptive", "seed 2: P1 attainment",
+                                              "seed 3: P1 attainment"),
+    # An engine of three leaves at 70 s and rejoins at 100 s with twice the KV and speed:
+    # every P0 miss (9 / 7 / 13 of ~420) is a request in flight on it when it left (arrived
+    # 47-70 s at seed 3), the place no admission decision reaches. static:128 keeps P0 at
+    # seeds 1 and 3 only because it happened to place P0 on engine 0 (45 of 57 at 40-70 s,
+    # adaptive 22 of 57 on engine 2). Measured, not kept: the top class spread over engines
+    # that start it as soon (fewest top-class requests first): 9 of 57 P0 dropped, and over
+    # every workload P0 misses rose.
+    "holdout-b49-swap-bigger-medium3": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                                        "seed 3: P0 attainment"),
+    # One P1 tenant's prompts double at 80 s (1,600 -> 3,200 tokens) on four small engines
+    # behind two replicas: seed 1 reads 0.947 of static:16, which gives P0 up (no fixed limit
+    # of the sweep keeps it there); 1.09 and 1.12 at seeds 2 and 3. Looked at (seed 1):
+    # static:16 serves P1 0.730 and P0 0.977, adaptive P1 0.557 and P0 1.000.
+    "holdout-b49-prompt-double-small4-gw2": ("seed 1: adaptive",),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
