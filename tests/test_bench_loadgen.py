@@ -157,3 +157,13 @@ async def test_replicas_take_turns(gateway):
     res = await LoadGenerator(jobs, target, time_scale=X, duration_s=0.2, drain_s=2.0).run()
     assert [s.gateway for s in res.states] == [0, 1, 2, 0, 1, 2]
     assert all(s.status == "completed" for s in res.states)
+
+
+def test_the_queue_wait_header_is_read_alike_for_answers_and_refusals():
+    """A refusal's queue wait decides dropped (after a wait) or rejected; it was parsed with
+    int() there, where a header that is not a number raised, and leniently for answers."""
+    from llmvalve.bench.loadgen import queue_wait_s
+
+    assert queue_wait_s({"x-llmvalve-queue-wait-ms": "1500"}) == 1.5
+    assert queue_wait_s({"x-llmvalve-queue-wait-ms": "n/a"}) == 0.0
+    assert queue_wait_s({}) == 0.0

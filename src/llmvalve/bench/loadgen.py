@@ -44,6 +44,15 @@ from llmvalve.sim.harness import JobState, final_of
 from llmvalve.sim.workload import Job
 
 FINAL = ("completed", "rejected", "dropped", "cancelled", "over_budget")
+def queue_wait_s(headers) -> float:  # type: ignore[no-untyped-def]
+    """The gateway's queue wait for the request (`x-llmvalve-queue-wait-ms`), in its own
+    seconds; 0 where it sent none or one that is not a number."""
+    try:
+        return float(headers.get("x-llmvalve-queue-wait-ms", 0)) / 1000
+    except ValueError:
+        return 0.0
+
+
 PROMPT_UNIT = "lore"  # 4 characters: one prompt token for the gateway's estimate
 
 
@@ -305,10 +314,7 @@ class LoadGenerator:
             self.waiting -= 1
             self.streaming += 1
             counted = "streaming"
-            wait_ms = resp.headers.get("x-llmvalve-queue-wait-ms")
-            if wait_ms is not None:
-                with contextlib.suppress(ValueError):
-                    st.queue_wait_s += float(wait_ms) / 1000 * self.x
+            st.queue_wait_s += queue_wait_s(resp.headers) * self.x
             if await self._read_stream(st, resp):
                 self._settle(st, "completed")
                 return "completed", None, False
@@ -334,7 +340,7 @@ class LoadGenerator:
             self.rejections_by_s[sec] = self.rejections_by_s.get(sec, 0) + 1
             if ra is not None:
                 self.retry_after.append(ra * self.x)
-            final = final_of(reason, int(headers.get("x-llmvalve-queue-wait-ms", "0")) > 0)
+            final = final_of(reason, queue_wait_s(headers) > 0)
             return final, ra, True
         if status == 429:  # someone else's rate limit: honour it the same way
             return "rejected", retry_after_s(headers), True

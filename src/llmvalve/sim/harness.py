@@ -32,6 +32,7 @@ from llmvalve.sim.workload import Job
 MAINTAIN_EVERY_S = 1.0  # as the production driver: reclaim leases, reconcile slots
 DROPPED_REASONS = ("queue_timeout", "client_deadline")  # waited, then shed: "dropped"
 BUDGET_REASONS = ("budget_requests", "budget_tokens")  # the tenant's budget: "over_budget"
+FINAL = ("completed", "rejected", "dropped", "cancelled", "over_budget")
 
 
 def final_of(reason: str, waited: bool) -> str:
@@ -39,7 +40,7 @@ def final_of(reason: str, waited: bool) -> str:
     client's deadline may also refuse at arrival: rejected), over_budget, or rejected."""
     return ("dropped" if reason in DROPPED_REASONS and waited
             else "over_budget" if reason in BUDGET_REASONS else "rejected")
-FINAL = ("completed", "rejected", "dropped", "cancelled", "over_budget")
+
 
 DRAIN_LIMIT_S = 120.0  # after the traffic stops, how long unfinished requests may still finish
 # The gateways start this long before the scenario's first second and scrape the idle

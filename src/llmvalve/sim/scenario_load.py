@@ -18,6 +18,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from llmvalve.core.policy import Policy, PolicyError, PolicyIssue
 from llmvalve.core.policy.document import compose_document
+from llmvalve.core.policy.limiter import with_scrape_interval
 from llmvalve.core.policy.load import load_policy_node
 from llmvalve.core.policy.nodes import NodeFields, NodeReader, duration_at_least, shown
 from llmvalve.core.policy.pools import MIN_SCRAPE_INTERVAL_S
@@ -685,12 +686,11 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
         r.error(class_node, "classes", too_many)
     if too_many := over_scrape_bound(sc):
         r.error(top.get("duration"), "duration", too_many)
-    from llmvalve.sim.runner import scenario_policy
-
-    try:  # the scenario's scrapes are the policy's
-        scenario_policy(sc)
-    except ValueError as e:
-        r.error(m.get("scrapeInterval"), "metrics.scrapeInterval", str(e))
+    if sc.policy is not None:  # its scrapes are the policy's (the default gives no staleAfter)
+        try:
+            with_scrape_interval(sc.policy, sc.scrape_interval_s)
+        except ValueError as e:
+            r.error(m.get("scrapeInterval"), "metrics.scrapeInterval", str(e))
     if issues:
         raise ScenarioError("\n".join(str(i) for i in sorted(issues, key=lambda i: i.line)))
     return sc
