@@ -298,6 +298,26 @@ async def test_bad_input_gets_vllm_400_and_the_server_keeps_serving(make_backend
     assert backend.engine.metrics.requests_total == 1
 
 
+@pytest.mark.parametrize(("method", "path", "status"), [
+    ("POST", "/v1/embeddings", 404),
+    ("GET", "/v1/chat/completions", 405),
+])
+async def test_unserved_routes_answer_in_the_error_shape(make_backend, http, method, path,
+                                                         status):
+    backend = await make_backend()
+    async with http.request(method, url(backend, path), json={"input": "hi"}) as resp:
+        assert resp.status == status
+        body = (await resp.json())["error"]
+    assert body["code"] == status and path in body["message"]
+
+
+async def test_openai_sdk_reads_an_unserved_route_as_not_found(make_backend):
+    backend = await make_backend()
+    client = openai.AsyncOpenAI(base_url=url(backend, "/v1"), api_key="sk-sim", max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="/v1/embeddings is not served here"):
+        await client.embeddings.create(model=backend.model, input="hi")
+
+
 # ---- faults -----------------------------------------------------------------------------------
 async def _statuses(http, backend, n):
     out = []

@@ -1,7 +1,8 @@
 """One simulated GPU backend behind a vLLM-compatible HTTP server (aiohttp).
 
 Routes: POST /v1/chat/completions, POST /v1/completions (streaming or not), GET /v1/models,
-GET /health, GET /version, GET /metrics; admin: GET|POST /admin/faults, GET /admin/stats.
+GET /health, GET /version, GET /metrics; admin: GET|POST /admin/faults, GET /admin/stats. Any
+other path or method answers 404 or 405 in vLLM's error shape.
 
 The adapter is thin: `protocol` decides what a request is and what its answer looks like, the
 engine decides when tokens exist, `EngineRunner` moves engine time, `exposition` renders the
@@ -46,6 +47,21 @@ def error_response(status: int, message: str, err_type: str,
                         content_type="application/json")
 
 
+@web.middleware
+async def _json_routing_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A path or method it does not serve (an embeddings call to a chat model) answers in
+    the error shape of its other answers, not aiohttp's plain text: OpenAI clients parse it."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return error_response(404, f"{request.method} {request.path} is not served here",
+                              "NotFoundError")
+    except web.HTTPMethodNotAllowed as e:
+        return error_response(405, f"{request.method} {request.path} is not served here; "
+                              f"allowed: {', '.join(sorted(e.allowed_methods))}",
+                              "MethodNotAllowedError")
+
+
 class SimBackend:
     """One engine, one HTTP server. Create inside a running loop; `await start(host, port)`."""
 
@@ -69,7 +85,8 @@ class SimBackend:
 
     # ---- lifecycle ------------------------------------------------------------------------
     def _build_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024,
+                              middlewares=[_json_routing_errors])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
