@@ -238,6 +238,30 @@ def test_only_the_inference_api_reaches_a_backend(e2e):
     e2e.wait_idle()
 
 
+def test_a_clients_envoy_headers_change_nothing(e2e):
+    """Retries and timeouts are the gateway's: a client's `x-envoy-retry-on` would have Envoy
+    resend a failed generation to the GPUs past the admission (one admitted slot, several
+    backend requests), and `x-envoy-upstream-rq-timeout-ms` would cut a stream; claiming to be
+    internal (`x-envoy-internal`, a private `x-forwarded-for`) does not make them count."""
+    port = e2e.stack.config.port
+    chat = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"authorization: Bearer " + P0_KEY.encode() + b"\r\nx-envoy-internal: true\r\n"
+            b"x-forwarded-for: 10.0.0.1\r\n")
+    payload = json.dumps(body()).encode()
+    sent = sum(b["requests_received"] for b in e2e.backend_stats())
+    e2e.set_faults(error_rate=1.0)
+    try:
+        status, answer = raw_request(port, chat + b"x-envoy-retry-on: 5xx\r\n"
+                                     b"x-envoy-max-retries: 5\r\n", payload)
+    finally:
+        e2e.set_faults(error_rate=0.0)
+    assert status == 500, answer
+    assert sum(b["requests_received"] for b in e2e.backend_stats()) == sent + 1
+    status, answer = raw_request(port, chat + b"x-envoy-upstream-rq-timeout-ms: 1\r\n", payload)
+    assert status == 200 and b"chat.completion" in answer, answer
+    e2e.wait_idle()
+
+
 # how Envoy's listener saw a burst (connections counted, how they ended), how it reached
 # the control plane (health checks failed, connections refused or timed out) and the backends
 # (a connection the backend closed as a request was sent on it: upstream_cx_destroy_remote)
