@@ -269,16 +269,19 @@ def test_each_target_is_judged_only_where_the_scenario_expects_it():
         "seed 1: P1 attainment 0.980 (< 0.99)"]
 
 
+CANCELS = ("name: p0-cancels\nduration: 20s\nbackends: {count: 1, profile: small}\n"
+           "oracleSweep: [4, 16]\nexpect: {p0WithinShare: true}\nclasses:\n"
+           "  - {name: chat, priority: 0, tenant: app, rate: 2, prompt: {mean: 200},"
+           " output: {mean: 100}, cancel: {prob: 0.8, after: [0.5s, 1s]}}\n"
+           "  - {name: batch, priority: 2, tenant: etl, rate: 2, prompt: {mean: 200},"
+           " output: {mean: 100}}\n")
+
+
 def test_judge_prints_the_targets_missed_and_exits_1(tmp_path):
     """Clients that cancel most P0 requests: no controller meets P0's 0.99, and the judge
     says so at each seed."""
     f = tmp_path / "cancels.yaml"
-    f.write_text("name: p0-cancels\nduration: 20s\nbackends: {count: 1, profile: small}\n"
-                 "oracleSweep: [4, 16]\nexpect: {p0WithinShare: true}\nclasses:\n"
-                 "  - {name: chat, priority: 0, tenant: app, rate: 2, prompt: {mean: 200},"
-                 " output: {mean: 100}, cancel: {prob: 0.8, after: [0.5s, 1s]}}\n"
-                 "  - {name: batch, priority: 2, tenant: etl, rate: 2, prompt: {mean: 200},"
-                 " output: {mean: 100}}\n")
+    f.write_text(CANCELS)
     cmd = [sys.executable, "-m", "llmvalve.cli", "simulate", "--scenario", str(f), "--judge"]
     out = subprocess.run([*cmd, "--seeds", "1,2"], capture_output=True, text=True)
     assert out.returncode == 1, out.stderr
@@ -293,6 +296,37 @@ def test_judge_prints_the_targets_missed_and_exits_1(tmp_path):
                                     text=True).stdout)
     assert set(res["seeds"]) == {"1"} and res["misses"][0].startswith("seed 1: P0 attainment")
     assert res["seeds"]["1"]["adaptive"]["slo_attainment"]["0"] < 0.5
+
+
+CALM = ("name: calm-one\nduration: 20s\nbackends: {count: 1, profile: small}\n"
+        "oracleSweep: [4, 16]\nclasses:\n  - {name: chat, priority: 0, tenant: app, rate: 0.5,"
+        " prompt: {mean: 200}, output: {mean: 50}}\n")
+
+
+def test_judge_takes_a_folder_and_counts_what_met_every_target(tmp_path):
+    (tmp_path / "a.yaml").write_text(CALM)
+    (tmp_path / "b.yaml").write_text(CANCELS)
+    (tmp_path / "notes.txt").write_text("not a scenario")
+    cmd = [sys.executable, "-m", "llmvalve.cli", "simulate", "--judge", "--scenario",
+           str(tmp_path), "--seed", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr
+    lines = out.stdout.splitlines()
+    assert [ln for ln in lines if ln.startswith("targets of ")] == [
+        "targets of calm-one: adaptive >= 0.95 x max(best fixed limit, none)",
+        "targets of p0-cancels: adaptive >= 0.95 x max(best fixed limit, none); "
+        "P0 attainment >= 0.99 (p0WithinShare)"]
+    assert lines[-1] == "1 of 2 scenarios meet every target at seed 1; 1 target missed"
+    res = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True).stdout)
+    assert [d["scenario"] for d in res["scenarios"]] == ["calm-one", "p0-cancels"]
+    assert res["scenarios"][0]["misses"] == [] and len(res["scenarios"][1]["misses"]) == 1
+    # a file that does not load stops it before anything runs, naming the file
+    (tmp_path / "c.yaml").write_text(CALM.replace("rate: 0.5", "rate: 0.5, maxToken: 9"))
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert out.returncode == 2 and "c.yaml" in out.stderr and not out.stdout, out.stderr
+    out = subprocess.run([*cmd[:4], "--scenario", str(tmp_path)], capture_output=True,
+                         text=True)
+    assert out.returncode == 2 and "a folder is judged (--judge)" in out.stderr
 
 
 @pytest.mark.parametrize("extra", [["--controllers", "none"], ["--capacity"],

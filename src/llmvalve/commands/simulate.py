@@ -9,6 +9,7 @@ import re
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from llmvalve.commands.args import CONTROLLERS
 from llmvalve.commands.output import unwritable
@@ -17,7 +18,8 @@ _CONTROLLER_RE = re.compile(rf"{CONTROLLERS.pattern}|schedule:.+")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenario", help="built-in name or a YAML file (required but with --list)")
+    p.add_argument("--scenario", help="built-in name or a YAML file (required but with --list); "
+                   "with --judge also a folder: every *.yaml in it is judged in turn")
     p.add_argument("--controllers", help="comma list: none,static:N,seed,adaptive "
                    "(default: the scenario's)")
     p.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
@@ -77,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.scenario:
         return _fail("--scenario is required (--list names the built-ins)")
+    if Path(args.scenario).is_dir():
+        return _judge_folder(Path(args.scenario), args)
     try:
         sc = load_scenario(args.scenario)
         if args.seeds:
@@ -125,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
     if args.capacity:
         return _capacity(sc, seeds, args.json, args.load_scale)
     if args.judge:
-        return _judge(sc, seeds, args)
+        rc, doc = _judge(sc, seeds, args)
+        print(json.dumps(doc, indent=2) if args.json else doc["report"])
+        return rc
     t0 = time.perf_counter()
     try:
         result, runs = simulate_seeds(sc, ctrls, seeds, args.oracle, args.gateways,
@@ -148,7 +154,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _judge(sc, seeds: list[int], args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+def _judge(sc, seeds: list[int], args: argparse.Namespace) -> tuple[int, dict]:  # type: ignore[no-untyped-def]
+    """1 and the document when a target is missed, 0 and it when none is; the document's
+    `report` is what the judge prints (the JSON leaves it out)."""
     from llmvalve.sim.runner import simulate_seeds
     from llmvalve.sim.targets import JUDGED, figures, misses, report
 
@@ -157,12 +165,56 @@ def _judge(sc, seeds: list[int], args: argparse.Namespace) -> int:  # type: igno
                                stepping=args.stepping)
     runs = result["seeds"]["runs"]
     found = misses(sc, runs)
-    if args.json:
-        print(json.dumps({"scenario": sc.name, "expect": sc.extra, "misses": found,
-                          "seeds": figures(runs)}, indent=2))
-    else:
-        print(report(sc, runs, found))
-    return 1 if found else 0
+    doc = {"scenario": sc.name, "expect": sc.extra, "misses": found,
+           "seeds": figures(runs)}
+    if not args.json:
+        doc = {**doc, "report": report(sc, runs, found)}
+    return (1 if found else 0), doc
+
+
+def _judge_folder(folder: Path, args: argparse.Namespace) -> int:
+    """Every scenario file of `folder` judged as `--judge` judges one (the same seeds and
+    options), then how many met every target. A file that does not load stops it (exit 2)
+    before anything runs."""
+    from llmvalve.sim.runner import parse_seeds
+    from llmvalve.sim.scenario import ScenarioError, load_scenario
+    from llmvalve.sim.targets import SEEDS as JUDGE_SEEDS
+
+    if not args.judge:
+        return _fail(f"--scenario {folder}: a folder is judged (--judge); give one file to "
+                     "simulate it")
+    if args.controllers or args.capacity or args.plot:
+        return _fail("--judge runs its own controllers: give it without --controllers, "
+                     "--capacity and --plot")
+    if args.backends is not None or args.gateways is not None or args.load_scale != 1.0:
+        return _fail("a folder's scenarios are judged as written: give it without "
+                     "--backends, --gateways and --load-scale")
+    if args.seeds and args.seed is not None:
+        return _fail("give --seed or --seeds, not both")
+    files = sorted(folder.glob("*.yaml"))
+    if not files:
+        return _fail(f"--scenario {folder}: no *.yaml file in it")
+    try:
+        seeds = (parse_seeds(args.seeds) if args.seeds
+                 else [args.seed] if args.seed is not None else list(JUDGE_SEEDS))
+        scenarios = [replace(load_scenario(str(f)), timing_draw=args.timing_draw)
+                     for f in files]
+    except (ScenarioError, OSError, ValueError) as exc:
+        return _fail(str(exc))
+    docs, met = [], 0
+    for sc in scenarios:
+        rc, doc = _judge(sc, seeds, args)
+        met += rc == 0
+        if not args.json:
+            print(doc.pop("report") + "\n", flush=True)
+        docs.append(doc)
+    cells = sum(len(d["misses"]) for d in docs)
+    summary = (f"{met} of {len(docs)} scenarios meet every target at seed"
+               f"{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))}; "
+               f"{cells} target{'s' if cells != 1 else ''} missed")
+    print(json.dumps({"scenarios": docs, "summary": summary}, indent=2) if args.json
+          else summary)
+    return 0 if met == len(docs) else 1
 
 
 def _plot(plot: str, sc, seed: int, result: dict, runs) -> None:  # type: ignore[no-untyped-def]

@@ -365,7 +365,9 @@ with cancellations on P0, `p0WithinShare` asks for what no controller can give.
 `simulate --scenario FILE --judge` runs `none` and `adaptive` with the fixed-limit oracles at
 seeds 1-3 (or `--seeds`), judges these targets and `adaptive` ≥ 0.95x the better of the best
 fixed limit and `none`, prints every target missed, by seed, and exits 1 if one is
-(`--json`: the same as JSON). Where the best fixed limit by goodput gives P0 up, it names the
+(`--json`: the same as JSON). `--scenario FOLDER` judges every `*.yaml` in it in turn, as
+written (a file that does not load stops it before anything runs), and ends with how many
+met every target and how many targets were missed. Where the best fixed limit by goodput gives P0 up, it names the
 best that keeps it, or says that none of the sweep does: there the two targets conflict for
 every fixed limit. tests/test_generalisation.py judges every built-in so (`fleet`, 32
 engines, with `LLMVALVE_ISSUE10_FULL=1`).
