@@ -196,14 +196,38 @@ def test_compose_prometheus_scrapes_the_control_plane_admin_port(compose):
     assert folder / config_path.name == PROMETHEUS / "prometheus.yml"
     config = load(PROMETHEUS / "prometheus.yml")
     assert all((folder / f).is_file() for f in config["rule_files"])  # mounted beside it
-    [job] = config["scrape_configs"]
-    [target] = job["static_configs"][0]["targets"]
-    host, port = target.split(":")
-    # The host is the service holding the network namespace llmvalve runs in.
-    assert host == netns_owner(compose, "llmvalve")
+    # the control plane's own metrics, and Envoy's it relays (`serve --envoy-admin`)
+    jobs = config["scrape_configs"]
+    assert {job["metrics_path"] for job in jobs} == {"/metrics", "/envoy/metrics"}
     args = build_parser().parse_args(compose["services"]["llmvalve"]["command"])
-    assert int(port) == int(args.admin.rpartition(":")[2])
-    assert job["metrics_path"] == "/metrics"
+    for job in jobs:
+        [target] = job["static_configs"][0]["targets"]
+        host, port = target.split(":")
+        # The host is the service holding the network namespace llmvalve runs in.
+        assert host == netns_owner(compose, "llmvalve")
+        assert int(port) == int(args.admin.rpartition(":")[2])
+
+
+def envoy_admin_of(bootstrap: Path) -> str:
+    address = load(bootstrap)["admin"]["address"]["socket_address"]
+    return f"{address['address']}:{address['port_value']}"
+
+
+def test_envoys_statistics_are_relayed_from_its_admin(compose):
+    """compose and Kubernetes run Envoy's admin on loopback (it takes /quitquitquit too): the
+    control plane beside it relays its statistics page at the admin port's /envoy/metrics,
+    told where by --envoy-admin, which must be where the bootstrap puts Envoy's admin."""
+    from llmvalve.gateway.admin_http import AdminState, build_app
+    from llmvalve.gateway.metrics import GatewayMetrics
+
+    routes = {r.resource.canonical for r in build_app(
+        AdminState(), GatewayMetrics(), dict).router.routes()}
+    assert "/envoy/metrics" in routes
+    args = build_parser().parse_args(compose["services"]["llmvalve"]["command"])
+    assert args.envoy_admin == envoy_admin_of(ROOT / "envoy" / "envoy.yaml")
+    [cp] = [c for c in gateway_pod()["spec"]["containers"] if c["name"] == "llmvalve"]
+    args = build_parser().parse_args(cp["args"])
+    assert args.envoy_admin == envoy_admin_of(K8S / "envoy.yaml")
 
 
 # -- alerts -------------------------------------------------------------------------------------
@@ -278,8 +302,10 @@ def port_names(pod: dict) -> set[str]:
     return {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
 
 
-def test_kubernetes_scrape_job_keeps_the_gateway_pods_admin_port():
-    [job] = load(PROMETHEUS / "kubernetes-scrape.yml")["scrape_configs"]
+@pytest.mark.parametrize("path", ["/metrics", "/envoy/metrics"])
+def test_kubernetes_scrape_job_keeps_the_gateway_pods_admin_port(path):
+    [job] = [j for j in load(PROMETHEUS / "kubernetes-scrape.yml")["scrape_configs"]
+             if j["metrics_path"] == path]
     rules = {tuple(r["source_labels"]): r for r in job["relabel_configs"]}
     pod = gateway_pod()
     name_rule = rules[("__meta_kubernetes_pod_label_app_kubernetes_io_name",)]
@@ -315,14 +341,15 @@ def test_servicemonitor_selects_the_gateway_service_admin_port():
                if monitor["spec"]["selector"]["matchLabels"].items()
                <= s["metadata"].get("labels", {}).items()]
     assert matched == [service["metadata"]["name"]]
-    [endpoint] = monitor["spec"]["endpoints"]
-    [admin] = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
-    assert admin["targetPort"] in port_names(gateway_pod())
-    assert endpoint["path"] == "/metrics"
+    endpoints = monitor["spec"]["endpoints"]
+    assert [e["path"] for e in endpoints] == ["/metrics", "/envoy/metrics"]
     assert set(monitor["spec"]) <= {"selector", "namespaceSelector", "endpoints",
                                     "targetLabels", "podTargetLabels", "jobLabel"}
-    assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "scheme",
-                             "honorLabels", "relabelings", "metricRelabelings"}
+    for endpoint in endpoints:
+        [admin] = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+        assert admin["targetPort"] in port_names(gateway_pod())
+        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "scheme",
+                                 "honorLabels", "relabelings", "metricRelabelings"}
 
 
 def test_adapter_rule_serves_the_metric_the_hpa_scales_on(exported):

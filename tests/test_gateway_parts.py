@@ -36,6 +36,7 @@ from llmvalve.gateway.front import Answer, Check, Front, Go, LogEntry, Record
 from llmvalve.gateway.http_listener import HttpListener, Response
 from llmvalve.gateway.metrics import GatewayMetrics
 from llmvalve.gateway.scraper import Scraper
+from llmvalve.processes import free_port
 
 POLICY = Policy(queues=SEED_QUEUES)
 
@@ -719,9 +720,22 @@ async def test_admin_endpoints():
                 assert 'llmvalve_pool_limit{pool="default"} 8.0' in text
                 assert 'llmvalve_pool_inflight{pool="default"} 2.0' in text
                 assert "llmvalve_decisions_total" in text
+            async with session.get(base + "/envoy/metrics") as r:  # not told where Envoy is
+                assert r.status == 404 and "--envoy-admin" in await r.text()
             state.draining = True
             async with session.get(base + "/readyz") as r:
                 assert r.status == 503 and "draining" in await r.text()
+    finally:
+        await runner.cleanup()
+    # told, but nothing listens there: a 502 that says so, at once
+    runner = web.AppRunner(build_app(state, metrics, full_status,
+                                     envoy_admin=f"127.0.0.1:{free_port('127.0.0.1')}"))
+    await runner.setup()
+    base = f"http://127.0.0.1:{await serve_on_free_port(runner)}"
+    try:
+        async with aiohttp.ClientSession() as session, \
+                session.get(base + "/envoy/metrics") as r:
+            assert r.status == 502 and "did not answer" in await r.text()
     finally:
         await runner.cleanup()
 

@@ -206,7 +206,9 @@ class Stack:
                         "--http", f"{c.host}:{c.http_port}",
                         "--admin", f"{c.host}:{c.admin_port}",
                         "--admin-grpc", f"{c.host}:{c.admin_grpc_port}", "--drain-timeout", "5",
-                        *c.serve_args)
+                        # Envoy's admin port is picked before; should Envoy find it taken and
+                        # start on another, /envoy/metrics answers 502 until a restart
+                        "--envoy-admin", f"{c.host}:{c.envoy_admin_port}", *c.serve_args)
         if c.policy is not None:
             argv += ["--policy", str(c.policy)]
         if c.controller:

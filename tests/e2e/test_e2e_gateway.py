@@ -28,6 +28,8 @@ from e2e_support import (
     wait_until,
 )
 
+from llmvalve.processes import http_get
+
 pytestmark = pytest.mark.e2e
 
 # (1) ---------------------------------------------------------------------------------------
@@ -502,3 +504,24 @@ def test_a_slow_upload_is_not_the_control_planes_lag(e2e):
     on an idle gateway. It is counted from the body's end (http check)."""
     assert slow_upload(e2e, P2_KEY, 1.5) == (200, "")
     e2e.wait_idle()
+
+
+def test_envoys_statistics_through_the_admin_port(e2e):
+    """Envoy's admin (loopback: it takes /quitquitquit too) is relayed read-only at the
+    control plane's /envoy/metrics, the port Prometheus scrapes already; its query (Envoy's
+    `filter`, `usedonly`) passes through."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client(e2e).chat.completions.create(**chat_body(4))
+    status, body = http_get(e2e.stack.admin_url + "/envoy/metrics")
+    assert status == 200, body[:300]
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    [ingress] = [s for s in families["envoy_http_downstream_rq"].samples
+                 if s.labels.get("envoy_http_conn_manager_prefix") == "llm_ingress"
+                 and s.name.endswith("_total")]
+    assert ingress.value >= 1
+    status, body = http_get(e2e.stack.admin_url + "/envoy/metrics?usedonly"
+                            "&filter=%5Ehttp%5C.llm_ingress%5C.downstream_rq_total%24")
+    assert status == 200
+    names = {f.name for f in text_string_to_metric_families(body.decode())}
+    assert names == {"envoy_http_downstream_rq"}, names

@@ -59,6 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-grpc", type=address, default=DEFAULT_ADMIN_GRPC, metavar="ADDR",
                         help="admin gRPC API: status, overrides (default "
                         f"{DEFAULT_ADMIN_GRPC}; loopback only without a token)")
+    parser.add_argument("--envoy-admin", type=address, default=None, metavar="ADDR",
+                        help="Envoy's admin address beside it (127.0.0.1:9901 in the shipped "
+                        "deployments): the admin port's /envoy/metrics relays Envoy's "
+                        "/stats/prometheus, so Envoy's admin stays on loopback (default: "
+                        "not relayed)")
     parser.add_argument("--admin-token-file", type=Path, default=None, metavar="FILE",
                         help="the admin APIs' bearer token (e.g. a mounted Secret)")
     parser.add_argument("--admin-tls-cert", type=Path, default=None, metavar="FILE",
@@ -112,6 +117,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{REPLICAS_INTERVAL_S:g})")
 
 
+def _with_host(addr: str) -> str:
+    """HOST:PORT to connect to: an empty host is this host (127.0.0.1)."""
+    host, _, port = addr.rpartition(":")
+    return f"{host or '127.0.0.1'}:{port}"
+
+
 async def _main(args: argparse.Namespace) -> int:
     from llmvalve.gateway.control_plane import ControlPlane, ControlPlaneConfig
     from llmvalve.gateway.policy_file import default_policy_path, load_policy_file
@@ -124,7 +135,8 @@ async def _main(args: argparse.Namespace) -> int:
         policy_path=args.policy or None, metrics_urls=tuple(args.metrics_url),
         watch_interval_s=args.watch_interval, metrics_tenants=args.metrics_tenants,
         replica_share=args.replica_share, replicas_from=args.replicas_from or None,
-        replicas_interval_s=args.replicas_interval))
+        replicas_interval_s=args.replicas_interval,
+        envoy_admin=args.envoy_admin and _with_host(args.envoy_admin)))
     await plane.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

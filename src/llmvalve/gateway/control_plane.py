@@ -91,6 +91,9 @@ class ControlPlaneConfig:
     # their count, re-read every replicas_interval_s (replica_share until the first answer)
     replicas_from: str | None = None
     replicas_interval_s: float = DEFAULT_REPLICAS_INTERVAL_S
+    # Envoy's admin address beside it (HOST:PORT): the admin port's /envoy/metrics relays
+    # its /stats/prometheus (None: not relayed)
+    envoy_admin: str | None = None
     ports: dict[str, int] = field(default_factory=dict)
 
 
@@ -229,7 +232,8 @@ class ControlPlane:
         host, _ = split_addr(self.config.admin)
         guard = http_guard(self.token, is_loopback(host), ("/status", "/dashboard"),
                            self.metrics.admin_refused)
-        app = build_app(self.state, self.metrics, self.status, middlewares=[guard])
+        app = build_app(self.state, self.metrics, self.status, middlewares=[guard],
+                        envoy_admin=self.config.envoy_admin)
         dashboard.install(app, self.history)
         return app
 

@@ -367,10 +367,10 @@ seeds 1-3 (or `--seeds`), judges these targets and `adaptive` ≥ 0.95x the bett
 fixed limit and `none`, prints every target missed, by seed, and exits 1 if one is
 (`--json`: the same as JSON). `--scenario FOLDER` judges every `*.yaml` in it in turn, as
 written (a file that does not load stops it before anything runs), and ends with how many
-met every target and how many targets were missed. Where the best fixed limit by goodput gives P0 up, it names the
-best that keeps it, or says that none of the sweep does: there the two targets conflict for
-every fixed limit. tests/test_generalisation.py judges every built-in so (`fleet`, 32
-engines, with `LLMVALVE_ISSUE10_FULL=1`).
+met every target and how many targets were missed. Where the best fixed limit by goodput
+gives P0 up, it names the best that keeps it, or says that none of the sweep does: there the
+two targets conflict for every fixed limit. tests/test_generalisation.py judges every
+built-in so (`fleet`, 32 engines, with `LLMVALVE_ISSUE10_FULL=1`).
 """
 
 
