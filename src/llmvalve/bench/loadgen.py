@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 
 from llmvalve.client import Backoff, RetryBudget, RetryPolicy, retry_after_s
 from llmvalve.core.quantiles import percentile
-from llmvalve.sim.harness import JobState, final_of
+from llmvalve.sim.harness import FINAL, JobState, final_of
 from llmvalve.sim.workload import Job
 
-FINAL = ("completed", "rejected", "dropped", "cancelled", "over_budget")
+
 def queue_wait_s(headers) -> float:  # type: ignore[no-untyped-def]
     """The gateway's queue wait for the request (`x-llmvalve-queue-wait-ms`), in its own
     seconds; 0 where it sent none or one that is not a number."""

@@ -44,6 +44,7 @@ from typing import Any
 
 import aiohttp
 
+from llmvalve.bench.loadgen import queue_wait_s
 from llmvalve.bench.soak_report import markdown, report
 from llmvalve.client import Backoff, RetryBudget, RetryPolicy, retry_after_s
 from llmvalve.core.quantiles import percentile
@@ -143,7 +144,7 @@ class Soak:
         async with session.post(self.url, json=req.body(), headers=req.headers()) as r:
             got = time.monotonic()
             reason = r.headers.get("x-llmvalve-reason")
-            wait_s = int(r.headers.get("x-llmvalve-queue-wait-ms", "0") or 0) / 1000.0
+            wait_s = queue_wait_s(r.headers)
             if count and (reason is not None or req.stream):
                 self.latencies.append((got - self.t0, max(0.0, got - sent - wait_s)))
             await r.read()

@@ -64,7 +64,7 @@ def _fail(msg: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from llmvalve.sim.report import table
-    from llmvalve.sim.runner import parse_seeds, simulate_seeds
+    from llmvalve.sim.runner import simulate_seeds
     from llmvalve.sim.scenario import ScenarioError, builtin_names, load_scenario
     from llmvalve.sim.scenario_load import (
         MAX_BACKENDS,
@@ -79,23 +79,18 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.scenario:
         return _fail("--scenario is required (--list names the built-ins)")
-    if Path(args.scenario).is_dir():
-        return _judge_folder(Path(args.scenario), args)
-    try:
-        sc = load_scenario(args.scenario)
-        if args.seeds:
-            seeds = parse_seeds(args.seeds)
-        elif args.seed is not None:
-            seeds = [args.seed]
-        else:
-            seeds = list(JUDGE_SEEDS) if args.judge else [sc.seed]
-    except (ScenarioError, OSError, ValueError) as exc:
-        return _fail(str(exc))
     if args.seeds and args.seed is not None:
         return _fail("give --seed or --seeds, not both")
     if args.judge and (args.controllers or args.capacity or args.plot):
         return _fail("--judge runs its own controllers: give it without --controllers, "
                      "--capacity and --plot")
+    if Path(args.scenario).is_dir():
+        return _judge_folder(Path(args.scenario), args)
+    try:
+        sc = load_scenario(args.scenario)
+        seeds = _seeds(args, list(JUDGE_SEEDS) if args.judge else [sc.seed])
+    except (ScenarioError, OSError, ValueError) as exc:
+        return _fail(str(exc))
     ctrls = args.controllers.split(",") if args.controllers else None
     bad = [c for c in ctrls or [] if not _CONTROLLER_RE.fullmatch(c)]
     if bad:
@@ -154,6 +149,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seeds(args: argparse.Namespace, default: list[int]) -> list[int]:
+    """The seeds asked for (`--seeds` or `--seed`), else `default`."""
+    from llmvalve.sim.runner import parse_seeds
+
+    if args.seeds:
+        return parse_seeds(args.seeds)
+    return [args.seed] if args.seed is not None else default
+
+
 def _judge(sc, seeds: list[int], args: argparse.Namespace) -> tuple[int, dict]:  # type: ignore[no-untyped-def]
     """1 and the document when a target is missed, 0 and it when none is; the document's
     `report` is what the judge prints (the JSON leaves it out)."""
@@ -176,27 +180,20 @@ def _judge_folder(folder: Path, args: argparse.Namespace) -> int:
     """Every scenario file of `folder` judged as `--judge` judges one (the same seeds and
     options), then how many met every target. A file that does not load stops it (exit 2)
     before anything runs."""
-    from llmvalve.sim.runner import parse_seeds
     from llmvalve.sim.scenario import ScenarioError, load_scenario
     from llmvalve.sim.targets import SEEDS as JUDGE_SEEDS
 
     if not args.judge:
         return _fail(f"--scenario {folder}: a folder is judged (--judge); give one file to "
                      "simulate it")
-    if args.controllers or args.capacity or args.plot:
-        return _fail("--judge runs its own controllers: give it without --controllers, "
-                     "--capacity and --plot")
     if args.backends is not None or args.gateways is not None or args.load_scale != 1.0:
         return _fail("a folder's scenarios are judged as written: give it without "
                      "--backends, --gateways and --load-scale")
-    if args.seeds and args.seed is not None:
-        return _fail("give --seed or --seeds, not both")
     files = sorted(folder.glob("*.yaml"))
     if not files:
         return _fail(f"--scenario {folder}: no *.yaml file in it")
     try:
-        seeds = (parse_seeds(args.seeds) if args.seeds
-                 else [args.seed] if args.seed is not None else list(JUDGE_SEEDS))
+        seeds = _seeds(args, list(JUDGE_SEEDS))
         scenarios = [replace(load_scenario(str(f)), timing_draw=args.timing_draw)
                      for f in files]
     except (ScenarioError, OSError, ValueError) as exc:
