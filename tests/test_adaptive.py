@@ -12,6 +12,7 @@ import pytest
 from llmvalve.core.adaptive import (
     ENVELOPE_SAMPLES,
     FALLBACK_CAPACITY_TOKENS,
+    SEQ_CAP_HITS,
     STALE_SIGMA,
     AdaptiveLimit,
 )
@@ -462,9 +463,9 @@ def test_sequence_cap_is_counted_after_repeated_evidence(share, seqs):
     a.on_snapshot(snap(0.0, "b0", running=16.0, kv_usage=0.1), 0.0)
     a.on_snapshot(snap(0.0, "b1", running=16.0, kv_usage=0.1), 0.0)
     assert a.max_requests() == math.inf
-    for i in range(1, 4):  # both at their most-ever running, with requests waiting, KV spare
+    for i in range(1, SEQ_CAP_HITS + 1):  # at their most-ever running, waiting, KV spare
         a.on_snapshot(snap(0.5 * i, "b0", running=16.0, waiting=2.0, kv_usage=0.1), 0.5 * i)
-        assert a.seq_cap("b0") == (16.0 if i == 3 else math.inf)
+        assert a.seq_cap("b0") == (16.0 if i == SEQ_CAP_HITS else math.inf)
         a.on_snapshot(snap(0.5 * i, "b1", running=16.0, waiting=1.0, kv_usage=0.1), 0.5 * i)
     assert a.max_requests() == seqs  # what the engines run, every class (none queues there)
     a.on_snapshot(snap(2.0, "b1", running=18.0, kv_usage=0.1), 2.0)  # it runs more: not a cap

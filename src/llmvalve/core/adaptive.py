@@ -103,7 +103,7 @@ from llmvalve.core.policy import AdaptiveLimitSpec, Policy
 from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
 
 STALE_SIGMA = 1.5
-SEQ_CAP_HITS = 3  # scrapes that show the sequence cap binding before it is counted
+SEQ_CAP_HITS = 2  # scrapes that show the sequence cap binding before it is counted
 # An engine that preempts while running at most this many sequences time-shares requests its
 # KV cannot hold together: the pool's limit is not what fills it (`_time_shared`).
 TIME_SHARED_SEQS = 2
