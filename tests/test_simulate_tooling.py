@@ -327,6 +327,9 @@ def test_judge_takes_a_folder_and_counts_what_met_every_target(tmp_path):
     out = subprocess.run([*cmd[:4], "--scenario", str(tmp_path)], capture_output=True,
                          text=True)
     assert out.returncode == 2 and "a folder is judged (--judge)" in out.stderr
+    # the options are checked as for one file (a negative timing draw reached the runs)
+    out = subprocess.run([*cmd, "--timing-draw", "-1"], capture_output=True, text=True)
+    assert out.returncode == 2 and "--timing-draw must be >= 0" in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("extra", [["--controllers", "none"], ["--capacity"],

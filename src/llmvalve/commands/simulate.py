@@ -66,12 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from llmvalve.sim.report import table
     from llmvalve.sim.runner import simulate_seeds
     from llmvalve.sim.scenario import ScenarioError, builtin_names, load_scenario
-    from llmvalve.sim.scenario_load import (
-        MAX_BACKENDS,
-        MAX_GATEWAYS,
-        over_request_bound,
-        over_scrape_bound,
-    )
+    from llmvalve.sim.scenario_load import MAX_BACKENDS, MAX_GATEWAYS
     from llmvalve.sim.targets import SEEDS as JUDGE_SEEDS
 
     if args.list:
@@ -84,49 +79,35 @@ def run(args: argparse.Namespace) -> int:
     if args.judge and (args.controllers or args.capacity or args.plot):
         return _fail("--judge runs its own controllers: give it without --controllers, "
                      "--capacity and --plot")
-    if Path(args.scenario).is_dir():
-        return _judge_folder(Path(args.scenario), args)
-    try:
-        sc = load_scenario(args.scenario)
-        seeds = _seeds(args, list(JUDGE_SEEDS) if args.judge else [sc.seed])
-    except (ScenarioError, OSError, ValueError) as exc:
-        return _fail(str(exc))
     ctrls = args.controllers.split(",") if args.controllers else None
     bad = [c for c in ctrls or [] if not _CONTROLLER_RE.fullmatch(c)]
     if bad:
         return _fail(f"unknown controller {bad[0]!r} (none, static:N, seed, adaptive)")
     if args.gateways is not None and not 1 <= args.gateways <= MAX_GATEWAYS:
         return _fail(f"--gateways must be from 1 to {MAX_GATEWAYS}")
-    if args.backends is not None:
-        if not 1 <= args.backends <= MAX_BACKENDS:
-            return _fail(f"--backends must be from 1 to {MAX_BACKENDS}")
-        if sc.pools:
-            return _fail(f"--backends: scenario {sc.name!r} has pools, each with its own "
-                         "backends (pools[].backends in the file)")
-        beyond = [e.backend for e in sc.events if e.backend >= args.backends]
-        if beyond:
-            return _fail(f"--backends {args.backends}: the scenario's events name backend "
-                         f"{max(beyond)} (indices start at 0)")
-        sc = replace(sc, backends=args.backends)
+    if args.backends is not None and not 1 <= args.backends <= MAX_BACKENDS:
+        return _fail(f"--backends must be from 1 to {MAX_BACKENDS}")
     if not (args.load_scale > 0 and math.isfinite(args.load_scale)):
         return _fail("--load-scale must be a finite number > 0")
-    if too_many := over_request_bound(sc, args.load_scale):
-        return _fail(f"--load-scale {args.load_scale:g}: {too_many}")
-    if too_many := over_scrape_bound(sc, args.gateways):
-        return _fail(f"--backends / --gateways: {too_many}")
     if not (math.isfinite(args.oracle_window) and args.oracle_window >= 1):
         return _fail("--oracle-window must be a number of seconds >= 1")
     if why := unwritable(args.plot):
         return _fail(f"--plot {why}")
     if args.timing_draw < 0:
         return _fail("--timing-draw must be >= 0")
-    sc = replace(sc, timing_draw=args.timing_draw)
+    if Path(args.scenario).is_dir():
+        return _judge_folder(Path(args.scenario), args)
+    try:
+        sc = _fitted(load_scenario(args.scenario), args)
+        seeds = _seeds(args, list(JUDGE_SEEDS) if args.judge else [sc.seed])
+    except (ScenarioError, OSError, ValueError) as exc:
+        return _fail(str(exc))
     if args.capacity:
         return _capacity(sc, seeds, args.json, args.load_scale)
     if args.judge:
-        rc, doc = _judge(sc, seeds, args)
-        print(json.dumps(doc, indent=2) if args.json else doc["report"])
-        return rc
+        doc, text = _judge(sc, seeds, args)
+        print(json.dumps(doc, indent=2) if args.json else text)
+        return 1 if doc["misses"] else 0
     t0 = time.perf_counter()
     try:
         result, runs = simulate_seeds(sc, ctrls, seeds, args.oracle, args.gateways,
@@ -149,6 +130,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fitted(sc, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The scenario as the options run it (`--backends`, `--timing-draw`); ValueError where
+    they do not fit it or it passes the simulator's bounds."""
+    from llmvalve.sim.scenario_load import over_request_bound, over_scrape_bound
+
+    if args.backends is not None:
+        if sc.pools:
+            raise ValueError(f"--backends: scenario {sc.name!r} has pools, each with its own "
+                             "backends (pools[].backends in the file)")
+        beyond = [e.backend for e in sc.events if e.backend >= args.backends]
+        if beyond:
+            raise ValueError(f"--backends {args.backends}: the scenario's events name backend "
+                             f"{max(beyond)} (indices start at 0)")
+        sc = replace(sc, backends=args.backends)
+    if too_many := over_request_bound(sc, args.load_scale):
+        raise ValueError(f"--load-scale {args.load_scale:g}: {too_many}")
+    if too_many := over_scrape_bound(sc, args.gateways):
+        raise ValueError(f"--backends / --gateways: {too_many}")
+    return replace(sc, timing_draw=args.timing_draw)
+
+
 def _seeds(args: argparse.Namespace, default: list[int]) -> list[int]:
     """The seeds asked for (`--seeds` or `--seed`), else `default`."""
     from llmvalve.sim.runner import parse_seeds
@@ -158,9 +160,8 @@ def _seeds(args: argparse.Namespace, default: list[int]) -> list[int]:
     return [args.seed] if args.seed is not None else default
 
 
-def _judge(sc, seeds: list[int], args: argparse.Namespace) -> tuple[int, dict]:  # type: ignore[no-untyped-def]
-    """1 and the document when a target is missed, 0 and it when none is; the document's
-    `report` is what the judge prints (the JSON leaves it out)."""
+def _judge(sc, seeds: list[int], args: argparse.Namespace) -> tuple[dict, str]:  # type: ignore[no-untyped-def]
+    """The judgement as the JSON document and as the report printed without `--json`."""
     from llmvalve.sim.runner import simulate_seeds
     from llmvalve.sim.targets import JUDGED, figures, misses, report
 
@@ -169,11 +170,8 @@ def _judge(sc, seeds: list[int], args: argparse.Namespace) -> tuple[int, dict]: 
                                stepping=args.stepping)
     runs = result["seeds"]["runs"]
     found = misses(sc, runs)
-    doc = {"scenario": sc.name, "expect": sc.extra, "misses": found,
-           "seeds": figures(runs)}
-    if not args.json:
-        doc = {**doc, "report": report(sc, runs, found)}
-    return (1 if found else 0), doc
+    doc = {"scenario": sc.name, "expect": sc.extra, "misses": found, "seeds": figures(runs)}
+    return doc, report(sc, runs, found)
 
 
 def _judge_folder(folder: Path, args: argparse.Namespace) -> int:
@@ -194,17 +192,16 @@ def _judge_folder(folder: Path, args: argparse.Namespace) -> int:
         return _fail(f"--scenario {folder}: no *.yaml file in it")
     try:
         seeds = _seeds(args, list(JUDGE_SEEDS))
-        scenarios = [replace(load_scenario(str(f)), timing_draw=args.timing_draw)
-                     for f in files]
-    except (ScenarioError, OSError, ValueError) as exc:
+        scenarios = [_fitted(load_scenario(str(f)), args) for f in files]
+    except (ScenarioError, OSError, ValueError) as exc:  # a scenario's names its file
         return _fail(str(exc))
-    docs, met = [], 0
+    docs = []
     for sc in scenarios:
-        rc, doc = _judge(sc, seeds, args)
-        met += rc == 0
+        doc, text = _judge(sc, seeds, args)
         if not args.json:
-            print(doc.pop("report") + "\n", flush=True)
+            print(text + "\n", flush=True)
         docs.append(doc)
+    met = sum(not d["misses"] for d in docs)
     cells = sum(len(d["misses"]) for d in docs)
     summary = (f"{met} of {len(docs)} scenarios meet every target at seed"
                f"{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))}; "
