@@ -206,8 +206,6 @@ class Stack:
                         "--http", f"{c.host}:{c.http_port}",
                         "--admin", f"{c.host}:{c.admin_port}",
                         "--admin-grpc", f"{c.host}:{c.admin_grpc_port}", "--drain-timeout", "5",
-                        # Envoy's admin port is picked before; should Envoy find it taken and
-                        # start on another, /envoy/metrics answers 502 until a restart
                         "--envoy-admin", f"{c.host}:{c.envoy_admin_port}", *c.serve_args)
         if c.policy is not None:
             argv += ["--policy", str(c.policy)]
@@ -253,9 +251,15 @@ class Stack:
     def start_envoy(self) -> None:
         """A port picked free may be taken before Envoy binds it (the backends and the control
         plane start first, and a test suite beside this one picks ports too): Envoy then exits
-        at once, and is started again on ports picked anew."""
+        at once, and is started again on ports picked anew. The control plane, told Envoy's
+        admin port to relay its statistics (/envoy/metrics), is then started again with the
+        new one; it keeps its own ports, which Envoy is configured with."""
+        admin_port = self.config.envoy_admin_port
         self._start_on_free_ports(self._start_envoy_once, ("port", "envoy_admin_port"),
                                   self._envoy_ports_picked)
+        if self.config.envoy_admin_port != admin_port and self.control_plane is not None:
+            self.control_plane.stop(grace_s=8.0)
+            self._start_control_plane_once()
 
     def _start_envoy_once(self) -> None:
         c = self.config

@@ -11,12 +11,14 @@ from llmvalve.processes import envoy_binary, http_get
 from llmvalve.stack import Stack, StackConfig
 
 
-@pytest.mark.parametrize("taken_attr", ["port", "http_port"])
+@pytest.mark.parametrize("taken_attr", ["port", "envoy_admin_port", "http_port"])
 def test_envoy_and_the_control_plane_start_on_new_ports_when_one_was_taken(tmp_path,
                                                                             taken_attr):
-    """`port`: Envoy's listener. `http_port`: the control plane's, taken between the pick and
-    the bind in a run beside another suite (its control plane exited with `address already
-    in use` and its e2e module errored)."""
+    """`port`: Envoy's listener. `envoy_admin_port`: Envoy's admin, which the control plane
+    relays at /envoy/metrics (it answered 502 when Envoy moved to a new admin port).
+    `http_port`: the control plane's, taken between the pick and the bind in a run beside
+    another suite (its control plane exited with `address already in use` and its e2e
+    module errored)."""
     try:
         envoy_binary()
     except FileNotFoundError:
@@ -31,3 +33,4 @@ def test_envoy_and_the_control_plane_start_on_new_ports_when_one_was_taken(tmp_p
             assert getattr(stack.config, taken_attr) != taken
             assert http_get(stack.admin_url + "/readyz")[0] == 200
             assert http_get(stack.gateway_url + "/ready")[0] == 200
+            assert http_get(stack.admin_url + "/envoy/metrics")[0] == 200
