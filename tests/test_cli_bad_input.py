@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from llmvalve.processes import port_free
+
 
 def run(args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "llmvalve.cli", *args], input=stdin,
@@ -99,6 +101,25 @@ def test_up_on_a_port_in_use_says_so_before_it_starts_anything(flag: str):
     assert done.returncode == 1, done.stderr
     assert f"{flag} {port} in use".encode() in done.stderr
     assert b"is up" not in done.stdout and b"starting" not in done.stdout
+
+
+def test_a_port_left_only_in_time_wait_reads_free():
+    """A stopped stack leaves its accepted connections in TIME-WAIT for a minute: `llmvalve up`
+    run again at once said "--port 8080 in use" with nothing listening there (found by a
+    new-user trial). The servers bind with SO_REUSEADDR, which TIME-WAIT does not stop."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Envoy's listener
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = listener.accept()
+            accepted.close()  # the server's side closes first: its end waits in TIME-WAIT
+            client.recv(1)
+        assert not port_free(port)  # listening
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # the case: a bind without SO_REUSEADDR fails
+    assert port_free(port)
 
 
 def test_a_reader_that_stops_early_gets_no_traceback():

@@ -176,7 +176,12 @@ def wait_until(predicate, timeout_s: float, what: str, proc: Proc | None = None)
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nothing listens on `port`. Checked as the servers bind it (Envoy, aiohttp and gRPC set
+    SO_REUSEADDR): the connections a stopped stack leaves in TIME-WAIT for a minute do not
+    keep them from it, so they do not make it read taken (`llmvalve up` run again at once
+    refused to start, "--port 8080 in use", with nothing listening there)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
