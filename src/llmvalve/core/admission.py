@@ -250,19 +250,26 @@ class Admission:
 
     def retry_after_s(self, pool: Pool, priority: int, now: float,
                       floor_s: float = 0.0) -> float:
+        return self._spread(max(floor_s, self.predicted_wait_s(pool, priority, now)))
+
+    def _spread(self, drain_s: float) -> float:
+        """`drain_s` clamped to the policy's Retry-After range and spread by its jitter."""
         ra = self.policy.retry_after
-        drain = max(floor_s, self.predicted_wait_s(pool, priority, now))
-        base = min(ra.max_s, max(ra.min_s, drain))
+        base = min(ra.max_s, max(ra.min_s, drain_s))
         spread = base * (1.0 + ra.jitter * (self.rng.random() - 0.5))
         return min(ra.max_s, max(ra.min_s, spread))
 
     def _reject(self, pool: Pool, req: RequestInfo, reason: Reason, now: float,
                 wait_s: float = 0.0, status: int = 429) -> Reject:
         self.budgets.refund(req.request_id, now)  # it never runs: its budget charge comes back
-        floor = pool.breaker.retry_after_s(now) if reason is Reason.BREAKER_OPEN else 0.0
-        return Reject(req.request_id, status, reason,
-                      self.retry_after_s(pool, req.priority, now, floor), wait_s,
-                      self._fallback(req))
+        if reason is Reason.DRAINING:
+            # the retry belongs to another replica, not to this one's queue: the shortest
+            # (a drain with its queue unknown told clients to wait up to a minute)
+            after = self._spread(0.0)
+        else:
+            floor = pool.breaker.retry_after_s(now) if reason is Reason.BREAKER_OPEN else 0.0
+            after = self.retry_after_s(pool, req.priority, now, floor)
+        return Reject(req.request_id, status, reason, after, wait_s, self._fallback(req))
 
     def _fallback(self, req: RequestInfo) -> FallbackSpec | None:
         """What a shed request of this feature gets instead of the 429/503."""
