@@ -863,3 +863,14 @@ def test_the_dashboards_time_follows_the_monotonic_clock_after_the_first_sample(
         mono[0] += 1.0
         wall[0] -= 30.0  # NTP steps the wall clock back
     assert times == [1_700_000_000.0, 1_700_000_001.0, 1_700_000_002.0]
+
+
+def test_an_early_drop_names_the_latency_objective_not_the_timeout():
+    """The early drop refuses at the smallest of the queue timeout, the deadline and (half)
+    the TTFT objective; its message said "within its timeout" while a 15 s queue refused at
+    4 s (found by a new-user trial). The reason code stays: dashboards count it."""
+    reply = replies.shed(Reject("r", 429, Reason.PREDICTED_WAIT, 8.0, 0.0), "agent-workflow")
+    error = json.loads(reply.body)["error"]
+    assert error["code"] == "predicted_wait_exceeds_timeout"
+    assert "latency objective" in error["message"] and "timeout" not in error["message"]
+    assert error["message"].endswith("Retry after 8 s.")

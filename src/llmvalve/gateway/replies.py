@@ -30,8 +30,8 @@ MESSAGES = {
     Reason.QUEUE_FULL: "The {cls} queue is full. Retry after {after} s.",
     Reason.QUEUE_TIMEOUT: "Waited {wait} s in the {cls} queue without getting a slot. "
     "Retry after {after} s.",
-    Reason.PREDICTED_WAIT: "The {cls} queue would not serve this request within its timeout. "
-    "Retry after {after} s.",
+    Reason.PREDICTED_WAIT: "The {cls} queue would not start this request in time for its "
+    "latency objective. Retry after {after} s.",
     Reason.FAST_REJECT: "The backends are under pressure; {cls} requests are shed. "
     "Retry after {after} s.",
     Reason.DEADLINE: "The request's deadline would pass before a slot frees up.",
