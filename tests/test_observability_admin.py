@@ -275,6 +275,24 @@ async def test_admin_http_guards_status_and_dashboard_but_not_metrics_or_probes(
             assert (await r.json())["pools"]["default"]["limit"] == 8
 
 
+async def test_a_command_refused_for_want_of_the_token_says_where_it_goes(guarded, capsys,
+                                                                         monkeypatch):
+    """`llmvalve status` against a guarded admin port printed "HTTP Error 401: Unauthorized"
+    and nothing of the token (found by a new-user trial); `top` and `override` alike."""
+    from llmvalve.cli import main
+
+    monkeypatch.delenv("LLMVALVE_ADMIN_TOKEN", raising=False)
+    grpc_addr = f"127.0.0.1:{guarded.ports['admin_grpc']}"
+    for argv in (["status", "--admin", f"http://127.0.0.1:{guarded.ports['admin']}"],
+                 ["status", "--grpc", grpc_addr],
+                 ["top", "--grpc", grpc_addr, "--iterations", "1"],
+                 ["override", "--grpc", grpc_addr, "--limit", "1", "--for", "5s"]):
+        assert await asyncio.to_thread(main, argv) == 1, argv
+        err = capsys.readouterr().err
+        assert "--token-file FILE, or $LLMVALVE_ADMIN_TOKEN" in err, (argv, err)
+    assert guarded.status()["pools"]["default"]["override"] is None
+
+
 async def test_refused_admin_calls_are_logged_at_most_every_ten_seconds(guarded, caplog):
     """Found by a review: each refused call wrote a WARNING echoing the client's path, 24 MB
     of log for 3,000 requests with long paths in 0.8 s. Now one line per 10 s, the path cut

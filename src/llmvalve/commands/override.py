@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
     from llmvalve.admin.v1 import admin_pb2 as pb
     from llmvalve.admin.v1 import admin_pb2_grpc as pb_grpc
-    from llmvalve.gateway.admin_auth import call_metadata, client_token
+    from llmvalve.gateway.admin_auth import call_metadata, client_token, token_hint
 
     try:
         metadata = call_metadata(client_token(args.token_file))
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"llmvalve override: {exc}", file=sys.stderr)
         return 1
     except grpc.RpcError as exc:
-        print(f"llmvalve override: {exc.details()}", file=sys.stderr)
+        print(f"llmvalve override: {exc.details()}{token_hint(exc)}", file=sys.stderr)
         return 1
     if reply.active:
         print(f"pool {reply.pool}: limit held at {short_number(reply.limit)} for "

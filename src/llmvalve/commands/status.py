@@ -169,7 +169,7 @@ def _document(status: Any) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     import grpc
 
-    from llmvalve.gateway.admin_auth import client_token
+    from llmvalve.gateway.admin_auth import client_token, token_hint
 
     where = args.admin or args.grpc
     if args.admin and args.tls_server_name:
@@ -184,8 +184,8 @@ def run(args: argparse.Namespace) -> int:
     except (urllib.error.URLError, OSError, ValueError, grpc.RpcError,
             http.client.HTTPException) as exc:  # HTTPException: a port that is not HTTP
         detail = exc.details() if isinstance(exc, grpc.RpcError) else exc
-        print(f"llmvalve status: cannot read the status from {where}: {detail}",
-              file=sys.stderr)
+        print(f"llmvalve status: cannot read the status from {where}: {detail}"
+              f"{token_hint(exc)}", file=sys.stderr)
         return 1
     print(text)
     return 0

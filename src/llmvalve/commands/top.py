@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
     from llmvalve.admin.v1 import admin_pb2 as pb
     from llmvalve.admin.v1 import admin_pb2_grpc as pb_grpc
-    from llmvalve.gateway.admin_auth import call_metadata, client_token
+    from llmvalve.gateway.admin_auth import call_metadata, client_token, token_hint
 
     tty = sys.stdout.isatty()
     shown = 0
@@ -114,6 +114,6 @@ def run(args: argparse.Namespace) -> int:
     except grpc.RpcError as exc:
         if exc.code() == grpc.StatusCode.CANCELLED and shown:
             return 0
-        print(f"llmvalve top: {args.grpc}: {exc.details()}", file=sys.stderr)
+        print(f"llmvalve top: {args.grpc}: {exc.details()}{token_hint(exc)}", file=sys.stderr)
         return 1
     return 0

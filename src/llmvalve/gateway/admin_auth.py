@@ -19,6 +19,7 @@ import ipaddress
 import logging
 import os
 import time
+import urllib.error
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,14 @@ def client_token(token_file: str | None = None) -> str | None:
     if problem := _token_problem(token):
         raise OSError(f"{where}: {problem}")
     return token or None
+
+
+def token_hint(exc: BaseException) -> str:
+    """For a command's error line: where the token goes, when the admin API refused the call
+    for want of it (a bare "HTTP Error 401: Unauthorized" said nothing of it)."""
+    refused = (exc.code == 401 if isinstance(exc, urllib.error.HTTPError)
+               else isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAUTHENTICATED)
+    return f" (give the admin token: --token-file FILE, or ${TOKEN_ENV})" if refused else ""
 
 
 def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
