@@ -127,6 +127,29 @@ def test_up_starts_everything_serves_and_stops_everything(tmp_path):
         assert not status["reloads"].get("ok"), status
         wait_for(lambda: get_json(f"http://127.0.0.1:{admin_port}/status")["policy"]["reloads"]
                  .get("ok", 0) >= 1, 10, "the edit applied")
+        # each reload is said in up's terminal, a refused one with its line and field (it was
+        # said only in the control plane's log, /status and a metric: a new-user trial)
+        wait_for(lambda: b"policy reloaded" in (tmp_path / "up.log").read_bytes(), 10,
+                 "the reload said")
+        policy.write_text(policy.read_text().replace("timeout: 7s", "timeout: 7 seconds", 1))
+        wait_for(lambda: b"policy reload failed" in (tmp_path / "up.log").read_bytes(), 10,
+                 "the refusal said")
+        assert re.search(r"policy\.yaml:\d+: queues\[0\]\.timeout: bad duration",
+                         (tmp_path / "up.log").read_text())
+        # a control plane that exits is started again on its ports (up stopped the whole stack)
+        control_plane = next(pid for pid in children if b"serve" in Path(
+            f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+        policy.write_text(policy.read_text().replace("timeout: 7 seconds", "timeout: 7s", 1))
+        wait_for(lambda: (tmp_path / "up.log").read_bytes().count(b"policy reloaded") >= 2, 10,
+                 "the mended file applied")  # a restart on a refused file would exit on it
+        os.kill(control_plane, signal.SIGKILL)
+        wait_for(lambda: b"the control plane is back" in (tmp_path / "up.log").read_bytes(), 30,
+                 "the control plane started again")
+        assert up.poll() is None
+        completion = client.chat.completions.create(
+            model="sim-tiny", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+        assert completion.choices[0].message.content
+        children = children_of(up.pid)
 
         up.send_signal(signal.SIGTERM)
         assert up.wait(30) == 0

@@ -1,15 +1,22 @@
 """`llmvalve up`: simulated backends + control plane + Envoy on this machine, in one command
 (the stack is `llmvalve.stack.Stack`). Ctrl-C or SIGTERM stops the control plane (it drains
-for at most 5 s: requests in flight may finish), then Envoy, then the backends."""
+for at most 5 s: requests in flight may finish), then Envoy, then the backends.
+
+While it runs it says in its terminal what the control plane did with each edit of the policy
+file, and starts a control plane that exits again on its own ports, as Kubernetes restarts a
+container (at most `RESTARTS_PER_MINUTE`); any other process that exits stops the stack."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import signal
 import sys
 import tempfile
 import threading
+import time
+from collections import deque
 from pathlib import Path
 
 from llmvalve.commands.args import controller, count, port_number, positive_number
@@ -17,6 +24,7 @@ from llmvalve.processes import port_free
 from llmvalve.stack import DEMO_KEYS, Stack, StackConfig
 
 MAX_BACKENDS = 64  # each is a process on this machine (a demo stack, not a fleet)
+RESTARTS_PER_MINUTE = 3  # a control plane that exits more often stops the stack (a crash loop)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,20 +102,73 @@ def run(args: argparse.Namespace) -> int:
         print(f"llmvalve up: {exc}\nlogs: {stack.workdir}", file=sys.stderr)
         return 1
     print(banner(stack), flush=True)
-    failed = False
     try:
-        while not stopping.is_set():
-            for proc in [stack.envoy, stack.control_plane, *(p for p, _ in stack.backends)]:
-                if proc is not None and not proc.alive():
-                    print(f"llmvalve up: {proc.name} exited ({proc.popen.returncode}); "
-                          f"see {proc.log_path}", file=sys.stderr)
-                    failed = True
-                    stopping.set()
-            stopping.wait(0.5)
+        return 0 if watch(stack, stopping) else 1
     finally:
         print("stopping …", flush=True)
         stack.stop()
-    return 1 if failed else 0
+
+
+def watch(stack: Stack, stopping: threading.Event) -> bool:
+    """Until `stopping`: say each policy reload, start an exited control plane again. False
+    when a process exited for good."""
+    assert stack.control_plane is not None
+    reloads = PolicyReloads(stack.control_plane.log_path)
+    restarts: deque[float] = deque(maxlen=RESTARTS_PER_MINUTE)
+    while not stopping.is_set():
+        for line, ok in reloads.read():
+            print(line, file=sys.stdout if ok else sys.stderr, flush=True)
+        control_plane = stack.control_plane
+        now = time.monotonic()
+        if (control_plane is not None and not control_plane.alive()
+                and (len(restarts) < RESTARTS_PER_MINUTE or now - restarts[0] > 60.0)):
+            restarts.append(now)
+            print(f"llmvalve up: the control plane exited ({control_plane.popen.returncode});"
+                  " starting it again", file=sys.stderr, flush=True)
+            try:
+                stack.start_control_plane()
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                print(f"llmvalve up: {exc}", file=sys.stderr)
+                return False
+            print("llmvalve up: the control plane is back", flush=True)
+        for proc in [stack.envoy, stack.control_plane, *(p for p, _ in stack.backends)]:
+            if proc is not None and not proc.alive():
+                print(f"llmvalve up: {proc.name} exited ({proc.popen.returncode}); "
+                      f"see {proc.log_path}", file=sys.stderr)
+                return False
+        stopping.wait(0.5)
+    return True
+
+
+class PolicyReloads:
+    """The control plane's reloads of the policy file, read from its log as it grows: a refused
+    edit was said only there, in /status and in a metric, not in `up`'s own terminal."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.offset = log_path.stat().st_size if log_path.exists() else 0
+        self.partial = b""
+
+    def read(self) -> list[tuple[str, bool]]:
+        """(message, applied) for each reload logged since the last read."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.offset)
+                data = self.partial + f.read()
+                self.offset = f.tell()
+        except OSError:
+            return []
+        *lines, self.partial = data.split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            message = record.get("msg", "") if isinstance(record, dict) else ""
+            if message.startswith(("policy reloaded", "policy reload failed")):
+                out.append((message, message.startswith("policy reloaded")))
+        return out
 
 
 
@@ -132,7 +193,8 @@ llmvalve is up.
   Envoy admin            {stack.envoy_admin_url}
   backends (by pool)     {backends}
   policy                 {c.policy}
-                         (edit it: reloaded within a second; a bad edit is refused and named)
+                         (edit it: reloaded within a second; a bad edit is refused, the
+                         running policy stays, and this terminal names its line and field)
   logs                   {stack.workdir}
   demo API keys:
 {keys}
@@ -155,6 +217,7 @@ EOF
 
   {llmvalve} load --target {gw} --scenario burst     # then watch the dashboard
   {llmvalve} top --grpc {c.host}:{c.admin_grpc_port}
-Ctrl-C stops everything: the control plane drains first (at most 5 s: streams in flight
+A control plane that exits (kill it to see Envoy refuse requests while it is away) is started
+again. Ctrl-C stops everything: the control plane drains first (at most 5 s: streams in flight
 may finish, new requests get 503), then Envoy and the backends.
 """
