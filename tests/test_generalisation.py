@@ -12,7 +12,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (136: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (152: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -769,6 +769,27 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # of the sweep keeps it there); 1.09 and 1.12 at seeds 2 and 3. Looked at (seed 1):
     # static:16 serves P1 0.730 and P0 0.977, adaptive P1 0.557 and P0 1.000.
     "holdout-b49-prompt-double-small4-gw2": ("seed 1: adaptive",),
+    # Batch 50 (eight files written at stop 58 by a helper who had not read the controller,
+    # judged as they stood at 038c00b; five met every target: two calm ones, heavy-tailed
+    # answers with runaway generations on six small engines behind three replicas, engines
+    # capped at 16 sequences, and two pools, one swamped by a P2 job).
+    # Two of five small engines slowed at 50 s and reclaimed at 70 and 74 s (spot
+    # instances), replaced at 160 and 185 s: every P0 miss (7 of ~210 at seed 1) is a
+    # request decoding on an engine as it was reclaimed, the place no admission decision
+    # reaches; no fixed limit of the sweep keeps P0 at seeds 1 and 3.
+    "holdout-b50-spot-reclaim-small5-gw2-1.5x": ("seed 1: P0 attainment",
+                                                 "seed 2: P0 attainment",
+                                                 "seed 3: P0 attainment"),
+    # An evaluation harness floods P1 with 5,000-token prompts beside four steady P1 teams:
+    # seed 1 reads 0.940 of static:12, which gives P0 up (0.974; no fixed limit of the sweep
+    # keeps it at any seed); seed 3's two P0 misses are prompts prefilled behind the flood's
+    # inside an engine (TTFT 2.5 and 4.5 s, no gateway wait).
+    "holdout-b50-flood-evalharness-small3-gw2-2x": ("seed 1: adaptive",
+                                                    "seed 3: P0 attainment"),
+    # Code completion with repository context at 2.5x on two medium engines behind two
+    # replicas: seed 3's one P0 miss is a 5,964-token prompt prefilled behind others inside
+    # an engine (TTFT 6.0 s, no gateway wait).
+    "holdout-b50-code-repoctx-medium2-gw2-2.5x": ("seed 3: P0 attainment",),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
