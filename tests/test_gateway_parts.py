@@ -487,6 +487,31 @@ async def test_driver_holds_a_check_until_its_slot_frees_and_a_cancelled_one_lea
         await driver.stop()
 
 
+async def test_an_entry_for_a_held_check_is_a_client_that_left_whichever_comes_first():
+    """Envoy's access-log stream and a held check's cancellation come on two connections: on a
+    busy machine the entry came first, was ignored, and the request never counted as having
+    left the queue (an e2e test waited for `left_in_queue` in vain)."""
+    front = Front(Admission(POLICY, random.Random(1), "static:1"))
+    driver = Driver(front)
+    driver.start()
+    headers = {"content-length": "100", "x-llmvalve-priority": "0"}
+    try:
+        assert isinstance(await driver.decide(Check("a", headers, path=CHAT, method="POST")), Go)
+        held = asyncio.create_task(driver.decide(Check("b", headers, path=CHAT, method="POST")))
+        await asyncio.sleep(0.05)
+        assert front.waiting == 1
+        driver.logged(LogEntry("b", status=0))  # the entry first: the client left
+        assert front.waiting == 0 and front.counts["left_in_queue"] == 1
+        held.cancel()  # then the check's cancellation
+        await asyncio.gather(held, return_exceptions=True)
+        driver.logged(LogEntry("a", status=200))  # a's slot comes back, to nobody
+        await asyncio.sleep(0.05)
+        assert front.open_tickets() == 0
+        assert (front.counts["ignored"], front.counts["unmatched"]) == (0, 0)
+    finally:
+        await driver.stop()
+
+
 # -- scraper -----------------------------------------------------------------------------------
 async def metrics_page() -> tuple[web.AppRunner, str]:
     """A backend's /metrics on 127.0.0.1 (3 running, 1 waiting), and its URL."""

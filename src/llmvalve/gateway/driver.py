@@ -71,14 +71,21 @@ class Driver:
             try:
                 verdict = await future
             except asyncio.CancelledError:
-                self._waiters.pop(check.check_id, None)
-                self._client_left(check.check_id, check.headers.get("x-request-id", ""))
+                if self._waiters.pop(check.check_id, None) is not None:  # else: `logged` did
+                    self._client_left(check.check_id, check.headers.get("x-request-id", ""))
                 raise
         self._record(verdict.record, check)
         return verdict
 
     def logged(self, entry: LogEntry) -> Joined | None:
-        """An access-log entry: the request ended (its slot is released) and a sample."""
+        """An access-log entry: the request ended (its slot is released) and a sample. One
+        for a check still held here is a client that left the queue: Envoy's log stream and
+        the check's cancellation come on two connections, and on a busy machine the entry
+        came first (it was ignored, and the request never counted as `left_in_queue`)."""
+        held = self._waiters.pop(entry.check_id, None)
+        if held is not None:
+            self._client_left(entry.check_id)
+            held.cancel()  # its check gets no verdict: nobody is there to read it
         joined = self.front.access_log(entry, self.clock())
         if joined is not None:
             self.metrics.joined(joined)
