@@ -503,8 +503,8 @@ def test_retry_after_is_the_drain_time_spread_by_jitter():
     learn_residence(a, 1.0)
     for i in range(4):  # 4 in flight for 1 s each: 4 releases/s
         admit(a, r(f"busy{i}", 1), 1.0)
-    a.draining = True
-    got = [a.submit(r(f"x{i}", 1), 1.0).retry_after_s for i in range(50)]
+    # refused at once (a fallback's reroute may not queue): the same Retry-After as any
+    got = [a.submit(r(f"x{i}", 1), 1.0, queue=False).retry_after_s for i in range(50)]
     # drain = (0 ahead + 1) / 4 per s = 0.25 s, spread by ±jitter/2 with the seeded rng
     u = random.Random(7)
     assert got == pytest.approx([0.25 * (1 + 0.3 * (u.random() - 0.5)) for _ in range(50)])
@@ -515,25 +515,29 @@ def test_retry_after_is_the_drain_time_spread_by_jitter():
 def test_retry_after_is_clamped_to_the_policy_range():
     a = adm("static:1", retry=RetryAfterSpec(min_s=2.0, max_s=30.0, jitter=0.3))
     admit(a, r("a", 2), 0.0)
-    a.draining = True
     # nothing finished yet, something in flight: drain unknown → max, spread downwards only
-    got = [a.submit(r(f"x{i}", 2), 0.0).retry_after_s for i in range(40)]
+    got = [a.submit(r(f"x{i}", 2), 0.0, queue=False).retry_after_s for i in range(40)]
     assert all(30.0 * 0.85 <= x <= 30.0 for x in got)
     assert len(set(got)) > 10
     b = adm("static:8", retry=RetryAfterSpec(min_s=2.0, max_s=30.0, jitter=0.3))
     learn_residence(b, 1.0, 8)
     for i in range(8):  # 8 releases/s
         admit(b, r(f"busy{i}", 1), 1.0)
-    b.draining = True
-    got = [b.submit(r(f"y{i}", 1), 1.0).retry_after_s for i in range(40)]
+    got = [b.submit(r(f"y{i}", 1), 1.0, queue=False).retry_after_s for i in range(40)]
     assert all(2.0 <= x <= 2.0 * 1.15 for x in got)  # drain 0.125 s → min, spread upwards
 
 
-def test_draining_rejects_with_503():
-    a = adm("static:4")
+def test_draining_rejects_with_503_and_the_shortest_retry_after():
+    """The retry is for another replica: the policy's `min`, spread upwards by the jitter,
+    whatever this replica's queue would take (it was its forecast, up to `max`)."""
+    a = adm("static:1", retry=RetryAfterSpec(min_s=2.0, max_s=30.0, jitter=0.3))
+    admit(a, r("a", 2), 0.0)  # nothing finished yet: the queue's forecast would be `max`
     a.draining = True
-    d = a.submit(r("a"), 0.0)
-    assert isinstance(d, Reject) and (d.status, d.reason) == (503, Reason.DRAINING)
+    got = [a.submit(r(f"x{i}", 2), 0.0) for i in range(40)]
+    assert all(isinstance(d, Reject) and (d.status, d.reason) == (503, Reason.DRAINING)
+               for d in got)
+    assert all(2.0 <= d.retry_after_s <= 2.0 * 1.15 for d in got)
+    assert len({d.retry_after_s for d in got}) > 10
 
 
 def test_rejection_carries_the_feature_fallback():

@@ -320,8 +320,8 @@ async def test_drain_sheds_new_requests_and_lets_held_ones_finish(caplog):
             assert late.headers["x-llmvalve-reason"] == "draining"
             # the retry is for another replica: the policy's shortest Retry-After (it was the
             # queue's forecast, up to 60 s, found by a new-user trial)
-            assert late.headers["retry-after"] == "1"
             assert 1000 <= int(late.headers["retry-after-ms"]) <= 1150
+            assert late.headers["retry-after"] in ("1", "2")  # whole seconds, rounded up
             assert json.loads(late.body)["error"]["code"] == "draining"
             # The held request is not shed: it gets the slot when the running one ends.
             assert not drain.done()
