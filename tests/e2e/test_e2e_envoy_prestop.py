@@ -82,6 +82,29 @@ async def test_the_hook_waits_out_the_drain_time_even_when_idle(stack):
     assert 1.5 < time.monotonic() - started < 10
 
 
+async def test_the_hook_drains_the_listener_and_closes_it(stack):
+    """Found by a review of the deployment: the hook drains the inbound listeners
+    (`inboundonly`), and the listener had no direction, so it was not drained: no response
+    said `connection: close`, the listener never closed, and keep-alive clients stayed on a
+    terminating pod. The stack's Envoy drains for 1 s (`--drain-time-s`)."""
+    from llmvalve.processes import http_get
+
+    hook = prestop(admin_port(stack), max_wait=30, min_wait=4)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                await asyncio.to_thread(http_get, stack.gateway_url + "/ready", 1.0)
+            except OSError:
+                break  # closed: nothing new reaches this pod
+            assert time.monotonic() < deadline, "the listener still answers"
+            await asyncio.sleep(0.2)
+        _, stats = http_get(stack.envoy_admin_url + "/stats?filter=listener_stopped$")
+        assert b"listener_manager.listener_stopped: 1" in stats, stats
+    finally:
+        assert await asyncio.to_thread(hook.wait, 20) == 0
+
+
 def test_the_hook_keeps_its_max_wait_when_the_admin_api_stalls():
     """Found by a review: a read from an admin API that accepted and never answered had no
     end, past MAX_WAIT and up to the grace period."""
