@@ -343,6 +343,10 @@ def test_servicemonitor_selects_the_gateway_service_admin_port():
     assert matched == [service["metadata"]["name"]]
     endpoints = monitor["spec"]["endpoints"]
     assert [e["path"] for e in endpoints] == ["/metrics", "/envoy/metrics"]
+    # the relay is job `envoy`, as in the shipped scrape configs: named after the Service by
+    # the operator, it fell under the control plane's `up` alerts (found by a review)
+    assert "relabelings" not in endpoints[0]
+    assert endpoints[1]["relabelings"] == [{"targetLabel": "job", "replacement": "envoy"}]
     assert set(monitor["spec"]) <= {"selector", "namespaceSelector", "endpoints",
                                     "targetLabels", "podTargetLabels", "jobLabel"}
     for endpoint in endpoints:
