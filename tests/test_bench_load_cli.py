@@ -121,3 +121,31 @@ def test_load_exits_1_when_nothing_was_answered(tmp_path, capsys):
                      "0", "--model", "m"])
     assert code == 1
     assert "no request was answered or shed" in capsys.readouterr().err
+
+
+def test_an_interrupted_load_says_what_it_had_done(gateway_url, tmp_path, capsys,
+                                                    monkeypatch):
+    """Ctrl-C printed only "interrupted" (found by a new-user trial)."""
+    import re
+
+    from llmvalve.commands import load
+
+    url, _ = gateway_url
+    sc = tmp_path / "tiny.yaml"
+    sc.write_text(SCENARIO)
+    drive = load._drive
+
+    async def interrupted(gen, every):  # Ctrl-C one second in
+        task = asyncio.ensure_future(drive(gen, every))
+        await asyncio.sleep(1.0)
+        task.cancel()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(load, "_drive", interrupted)
+    code = main(["load", "--target", url, "--scenario", str(sc), "--every", "0"])
+    assert code == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    found = re.fullmatch(r"interrupted at t=[\d.]+ s of 2 s: sent (\d+), answered (\d+), "
+                         r"refused \d+ times, \d+ in flight", line)
+    assert found, line
+    assert int(found[1]) >= 3 and int(found[2]) >= 1

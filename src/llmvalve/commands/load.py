@@ -112,6 +112,16 @@ def live_line(gen, last: dict) -> str:  # type: ignore[no-untyped-def]
     return line
 
 
+def _interrupted(gen) -> str:  # type: ignore[no-untyped-def]
+    """What an interrupted run had done (its table would judge requests never sent)."""
+    if gen is None or gen.sent == 0:
+        return "interrupted"
+    snap = gen.snapshot()
+    return (f"interrupted at t={snap['t']:.1f} s of {gen.duration_s:.0f} s: sent {snap['sent']}, "
+            f"answered {snap['completed']}, refused {snap['rejections']} times, "
+            f"{snap['in_flight']} in flight")
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -127,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     raise_fd_limit()
     key = args.key or DEMO_KEY
     seed = sc.seed if args.seed is None else args.seed
+    gen = None
     try:
         model = args.model or _discover_model(args.target, key) or "sim-model"
         jobs = generate(sc, args.load_scale, seed)
@@ -140,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
               f"{args.target}, model {model}", file=sys.stderr, flush=True)
         load = asyncio.run(_drive(gen, args.every))
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(_interrupted(gen), file=sys.stderr)
         return 130
     res = _results(args, sc, seed, len(jobs), load, policy)
     if not (args.json and write_json(res, args.json)):
