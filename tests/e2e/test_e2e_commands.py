@@ -132,7 +132,7 @@ def test_up_starts_everything_serves_and_stops_everything(tmp_path):
         wait_for(lambda: b"policy reloaded" in (tmp_path / "up.log").read_bytes(), 10,
                  "the reload said")
         policy.write_text(policy.read_text().replace("timeout: 7s", "timeout: 7 seconds", 1))
-        wait_for(lambda: b"policy reload failed" in (tmp_path / "up.log").read_bytes(), 10,
+        wait_for(lambda: b"policy refused" in (tmp_path / "up.log").read_bytes(), 10,
                  "the refusal said")
         assert re.search(r"policy\.yaml:\d+: queues\[0\]\.timeout: bad duration",
                          (tmp_path / "up.log").read_text())
@@ -186,7 +186,7 @@ def test_serve_reloads_its_policy_on_sighup(tmp_path):
         # A broken file is refused: the running policy stays.
         policy.write_text("queues: [oops")
         proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: b"policy reload failed" in (tmp_path / "serve.log").read_bytes(), 10,
+        wait_for(lambda: b'"ok":false' in (tmp_path / "serve.log").read_bytes(), 10,
                  "the refusal in the log")
         assert proc.poll() is None and version() == after
     finally:

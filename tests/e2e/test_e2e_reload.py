@@ -123,7 +123,7 @@ async def test_configmap_swap_under_load_keeps_every_request(stack):
             assert e2e.status()["pools"]["default"]["limit"] == 10
             assert reloads(e2e, "error") == 1
             log = e2e.stack.control_plane.output().decode()
-            assert "policy reload failed" in log and "fast-rejection" in log
+            assert '"event":"policy_reload","ok":false' in log and "fast-rejection" in log
             assert not any(t.done() for t in holders)  # every stream still flows
             assert e2e.pool()["classes"]["0"]["queue_depth"] == 1
 

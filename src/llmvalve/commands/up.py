@@ -150,7 +150,7 @@ class PolicyReloads:
         self.partial = b""
 
     def read(self) -> list[tuple[str, bool]]:
-        """(message, applied) for each reload logged since the last read."""
+        """(what to say, applied) for each `policy_reload` logged since the last read."""
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(self.offset)
@@ -165,9 +165,14 @@ class PolicyReloads:
                 record = json.loads(line)
             except ValueError:
                 continue
-            message = record.get("msg", "") if isinstance(record, dict) else ""
-            if message.startswith(("policy reloaded", "policy reload failed")):
-                out.append((message, message.startswith("policy reloaded")))
+            if not isinstance(record, dict) or record.get("event") != "policy_reload":
+                continue
+            if record.get("ok"):
+                out.append((f"policy reloaded ({record.get('trigger')}): "
+                            f"{record.get('version')}", True))
+            else:
+                out.append(("policy refused, the running policy stays: "
+                            f"{record.get('error')}", False))
         return out
 
 

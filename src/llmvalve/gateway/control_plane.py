@@ -297,7 +297,7 @@ class ControlPlane:
             await self.scraper.start(policy)
             envoy = envoy_read_changes(self._rendered_from, policy)
             self.reloads.applied(trigger, policy.version, envoy)
-            log.info("policy reloaded (%s): %s", trigger, policy.version or "-")
+            logs.state("policy_reload", ok=True, trigger=trigger, version=policy.version)
             if envoy:
                 log.warning("the reload changed what Envoy reads from its own config, which "
                             "it does not reload: render Envoy's config again and roll it out "
@@ -305,7 +305,9 @@ class ControlPlane:
             return True
 
     def _refused(self, trigger: str, error: BaseException | str) -> bool:
-        log.error("policy reload failed, keeping the current policy: %s", error)
+        # the running policy stays; the error names the file's line and field
+        logs.state("policy_reload", logging.ERROR, ok=False, trigger=trigger,
+                   version=self.policy.version, error=str(error) or type(error).__name__)
         self.reloads.failed(trigger, error, self.policy.version)
         return False
 

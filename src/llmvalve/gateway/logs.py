@@ -3,7 +3,8 @@
 Two kinds of event have their own logger and level:
 - `llmvalve.decisions` (DEBUG): one line per admission decision, with `request_id`, `tenant`,
   `class`, `decision`, `reason`, `wait_ms` (and `retry_after_s` for a shed request);
-- `llmvalve.state` (INFO): one line per state change — policy loaded or refused, limit
+- `llmvalve.state` (INFO): one line per state change — policy loaded or refused (the
+  reload's `policy_reload` at ERROR when refused, with its error), limit
   override set or lapsed, breaker opened or closed, a backend's scrapes failing or back,
   draining.
 Everything else (warnings, errors, the startup line) goes through the same formatter.
