@@ -258,7 +258,7 @@ class Stack:
         self._start_on_free_ports(self._start_envoy_once, ("port", "envoy_admin_port"),
                                   self._envoy_ports_picked)
         if self.config.envoy_admin_port != admin_port and self.control_plane is not None:
-            self.control_plane.stop(grace_s=8.0)
+            self.stop_control_plane()
             self._start_control_plane_once()
 
     def _start_envoy_once(self) -> None:
