@@ -27,6 +27,9 @@ def test_envoy_and_the_control_plane_start_on_new_ports_when_one_was_taken(tmp_p
                               envoy_concurrency=1, workdir=tmp_path))
     taken = getattr(stack.config, taken_attr)
     with socket.socket() as squatter:
+        # as the servers bind: a port picked free may still hold an earlier stack's
+        # connections in TIME-WAIT (port_free reads it free), which a plain bind refuses
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind((stack.config.host, taken))
         squatter.listen()
         with stack:
