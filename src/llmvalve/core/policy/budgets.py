@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from yaml.nodes import MappingNode, ScalarNode
 
+from llmvalve.core.policy.nodes import check_header_safe
 from llmvalve.core.policy.spec import Budget, BudgetSpec, Policy, PoolSpec
 
 if TYPE_CHECKING:
@@ -78,7 +79,9 @@ def _models(f: NodeFields, pools: tuple[PoolSpec, ...],
         budget = _budget(mf)
         if mf.node is not None and not any(mf.get(k) is not None for k in AMOUNT_KEYS):
             r.error(mf.node, field, _EMPTY)
-        if probe.pool_for_model(model) is None:
+        if not (model.isascii() and model.isprintable()):  # a budget metric's `model` label
+            check_header_safe(r, key_node, field, "model", model)
+        elif probe.pool_for_model(model) is None:
             r.error(key_node, field, f"no pool serves the model {model!r} (the pools' models: "
                     f"{', '.join(served)})")
         elif allowed_models and model not in allowed_models:

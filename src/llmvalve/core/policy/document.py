@@ -145,10 +145,14 @@ def policy_root(text: str, source: str,
         outer.error(value, "data.policy.yaml",
                     "a ConfigMap must hold the policy as a string under data.\"policy.yaml\"")
         return None
-    # A block scalar (| or >) starts on the line after its indicator, line for line; a quoted
+    if value.style == ">":  # folded: lines at one indentation are joined by a space
+        outer.error(value, "data.policy.yaml", "a folded string (>) joins the policy's lines "
+                    "into one: write it as a literal block (| or |-)")
+        return None
+    # A block scalar (|) starts on the line after its indicator, line for line; a quoted
     # string's lines ("queues:\n  - ...", as `kubectl get -o yaml` writes it) are not the
     # file's: its issues name the line it stands on.
-    block = value.style in ("|", ">")
+    block = value.style == "|"
     inner = NodeReader(source, value.start_mark.line + block, issues, inline=not block)
     root = compose_document(value.value, inner, "policy")
     if root is None:

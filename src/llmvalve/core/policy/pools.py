@@ -8,6 +8,8 @@ timing and lease timeout.
 
 from __future__ import annotations
 
+import re
+from ipaddress import ip_address
 from urllib.parse import urlsplit
 
 from yaml.nodes import Node
@@ -19,6 +21,7 @@ from llmvalve.core.policy.nodes import (
     duration_at_least,
     join,
     read_names,
+    shown,
 )
 from llmvalve.core.policy.spec import (
     MAX_KV_CAPACITY_TOKENS,
@@ -30,6 +33,7 @@ from llmvalve.core.policy.spec import (
 ENGINES = ("vllm", "trtllm", "sglang")
 POOL_KEYS = ("name", "cluster", "engine", "backends", "scrapeInterval", "scrapeTimeout",
              "breaker", "leaseTimeout", "models", "enginePriority", "kvCapacityTokens")
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")  # one DNS label
 MIN_SCRAPE_INTERVAL_S = 0.01  # below it, a scrape loop loads the engines it watches
 
 
@@ -78,7 +82,7 @@ def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str],
         check_header_safe(r, f.get("name") or item, f.field("name"), "pool name", name)
     seen.add(name)
     models = read_names(f, "models", "model")
-    for model in models:
+    for model in dict.fromkeys(models):  # one repeated in this list: read_names said so
         if model in served:
             r.error(f.get("models"), f.field("models"),
                     f"model {model!r} is already served by pool {served[model]!r}")
@@ -93,8 +97,11 @@ def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str],
         r.error(f.get("enginePriority"), f.field("enginePriority"), "only vLLM takes a "
                 "request's priority (`--scheduling-policy priority`)")
         engine_priority = False
+    cluster = f.string("cluster", d.cluster)
+    if cluster != d.cluster:  # x-llmvalve-cluster, Envoy's route to the pool
+        check_header_safe(r, f.get("cluster"), f.field("cluster"), "cluster", cluster)
     return PoolSpec(
-        name=name, cluster=f.string("cluster", d.cluster), engine=engine or d.engine,
+        name=name, cluster=cluster, engine=engine or d.engine,
         backends=backends, models=models, engine_priority=engine_priority,
         kv_capacity_tokens=capacity,
         scrape_interval_s=duration_at_least(
@@ -161,11 +168,21 @@ def metrics_url_problem(url: str) -> str | None:
         return "bad port (a number from 1 to 65535)"
     if not parts.hostname or any(c.isspace() or not c.isprintable() for c in parts.hostname):
         return "no host (http://HOST:PORT/metrics)"
-    try:
-        parts.hostname.encode("idna")
-    except UnicodeError:  # an empty label ("vllm-1..svc") or one over 63 characters
-        return f"bad host name {parts.hostname!r}"
+    if not _host_ok(parts.hostname):
+        return (f"bad host name {shown(parts.hostname)} (an IP address, or labels of 1-63 "
+                "letters, digits, '-' and '_', none starting or ending with '-')")
     return None
+
+
+def _host_ok(host: str) -> bool:
+    """An IP address, or a DNS name: at most 253 characters, labels of 1-63 letters, digits,
+    hyphens (not at either end) and underscores (Docker's compose names have them)."""
+    try:
+        ip_address(host)
+        return True
+    except ValueError:
+        return len(host.rstrip(".")) <= 253 and all(
+            _LABEL.fullmatch(label) for label in host.removesuffix(".").split("."))
 
 
 def _breaker(f: NodeFields) -> BreakerSpec:
