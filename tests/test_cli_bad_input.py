@@ -68,6 +68,16 @@ def run(args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess:
     (["bench", "--scenario", "overhead", "--duration", "0"], 2),
     (["bench", "--scenario", "overhead", "--plot", "x.png"], 2),
     (["bench", "--scenario", "overload-sweep", "--sweep-loads", "1,nan"], 2),
+    # found by a trial of simulate's input: a traceback from matplotlib, options ignored or
+    # read as their default without a word
+    (["simulate", "--scenario", "steady", "--plot", "x.txt"], 2),
+    (["bench", "--scenario", "steady", "--plot", "x.txt"], 2),
+    (["simulate", "--scenario", "steady", "--controllers", ""], 2),
+    (["simulate", "--scenario", "steady", "--seeds", ""], 2),
+    (["simulate", "--scenario", "steady", "--oracle-window", "5"], 2),
+    (["simulate", "--scenario", "steady", "--no-hindsight"], 2),
+    (["simulate", "--scenario", "steady", "--judge", "--oracle"], 2),
+    (["simulate", "--scenario", "steady", "--capacity", "--oracle"], 2),
 ])
 def test_a_bad_value_is_one_line_and_exit_2(args, code):
     done = run(args)

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from llmvalve.sim import workload
 from llmvalve.sim.gateway import check_of
 from llmvalve.sim.runner import default_policy
 from llmvalve.sim.scenario import ScenarioError, load_scenario
-from llmvalve.sim.scenario_load import parse_scenario
-from llmvalve.sim.workload import MAX_TRACE_BYTES, generate, on_off_schedule
+from llmvalve.sim.scenario_load import MAX_REQUESTS, parse_scenario
+from llmvalve.sim.workload import MAX_TRACE_BYTES, MAX_TRACE_ROWS, generate, on_off_schedule
 
 BASE = """\
 name: t
@@ -125,7 +126,15 @@ def test_events_that_would_do_nothing_or_contradict_themselves(event, expect):
     (("rate: 1.0", "rate: 1.0\n    retry: {base: 2s}"),
      "t.yaml:8: classes[0].retry.base: retry mode none retries nothing: it would be ignored"),
     (("rate: 1.0", "rate: 1.0\n    cancel: {after: [1s, 2s]}"),
-     "t.yaml:8: classes[0].cancel.after: without prob nobody cancels: it would be ignored"),
+     "t.yaml:8: classes[0].cancel.after: without prob (or at prob 0) nobody cancels: it "
+     "would be ignored"),
+    # found by a trial of the format (stop 59): each of these ran, its value taken and ignored
+    (("rate: 1.0", "rate: 1.0\n    cancel: {prob: 0, after: [1s, 2s]}"),
+     "t.yaml:8: classes[0].cancel.after: without prob (or at prob 0) nobody cancels"),
+    (("rate: 1.0", "rate: 1.0\n    retry: {mode: immediate, maxAttempts: 2, cap: 5s}"),
+     "t.yaml:8: classes[0].retry.cap: retry mode immediate retries at once: it would be "
+     "ignored"),
+    (("duration: 60s", "duration: 1ms"), "t.yaml:2: duration: at least 1 s of traffic"),
     (("duration: 60s", "duration: 60s\noracleSweep: []"), "t.yaml:3: oracleSweep: empty: "
      "omit it for the default"),
     (("duration: 60s", "duration: 60s\ncontrollers: []"), "t.yaml:3: controllers: empty"),
@@ -177,6 +186,9 @@ def test_duplicate_class_names_and_own_keys():
     ("0,100,50\n1,-100,50\n", "x.csv:2: expected timestamp"),
     ("0;100;50\n1;100;50\n", "x.csv:2: expected timestamp"),
     ("0,100,50\nsoon,100,50\n", "x.csv:2: expected timestamp"),
+    # another trace's columns (found by a trial: the fourth was dropped without a word)
+    ("t,p,o\n0,300,50,7\n", "x.csv:2: expected three columns (timestamp, prompt tokens, "
+     "output tokens), got 4"),
 ])
 def test_a_trace_that_cannot_be_replayed_is_one_line_naming_its_row(tmp_path, rows, expect):
     (tmp_path / "x.csv").write_text(rows)
@@ -196,6 +208,21 @@ def test_a_trace_that_unpacks_past_its_bound_is_refused_without_unpacking_it(tmp
     f.write_text("duration: 30s\nclasses:\n  - name: r\n    trace: {file: x.csv}\n")
     with pytest.raises(ScenarioError, match="more than 64 MiB of CSV"):
         load_scenario(str(f))
+
+
+def test_a_trace_of_more_requests_than_a_scenario_may_send_is_refused(tmp_path, monkeypatch):
+    """Found by a trial: 3,000,000 rows of 15 bytes fit in the bytes' bound, and the run
+    filled 3 GB before it was stopped. The bound is a scenario's (2,000,000 requests), here
+    lowered to 1,000 rows: reading two million takes seconds."""
+    assert MAX_TRACE_ROWS == MAX_REQUESTS == 2_000_000
+    monkeypatch.setattr(workload, "MAX_TRACE_ROWS", 1000)
+    (tmp_path / "x.csv").write_text("".join(f"{i / 100},1,1\n" for i in range(1001)))
+    f = tmp_path / "s.yaml"
+    f.write_text("duration: 30s\nclasses:\n  - name: r\n    trace: {file: x.csv}\n")
+    with pytest.raises(ScenarioError, match=r"x\.csv: more than 1,000 requests"):
+        load_scenario(str(f))
+    (tmp_path / "x.csv").write_text("".join(f"{i / 100},1,1\n" for i in range(1000)))
+    load_scenario(str(f))
 
 
 def test_trace_files_gzip_or_not_whatever_their_name(tmp_path):
@@ -280,7 +307,8 @@ def test_a_trace_split_must_add_up_and_name_known_priorities():
     text = BASE + "  - name: r\n    trace: {file: azure-conv, split: {0: 0.5, 7: 0.2}}\n"
     msg = error_of(text)
     assert msg.splitlines() == [
-        "t.yaml:9: classes[1].trace.split: unknown priority 7; the policy's classes are 0, 1, 2",
+        "t.yaml:9: classes[1].trace.split.7: unknown priority 7; the policy's classes are 0, "
+        "1, 2",
         "t.yaml:9: classes[1].trace.split: shares must add up to 1, got 0.5"]
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmvalve.commands.args import positive_number, seconds
-from llmvalve.commands.output import unwritable, write_json
+from llmvalve.commands.output import not_png, unwritable, write_json
 
 if TYPE_CHECKING:
     from llmvalve.bench.progress import Progress
@@ -189,6 +189,8 @@ def run(args: argparse.Namespace) -> int:
         for flag, dest in (("--plot", args.plot), ("--json", args.json)):
             if why := unwritable(dest):
                 raise ValueError(f"{flag} {why}")
+        if why := not_png(args.plot):
+            raise ValueError(f"--plot {why}")
         envoy_binary()
     except (ScenarioError, OSError, ValueError) as exc:
         print(f"llmvalve bench: {exc}", file=sys.stderr)

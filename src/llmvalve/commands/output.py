@@ -19,6 +19,14 @@ def unwritable(dest: str | None) -> str | None:
     return None
 
 
+def not_png(dest: str | None) -> str | None:
+    """Why `--plot DEST` names no PNG file (None: it does, or none is asked for): the plots
+    are PNG, and their siblings are named from the stem (-sweep.png, -ttft.png)."""
+    if dest and not dest.lower().endswith(".png"):
+        return f"{dest}: the plots are PNG files; give a name ending in .png"
+    return None
+
+
 def write_json(res: dict, dest: str) -> bool:
     """`--json DEST`: the results to the file DEST, or to stdout for "-" (then True: the
     command prints nothing else)."""

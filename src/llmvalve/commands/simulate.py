@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from llmvalve.commands.args import CONTROLLERS
-from llmvalve.commands.output import unwritable
+from llmvalve.commands.output import not_png, unwritable
 
 _CONTROLLER_RE = re.compile(rf"{CONTROLLERS.pattern}|schedule:.+")
 
@@ -32,8 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle", action="store_true",
                    help="also report oracles: the best static:N, none, and the best fixed "
                    "limit per window in hindsight")
-    p.add_argument("--oracle-window", type=float, default=20.0, metavar="S",
-                   help="the hindsight oracle's window in seconds (default 20)")
+    p.add_argument("--oracle-window", type=float, metavar="S",
+                   help="with --oracle: the hindsight oracle's window in seconds (default 20)")
     p.add_argument("--no-hindsight", action="store_true",
                    help="with --oracle: only the fixed oracles (best static:N, none), not "
                    "the hindsight search (its runs dominate at fleet scale)")
@@ -64,7 +64,7 @@ def _fail(msg: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from llmvalve.sim.report import table
-    from llmvalve.sim.runner import simulate_seeds
+    from llmvalve.sim.runner import ORACLE_WINDOW_S, simulate_seeds
     from llmvalve.sim.scenario import ScenarioError, builtin_names, load_scenario
     from llmvalve.sim.scenario_load import MAX_BACKENDS, MAX_GATEWAYS
     from llmvalve.sim.targets import SEEDS as JUDGE_SEEDS
@@ -76,9 +76,18 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--scenario is required (--list names the built-ins)")
     if args.seeds and args.seed is not None:
         return _fail("give --seed or --seeds, not both")
-    if args.judge and (args.controllers or args.capacity or args.plot):
-        return _fail("--judge runs its own controllers: give it without --controllers, "
-                     "--capacity and --plot")
+    for flag, value in (("--controllers", args.controllers), ("--seeds", args.seeds)):
+        if value is not None and not value.strip():
+            return _fail(f"{flag} is empty (leave it out for the default)")
+    if not args.oracle and (args.oracle_window is not None or args.no_hindsight):
+        return _fail("--oracle-window and --no-hindsight shape --oracle's oracles: give them "
+                     "with --oracle")
+    if args.judge and (args.controllers or args.capacity or args.plot or args.oracle):
+        return _fail("--judge runs its own controllers and oracles: give it without "
+                     "--controllers, --oracle, --capacity and --plot")
+    if args.capacity and (args.controllers or args.oracle or args.plot):
+        return _fail("--capacity measures the backends and runs no controller: give it "
+                     "without --controllers, --oracle and --plot")
     ctrls = args.controllers.split(",") if args.controllers else None
     bad = [c for c in ctrls or [] if not _CONTROLLER_RE.fullmatch(c)]
     if bad:
@@ -89,9 +98,11 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--backends must be from 1 to {MAX_BACKENDS}")
     if not (args.load_scale > 0 and math.isfinite(args.load_scale)):
         return _fail("--load-scale must be a finite number > 0")
-    if not (math.isfinite(args.oracle_window) and args.oracle_window >= 1):
+    if args.oracle_window is None:
+        args.oracle_window = ORACLE_WINDOW_S
+    elif not (math.isfinite(args.oracle_window) and args.oracle_window >= 1):
         return _fail("--oracle-window must be a number of seconds >= 1")
-    if why := unwritable(args.plot):
+    if why := unwritable(args.plot) or not_png(args.plot):
         return _fail(f"--plot {why}")
     if args.timing_draw < 0:
         return _fail("--timing-draw must be >= 0")

@@ -314,37 +314,47 @@ shares) or `{tenant: weight}` (weights up to 1,000,000; a tenant named twice is 
 
 Scenario files get the policy's checks: an unknown key, a value of the wrong kind, a priority
 the policy does not have, an unknown profile, a backend index out of range (or `backend: all`),
-an event without a backend or without an action, a class's `model` no pool serves (or none,
-with several pools), a model listed by two pools are each one line `file:line: field: message`,
-all reported at once (a class's `model` once `pools` itself is valid), and `llmvalve simulate`
-exits 2. So are values that would be ignored or
-would contradict themselves: an event after the run ends, for no backend or one backend twice,
-or that leaves and rejoins at once, a backend that rejoins without having left or leaves again
-before it rejoined (in time order), a `slowdown` or `kvBlocks` in a leave event or for a backend
-that has left (a rejoining engine starts as its profile with the rejoin event's own settings:
-give them to it); a rate step after the run ends; a class without a `rate`
-(write `rate: 0`; `rate: null` and `{ramp: null}` are none either) or a trace, a class name
-used twice; a length distribution whose mean lies outside its `[min, max]`; a retry
-`cap` below its `base`; retry settings with no `mode` (the default, `none`); `cancel.after`
-without `prob`; `priority`, `prompt` or `output` on a trace class (the split and the trace set
-them); an empty `controllers`, `oracleSweep` or `sweepLoads` list; an on/off period under
-100ms; a policy of several pools without the scenario's `pools` (its `backends` would all go to
-the first); a `secretsFile` in an inline policy (the simulator sends no keys); a class, tenant
-or model name with a character that is not printable (`bench` and `load` send it); a `kvBlocks`
-override that holds less
-than one sequence of the profile's `max_model_len` (vLLM refuses to start so); a trace that
-cannot be read, a trace `split` with no priorities, a default split (P0, P1, P2) the policy's
-priorities do not match,
+an event without a backend or without an action, a class's `model` no pool serves (or none, with
+several pools), a model listed by two pools are each one line `file:line: field: message`, all
+reported at once (a class's `model` once `pools` itself is valid), and `llmvalve simulate` exits
+2. So are values that would be ignored or would contradict themselves: an event after the run
+ends, for no backend or one backend twice, or that leaves and rejoins at once, a backend that
+rejoins without having left or leaves again before it rejoined (in time order), a `slowdown` or
+`kvBlocks` in a leave event or for a backend that has left (a rejoining engine starts as its
+profile with the rejoin event's own settings: give them to it); a rate step after the run ends;
+a class without a `rate` (write `rate: 0`; `rate: null` and `{ramp: null}` are none either) or a
+trace, a class name used twice; a length distribution whose mean lies outside its `[min, max]`;
+a retry `cap` below its `base`; retry settings with no `mode` (the default, `none`), `base` or
+`cap` with `mode: immediate` (it retries at once); `cancel.after` without `prob` or at `prob:
+0`; `priority`, `prompt` or `output` on a trace class (the split and the trace set them); an
+empty `controllers`, `oracleSweep` or `sweepLoads` list; an on/off period under 100ms; a policy
+of several pools without the scenario's `pools` (its `backends` would all go to the first); a
+`secretsFile` in an inline policy (the simulator sends no keys); a class, tenant or model name
+with a character that is not printable (`bench` and `load` send it); a `kvBlocks` override that
+holds less than one sequence of the profile's `max_model_len` (vLLM refuses to start so); a
+trace that cannot be read or has more than three columns (another trace's layout), a trace
+`split` with no priorities, a default split (P0, P1, P2) the policy's priorities do not match,
 trace `tenants` for a priority the split gives nothing, a `start` past the trace's end. And
-sizes that are typos, not simulations: more than a day of virtual time, more than 4,096
-backends, more than 2,000,000 requests at the classes' peak rates (40 times `fleet`, the
-largest built-in; the largest of 1 and `sweepLoads`, each class's retry attempts and
-`--load-scale` count), more than 100 attempts of a request, a length distribution's `cv` over
-100 or a fixed length (`prompt: 500`) outside [1, 1,000,000], a `scrapeInterval` under 10ms,
-more than 64 entries in `oracleSweep` or `sweepLoads` (each a run), more than 20,000,000 scrapes
-(backends × gateways × the run with its 10 s lead-in ÷ `scrapeInterval`: a day of 4,096 idle
-backends would take hours). A top-level key starting with `x-` is yours (a place for YAML
-anchors, an inline `policy` may use them) and is ignored.
+sizes that are typos, not simulations: less than a second of traffic (`1ms` for `1m`), more than
+a day of virtual time, more than 4,096 backends, more than 2,000,000 requests at the classes'
+peak rates (40 times `fleet`, the largest built-in; the largest of 1 and `sweepLoads`, each
+class's retry attempts and `--load-scale` count; a trace of more rows), more than 100 attempts
+of a request, a length distribution's `cv` over 100 or a fixed length (`prompt: 500`) outside
+[1, 1,000,000], a `scrapeInterval` under 10ms, more than 64 entries in `oracleSweep` or
+`sweepLoads` (each a run), more than 20,000,000 scrapes (backends × gateways × the run with its
+10 s lead-in ÷ `scrapeInterval`: a day of 4,096 idle backends would take hours). A top-level key
+starting with `x-` is yours (a place for YAML anchors, an inline `policy` may use them) and is
+ignored.
+
+What a file leaves out is as in the example above: `duration` 120 s, `seed` 1, two `small`
+backends, one gateway, the metrics' delays, the default policy, the controllers and the
+oracle sweep shown (no `sweepLoads`, no events); a class's `name` is `class<N>` (N its place in
+the list), its `priority` 0, its `tenant` its name, its `prompt` and `output` lognormal with
+means 500 and 150 tokens and `cv` 0.5, `maxTokens` twice the output mean, `stream` true, no
+deadline and no retries, and with `cancel.prob` alone `after` is [0.5s, 5s]; a trace's `speed`
+is 1, its `start` 0 and its `split` P0 0.2, P1 0.4, P2 0.4. A key given with no value
+(`duration:`) or `null` is left out, as in a policy; `rate` has no default, so `rate:` is an
+error.
 
 An event may cut an engine's KV below what some request needs (`kvBlocks`): such a request
 waits in the engine, as in vLLM, and if it is still there when the run stops (120 s past the

@@ -37,7 +37,7 @@ from llmvalve.sim.scenario import (
     TrafficClass,
 )
 from llmvalve.sim.scenario_pools import check_models, read_pools
-from llmvalve.sim.workload import TraceError, read_trace
+from llmvalve.sim.workload import MAX_TRACE_ROWS, TraceError, read_trace
 
 TOP_KEYS = ("name", "description", "duration", "seed", "backends", "events", "gateways",
             "metrics", "policy", "controllers", "oracleSweep", "sweepLoads", "classes", "expect",
@@ -59,9 +59,10 @@ _CONTROLLER_RE = re.compile(r"none|seed|adaptive|static(:[1-9][0-9]*)?")
 _DEFAULT_SPLIT = {0: 0.2, 1: 0.4, 2: 0.4}
 # Sizes past which a file is a typo, not a simulation (each would run for hours)
 MAX_DURATION_S = 86_400.0
+MIN_DURATION_S = 1.0
 MAX_BACKENDS = 4096
 MAX_GATEWAYS = 1024  # replicas: each runs its own core; 32 is the largest measured (scenarios.md)
-MAX_REQUESTS = 2_000_000  # rate × duration: 40x `fleet`, the largest built-in (~1 h to run)
+MAX_REQUESTS = MAX_TRACE_ROWS  # rate × duration: 40x `fleet`, the largest built-in (~1 h to run)
 MIN_PERIOD_S = 0.1  # an on/off period (workload.py draws none shorter)
 MAX_ATTEMPTS = 100  # a client's tries of one request (the openai SDK makes 3 by default)
 MAX_CV = 100.0  # a length distribution's coefficient of variation
@@ -351,7 +352,7 @@ def _trace(c: _Ctx, node: Node, field: str) -> TraceSpec | None:
         split = {}
         before = len(c.r.issues)
         for k, v in c.by_priority(split_node, t.field("split")):
-            p = c.priority(k, t.field("split"))
+            p = c.priority(k, f"{t.field('split')}.{k.value}")
             share = c.r.number(v, f"{t.field('split')}.{k.value}", ge=0, le=1)
             if p is not None and share is not None:
                 split[p] = share
@@ -388,8 +389,8 @@ def _trace_tenants(c: _Ctx, node: Node | None, field: str
         return ()
     out = []
     for k, v in c.by_priority(node, field):
-        p = c.priority(k, field)
         f = f"{field}.{k.value}"
+        p = c.priority(k, f)
         names: list[tuple[str, float]] = []
         before = len(c.r.issues)
         if isinstance(v, ScalarNode):
@@ -429,9 +430,13 @@ def _retry(c: _Ctx, node: Node | None, field: str) -> RetrySpec:
     spec = RetrySpec(mode or "none", r.integer("maxAttempts", 3, ge=1, le=MAX_ATTEMPTS),
                      r.duration("base", 1.0), r.duration("cap", 30.0))
     tuned = [k for k in ("maxAttempts", "base", "cap") if r.has(k)]
+    paced = [k for k in ("base", "cap") if r.has(k)]
     if spec.mode == "none" and tuned:
         c.r.error(r.key_node(tuned[0]), r.field(tuned[0]),
                   "retry mode none retries nothing: it would be ignored (set mode)")
+    elif spec.mode == "immediate" and paced:
+        c.r.error(r.key_node(paced[0]), r.field(paced[0]), "retry mode immediate retries "
+                  "at once: it would be ignored (mode jitter waits base and cap)")
     if spec.cap_s < spec.base_s:
         c.r.error(r.get("cap") or r.get("base"), r.field("cap"),
                   f"cap {spec.cap_s:g} s is below base {spec.base_s:g} s")
@@ -440,7 +445,9 @@ def _retry(c: _Ctx, node: Node | None, field: str) -> RetrySpec:
 
 def _cancel(c: _Ctx, node: Node | None, field: str) -> tuple[float, tuple[float, float]]:
     f = c.r.fields(node, field, ("prob", "after"))
+    before = len(c.r.issues)
     prob = f.number("prob", 0.0, ge=0, le=1)
+    no_prob = not f.has("prob") or (prob == 0 and len(c.r.issues) == before)
     after = (0.5, 5.0)
     after_node = f.get("after")
     if after_node is not None:
@@ -450,9 +457,9 @@ def _cancel(c: _Ctx, node: Node | None, field: str) -> tuple[float, tuple[float,
             after = (got[0], got[1])  # type: ignore[assignment]
             if after[0] > after[1]:
                 c.r.error(after_node, f.field("after"), "range runs backwards")
-        if not f.has("prob"):
-            c.r.error(f.key_node("after"), f.field("after"),
-                      "without prob nobody cancels: it would be ignored")
+        if no_prob:
+            c.r.error(f.key_node("after"), f.field("after"), "without prob (or at prob 0) "
+                      "nobody cancels: it would be ignored")
     return prob, after
 
 
@@ -642,7 +649,10 @@ def parse_scenario(text: str, source: str, base: Path | None = None) -> Scenario
         policy = _priority_where_engines_take_it(policy, pools, overrides)
     defaults = Scenario(name="", duration_s=0.0, classes=())
     duration_s = c.duration_s = top.duration("duration", 120.0)
-    if duration_s > MAX_DURATION_S:
+    if duration_s < MIN_DURATION_S:
+        r.error(top.get("duration"), "duration", f"at least {MIN_DURATION_S:g} s of traffic "
+                "(a run shorter sends next to nothing: 1m, not 1ms?)")
+    elif duration_s > MAX_DURATION_S:
         r.error(top.get("duration"), "duration", f"at most {MAX_DURATION_S:g} s (a day) of "
                 "virtual time")
     classes = []

@@ -133,6 +133,9 @@ def on_off_schedule(cls: TrafficClass, duration_s: float,
 # A trace's CSV, decompressed: 2,000,000 rows of ~30 bytes (a scenario's most requests). A
 # gzip of 100 KB could otherwise unpack to gigabytes.
 MAX_TRACE_BYTES = 64 << 20
+# The most requests a scenario may send (rate classes are bounded by their peak rates; a
+# trace by its rows: 3,000,000 rows of 15 bytes fit in the bytes, and filled 3 GB)
+MAX_TRACE_ROWS = 2_000_000
 
 
 class TraceError(ValueError):
@@ -169,6 +172,9 @@ def read_trace(file: str) -> tuple[tuple[float, int, int], ...]:
         line = reader.line_num
         if not rec or not "".join(rec).strip():
             continue
+        if len(rec) > 3:  # another trace's columns: read as these, they would mislead
+            raise TraceError(f"{file}:{line}: expected three columns (timestamp, prompt "
+                             f"tokens, output tokens), got {len(rec)}")
         row = _trace_row(rec)
         if row is None and first and not any(map(_is_number, rec[1:3])):
             first = False
@@ -179,6 +185,9 @@ def read_trace(file: str) -> tuple[tuple[float, int, int], ...]:
                              f"prompt tokens, output tokens (whole numbers >= 0); got "
                              f"{','.join(rec)[:80]!r}")
         rows.append(row)
+        if len(rows) > MAX_TRACE_ROWS:
+            raise TraceError(f"{file}: more than {MAX_TRACE_ROWS:,} requests (as many as a "
+                             "scenario may send)")
     if not rows:
         raise TraceError(f"{file}: no requests (rows of timestamp, prompt tokens, output "
                          "tokens)")
