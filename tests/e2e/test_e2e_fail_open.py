@@ -33,3 +33,23 @@ async def test_control_plane_down_fails_open(e2e):
     # Back as it was for the check after each test (conftest.py): a fresh control plane holds
     # nothing, and the backend must have nothing left of the streams cut by their clients.
     await asyncio.to_thread(e2e.stack.start_control_plane)
+
+
+@pytest.mark.parametrize("cluster", ["llmvalve_fallback", "llm_direct"])
+async def test_a_client_cannot_pick_the_cluster_when_the_check_is_skipped(e2e, cluster):
+    """Found by a review: the first filter dropped a client's x-llmvalve-cluster after the
+    route was picked from it, and with the control plane down (failureModeAllow: true) no
+    check picks the route again: the client chose the cluster (`llmvalve_fallback`'s 503,
+    `llm_direct`'s none healthy). Dropped before the route is picked, the request goes to
+    the pool's backends as any other."""
+    url = e2e.base_url + "/chat/completions"
+    e2e.stack.stop_control_plane(kill=True)
+    try:
+        sent = {**headers(P0_KEY), "x-llmvalve-cluster": cluster}
+        async with (aiohttp.ClientSession() as session,
+                    session.post(url, json=chat_body(4), headers=sent) as r):
+            assert r.status == 200, await r.text()
+            await r.read()
+    finally:
+        await asyncio.to_thread(e2e.stack.start_control_plane)
+

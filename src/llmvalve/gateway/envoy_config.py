@@ -263,7 +263,7 @@ def render(params: EnvoyParams) -> str:
         als_buffer_bytes=params.als_buffer_bytes,
         failure_mode_allow="true" if params.failure_mode_allow else "false",
         first_cluster=params.default_cluster or next(iter(params.clusters)),
-        stripped_headers="\n".join(f"                - remove: {h}" for h in SET_BY_LLMVALVE),
+        stripped_headers="\n".join(f"              - remove: {h}" for h in SET_BY_LLMVALVE),
         policy_header_patterns="\n".join(f"                - {{exact: {h}}}" for h in extra),
         admission_service=_admission_service(params),
         http_type=_discovery((params.control_plane_http,)),
