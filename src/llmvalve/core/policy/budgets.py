@@ -79,12 +79,11 @@ def _models(f: NodeFields, pools: tuple[PoolSpec, ...],
         budget = _budget(mf)
         if mf.node is not None and not any(mf.get(k) is not None for k in AMOUNT_KEYS):
             r.error(mf.node, field, _EMPTY)
-        if not (model.isascii() and model.isprintable()):  # a budget metric's `model` label
-            check_header_safe(r, key_node, field, "model", model)
-        elif probe.pool_for_model(model) is None:
+        safe = check_header_safe(r, key_node, field, "model", model)  # a metric's label
+        if safe and probe.pool_for_model(model) is None:
             r.error(key_node, field, f"no pool serves the model {model!r} (the pools' models: "
                     f"{', '.join(served)})")
-        elif allowed_models and model not in allowed_models:
+        elif safe and allowed_models and model not in allowed_models:
             r.error(key_node, field, f"this tenant may not use the model {model!r} (its "
                     f"`models`: {', '.join(allowed_models)})")
         out.append((model, budget))

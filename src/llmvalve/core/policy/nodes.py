@@ -441,13 +441,15 @@ def sort_issues(issues: list[PolicyIssue], source: str) -> list[PolicyIssue]:
 
 
 def check_header_safe(r: NodeReader, node: Node | None, field: str, what: str,
-                      value: str) -> None:
+                      value: str) -> bool:
     """Names go into HTTP headers (x-llmvalve-tenant, -class, -pool, -rewrite-model) and
     metric labels: a character Latin-1 cannot write, or a line break, would break the answer
-    to Envoy."""
-    if not (value.isascii() and value.isprintable()):
-        r.error(node, field, f"{what} {shown(value)} must be printable ASCII (it is written into "
-                "HTTP headers)")
+    to Envoy. False (and an issue) where `value` has one."""
+    if value.isascii() and value.isprintable():
+        return True
+    r.error(node, field, f"{what} {shown(value)} must be printable ASCII (it is written into "
+            "HTTP headers)")
+    return False
 
 
 def read_names(f: NodeFields, key: str, what: str) -> tuple[str, ...]:

@@ -181,8 +181,8 @@ def _host_ok(host: str) -> bool:
         ip_address(host)
         return True
     except ValueError:
-        return len(host.rstrip(".")) <= 253 and all(
-            _LABEL.fullmatch(label) for label in host.removesuffix(".").split("."))
+        name = host.removesuffix(".")  # a fully qualified name's root
+        return len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split("."))
 
 
 def _breaker(f: NodeFields) -> BreakerSpec:
