@@ -78,12 +78,50 @@ def run(args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess:
     (["simulate", "--scenario", "steady", "--no-hindsight"], 2),
     (["simulate", "--scenario", "steady", "--judge", "--oracle"], 2),
     (["simulate", "--scenario", "steady", "--capacity", "--oracle"], 2),
+    # found by a trial of the other commands' input: an empty file or name read as the
+    # current folder or as the default; options taken and ignored; up started everything
+    # before Envoy refused its listen address or a port given twice
+    (["serve", "--policy", ""], 2),
+    (["serve", "--admin-token-file", ""], 2),
+    (["up", "--policy", ""], 2),
+    (["load", "--scenario", ""], 2),
+    (["load", "--scenario", "steady", "--model", ""], 2),
+    (["status", "--ca-file", ""], 2),  # it fell back to plain gRPC
+    (["status", "--token-file", ""], 2),
+    (["override", "--pool", "", "--clear"], 2),
+    (["sim-backend", "--model", ""], 2),
+    (["bench", "--scenario", "steady", "--modes", ""], 2),
+    (["bench", "--scenario", "overhead", "--modes", "adaptive"], 2),  # exit 0, no results
+    (["bench", "--scenario", "steady", "--rates", "100"], 2),
+    (["bench", "--scenario", "steady", "--duration", "3"], 2),
+    (["bench", "--scenario", "steady", "--no-simulate", "--sim-draws", "3"], 2),
+    (["up", "--listen", "not a host", "--port", "0", "--admin-port", "0"], 2),
+    (["up", "--port", "47311", "--admin-port", "47311"], 2),
 ])
 def test_a_bad_value_is_one_line_and_exit_2(args, code):
     done = run(args)
     assert done.returncode == code, done.stderr
     assert b"Traceback" not in done.stderr
     assert b"--" in done.stderr.strip().splitlines()[-1]  # it names the flag
+
+
+def test_an_empty_file_name_token_file_or_several_keys_is_refused(tmp_path: Path):
+    """Found by a trial: `policy check ""` read the current folder; `status --token-file
+    EMPTY` called without a token (serve refuses such a file, and the docs said the commands
+    did); `hash-key -` printed the first of two piped keys' hash alone."""
+    done = run(["policy", "check", ""])  # it read the current folder
+    assert done.returncode == 2 and b"argument file: must not be empty" in done.stderr
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    done = run(["status", "--token-file", str(empty), "--grpc", "127.0.0.1:1"])
+    assert done.returncode == 1 and b"empty" in done.stderr, done.stderr
+    done = run(["policy", "hash-key", "-"], b"sk-a\nsk-b\n")
+    assert done.returncode == 1 and done.stdout == b"", done.stdout
+    assert b"one key at a time" in done.stderr
+    done = run(["policy", "hash-key", "-"], b"sk-a\n")
+    assert done.returncode == 0 and done.stdout.startswith(b"sha256:")
+    done = run(["policy", "hash-key", "-"], b"sk\ta\n")
+    assert done.returncode == 1 and b"control character" in done.stderr
 
 
 def test_an_unreadable_token_file_or_key_is_a_message(tmp_path: Path):

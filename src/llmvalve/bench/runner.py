@@ -56,6 +56,7 @@ DEFAULT_TOKENS_PER_CHUNK = 8
 # After the traffic, answers may finish for as long as `simulate` lets them (a shorter drain
 # counted the queued batch requests the simulator completes as misses: capacity-drop's P2).
 DEFAULT_DRAIN_S = DRAIN_LIMIT_S
+DEFAULT_SIM_DRAWS = 5  # timing draws of the simulator's side (`simulate_same`)
 
 
 @dataclass
@@ -72,7 +73,7 @@ class BenchOptions:
     # is the one reported. One real run is one draw of the wall clock's timing noise.
     repeat: int = 1
     # Timing draws of the simulator's side (`simulate_same`); 0: its fixed grid alone.
-    sim_draws: int = 5
+    sim_draws: int = DEFAULT_SIM_DRAWS
 
 
 @dataclass

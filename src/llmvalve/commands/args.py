@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from pathlib import Path
 
 # the limit controllers a gateway runs (`simulate` also takes its hindsight `schedule:`)
 CONTROLLERS = re.compile(r"none|seed|adaptive|static(:[1-9][0-9]*)?")
@@ -28,6 +29,30 @@ def address(text: str) -> str:
     if not sep:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     port_number(port)
+    return text
+
+
+def nonempty(text: str) -> str:
+    """An argparse type: any text but an empty one (a name, a host, a file given as "", which
+    would otherwise read as the default, or as the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def file_path(text: str) -> Path:
+    """An argparse type: a file's path, not empty (Path("") is the current folder)."""
+    return Path(nonempty(text))
+
+
+def ip_address(text: str) -> str:
+    """An argparse type: an IP address to listen on (Envoy's listener takes no host name)."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an IP address: {text!r}") from None
     return text
 
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmvalve.commands.args import positive_number, seconds
+from llmvalve.commands.args import nonempty, positive_number, seconds
 from llmvalve.commands.output import not_png, unwritable, write_json
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenario", required=True,
+    p.add_argument("--scenario", required=True, type=nonempty,
                    help="built-in name, a YAML file, or `overhead` (the admission hop's cost)")
     p.add_argument("--modes", help="comma list of none, static:N, seed, adaptive (default: the "
                    "scenario's controllers; `static` alone is the scenario's fixed limit); "
@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run each mode N times, in rounds, and report the run with the median "
                    "goodput (default 1)")
-    p.add_argument("--sim-draws", type=int, default=5, metavar="K",
+    p.add_argument("--sim-draws", type=int, default=None, metavar="K",
                    help="compare with `simulate`'s median over K timing draws (scrape phase, "
                    "access-log delay; 0: its fixed grid alone; default 5)")
     p.add_argument("--no-simulate", action="store_true",
@@ -78,16 +78,22 @@ def _loads(flag: str, text: str) -> list[float]:
 def _run_overhead(args: argparse.Namespace) -> int:
     import tempfile
 
-    from llmvalve.bench.overhead import measure_to
+    from llmvalve.bench.overhead import MODES, measure_to
 
     try:  # checked before anything starts; the scenarios' flags are no overhead's
         _loads("--rates", args.rates or "")
+        if args.modes is not None:
+            modes = args.modes.split(",")
+            if bad := [m for m in modes if m not in MODES]:
+                raise ValueError(f"--modes: {bad[0]!r} is no mode of the overhead measurement "
+                                 f"({', '.join(MODES)})")
         if why := unwritable(args.json):
             raise ValueError(f"--json {why}")
         given = [flag for flag, value, default in (
             ("--plot", args.plot, None), ("--time-scale", args.time_scale, None),
             ("--repeat", args.repeat, 1), ("--sweep-loads", args.sweep_loads, None),
-            ("--load-scale", args.load_scale, 1.0)) if value != default]
+            ("--load-scale", args.load_scale, 1.0), ("--sim-draws", args.sim_draws, None),
+            ("--no-simulate", args.no_simulate, False)) if value != default]
         if given:
             raise ValueError(f"{', '.join(given)}: not for the overhead measurement")
     except ValueError as exc:
@@ -114,6 +120,7 @@ def _options(args: argparse.Namespace) -> BenchOptions | None:
     """The run's options from the command line, or None (after saying why) if they are bad."""
     from llmvalve.bench.runner import (
         DEFAULT_DRAIN_S,
+        DEFAULT_SIM_DRAWS,
         DEFAULT_TIME_SCALE,
         DEFAULT_TOKENS_PER_CHUNK,
         BenchOptions,
@@ -125,7 +132,8 @@ def _options(args: argparse.Namespace) -> BenchOptions | None:
                           else args.tokens_per_chunk),
         drain_s=DEFAULT_DRAIN_S if args.drain is None else args.drain,
         seed=args.seed, load_scale=args.load_scale, workdir=args.workdir,
-        simulate=not args.no_simulate, repeat=args.repeat, sim_draws=args.sim_draws)
+        simulate=not args.no_simulate, repeat=args.repeat,
+        sim_draws=DEFAULT_SIM_DRAWS if args.sim_draws is None else args.sim_draws)
     if (opts.time_scale <= 0 or opts.tokens_per_chunk < 1 or opts.repeat < 1
             or opts.sim_draws < 0):
         print("llmvalve bench: --time-scale must be > 0, --tokens-per-chunk and --repeat >= 1, "
@@ -179,6 +187,14 @@ def run(args: argparse.Namespace) -> int:
     if args.scenario == "overhead":
         return _run_overhead(args)
     try:
+        given = [flag for flag, value in (("--rates", args.rates), ("--duration", args.duration))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: only for --scenario overhead")
+        if args.no_simulate and args.sim_draws is not None:
+            raise ValueError("--sim-draws: the comparison with simulate is off (--no-simulate)")
+        if args.modes is not None and not args.modes.strip():
+            raise ValueError("--modes is empty (leave it out for the scenario's)")
         sc = load_scenario(args.scenario)
         modes = resolve_modes(sc, args.modes.split(",") if args.modes else None)
         loads = (_loads("--sweep-loads", args.sweep_loads) if args.sweep_loads

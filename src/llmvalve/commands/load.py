@@ -30,10 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from urllib.parse import urlsplit
 
-from llmvalve.commands.args import positive_number, seconds
+from llmvalve.commands.args import file_path, nonempty, positive_number, seconds
 from llmvalve.commands.output import unwritable, write_json
 
 DEMO_KEY = "sk-llmvalve-demo-p0"
@@ -42,16 +41,16 @@ DEMO_KEY = "sk-llmvalve-demo-p0"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="http://127.0.0.1:8080",
                    help="the gateway's base URL (default http://127.0.0.1:8080)")
-    p.add_argument("--scenario", required=True, help="built-in name or a YAML file")
+    p.add_argument("--scenario", required=True, type=nonempty, help="built-in name or a YAML file")
     p.add_argument("--key", default=None,
                    help=f"API key for every request (default: the demo key {DEMO_KEY})")
     p.add_argument("--keys", default=None, metavar="TENANT=KEY,...",
                    help="API keys per scenario tenant (others use --key)")
-    p.add_argument("--model", default=None,
+    p.add_argument("--model", default=None, type=nonempty,
                    help="model name to ask for (default: the first of GET /v1/models)")
     p.add_argument("--path", default="/v1/chat/completions",
                    help="the API path requests are sent to (default /v1/chat/completions)")
-    p.add_argument("--policy", type=Path, default=None,
+    p.add_argument("--policy", type=file_path, default=None,
                    help="policy whose SLOs and priority header to use (default: the "
                    "scenario's, else the packaged default)")
     p.add_argument("--time-scale", type=positive_number, default=1.0,

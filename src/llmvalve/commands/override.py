@@ -7,7 +7,7 @@ import argparse
 import re
 import sys
 
-from llmvalve.commands.args import positive_number
+from llmvalve.commands.args import nonempty, positive_number
 from llmvalve.commands.status import add_connection_arguments, admin_channel
 from llmvalve.commands.top import short_number
 
@@ -24,7 +24,7 @@ def parse_duration(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_connection_arguments(parser)
-    parser.add_argument("--pool", default="", help="the pool (default: the first)")
+    parser.add_argument("--pool", type=nonempty, help="the pool (default: the first)")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--limit", type=positive_number,
                       help="hold the pool at this limit (its unit: KV tokens for adaptive, "
@@ -46,11 +46,11 @@ def run(args: argparse.Namespace) -> int:
         with admin_channel(args) as channel:
             stub = pb_grpc.AdminStub(channel)
             if args.clear:
-                reply = stub.ClearLimitOverride(pb.ClearLimitOverrideRequest(pool=args.pool),
+                reply = stub.ClearLimitOverride(pb.ClearLimitOverrideRequest(pool=args.pool or ""),
                                                 timeout=5, metadata=metadata)
             else:
                 reply = stub.SetLimitOverride(pb.SetLimitOverrideRequest(
-                    pool=args.pool, limit=args.limit, duration_s=args.duration), timeout=5,
+                    pool=args.pool or "", limit=args.limit, duration_s=args.duration), timeout=5,
                     metadata=metadata)
     except OSError as exc:
         print(f"llmvalve override: {exc}", file=sys.stderr)

@@ -12,13 +12,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from llmvalve.commands.args import nonempty
 from llmvalve.core.policy import Policy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="policy_command", required=True, metavar="{check,hash-key}")
     check = sub.add_parser("check", help="validate a policy file (or a ConfigMap holding one)")
-    check.add_argument("file", help="policy.yaml, or a ConfigMap with data.\"policy.yaml\"")
+    check.add_argument("file", type=nonempty,
+                       help="policy.yaml, or a ConfigMap with data.\"policy.yaml\"")
     hash_key = sub.add_parser("hash-key", help="print the sha256:<hex> form of an API key")
     hash_key.add_argument("key", help="the API key, or - to read it from stdin")
 
@@ -69,8 +71,18 @@ def _hash_key(key: str) -> int:
 
     if key == "-":
         key = sys.stdin.readline().rstrip("\r\n")
+        # piped: one key, not a list whose first line alone would be hashed (a terminal
+        # ends the key at its line)
+        if not sys.stdin.isatty() and sys.stdin.read().strip():
+            print("llmvalve policy hash-key: stdin holds more than one line: one key at a "
+                  "time", file=sys.stderr)
+            return 1
     if not key:
         print("llmvalve policy hash-key: empty key", file=sys.stderr)
+        return 1
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+        print("llmvalve policy hash-key: the key holds a tab or another control character "
+              "(a client could not send it)", file=sys.stderr)
         return 1
     try:
         print(hash_api_key(key))

@@ -21,6 +21,7 @@ from pathlib import Path
 from llmvalve.commands.args import (
     address,
     controller,
+    file_path,
     pool_metrics_url,
     positive_number,
     seconds,
@@ -45,7 +46,7 @@ def replica_share(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--policy", type=Path, default=None,
+    parser.add_argument("--policy", type=file_path, default=None,
                         help="policy YAML or ConfigMap (default: the packaged default policy)")
     parser.add_argument("--http", type=address, default=DEFAULT_HTTP, metavar="ADDR",
                         help=f"data plane, HTTP: Envoy's ext_authz checks (default {DEFAULT_HTTP})")
@@ -64,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "deployments): the admin port's /envoy/metrics relays Envoy's "
                         "/stats/prometheus, so Envoy's admin stays on loopback (default: "
                         "not relayed)")
-    parser.add_argument("--admin-token-file", type=Path, default=None, metavar="FILE",
+    parser.add_argument("--admin-token-file", type=file_path, default=None, metavar="FILE",
                         help="the admin APIs' bearer token (e.g. a mounted Secret)")
     parser.add_argument("--admin-tls-cert", type=Path, default=None, metavar="FILE",
                         help="TLS on both admin listeners: this PEM certificate chain (with "

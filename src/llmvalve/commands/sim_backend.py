@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llmvalve.commands.args import port_number, positive_number
+from llmvalve.commands.args import nonempty, port_number, positive_number
 
 
 def _ports(text: str) -> list[int]:
@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--profile", default="small",
                         help=f"engine profile: {', '.join(PROFILES)} (default small)")
-    parser.add_argument("--model", default=None, help="served model name (default: profile's)")
+    parser.add_argument("--model", default=None, type=nonempty,
+                        help="served model name (default: profile's)")
     add_engine_flags(parser)
     parser.add_argument("--time-scale", type=positive_number, default=1.0,
                         help="engine time = X × wall time (2: twice as fast)")

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from llmvalve.commands.args import address, positive_number
+from llmvalve.commands.args import address, nonempty, positive_number
 
 DEFAULT_GRPC_ADDR = "127.0.0.1:9101"
 DEFAULT_ADMIN_URL = "http://127.0.0.1:9100"
@@ -30,12 +30,12 @@ def add_connection_arguments(parser: argparse.ArgumentParser, with_admin: bool =
     parser.add_argument("--grpc", type=address, default=DEFAULT_GRPC_ADDR, metavar="ADDR",
                         help="the control plane's admin gRPC address (default "
                         f"{DEFAULT_GRPC_ADDR})")
-    parser.add_argument("--token-file", default=None, metavar="FILE",
+    parser.add_argument("--token-file", default=None, type=nonempty, metavar="FILE",
                         help="a file holding the admin token (without it: $LLMVALVE_ADMIN_TOKEN)")
-    parser.add_argument("--ca-file", default=None, metavar="FILE",
+    parser.add_argument("--ca-file", default=None, type=nonempty, metavar="FILE",
                         help="TLS (serve --admin-tls-cert): the PEM certificates to trust "
                         "(without it: $LLMVALVE_ADMIN_CA; neither: plain gRPC)")
-    parser.add_argument("--tls-server-name", default=None, metavar="NAME",
+    parser.add_argument("--tls-server-name", default=None, type=nonempty, metavar="NAME",
                         help="with TLS over gRPC: the name the certificate must hold, when the "
                         "address is not it (a port-forward to 127.0.0.1)"
                         + ("; not with --admin" if with_admin else ""))

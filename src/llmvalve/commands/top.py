@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=positive_number, default=1.0, metavar="S",
                         help="refresh every S seconds (default 1)")
     parser.add_argument("--iterations", type=count, default=0, metavar="N",
-                        help="stop after N screens (default: until Ctrl-C)")
+                        help="stop after N screens (default, or 0: until Ctrl-C)")
 
 
 def bar(value: float, full: float, width: int = BAR) -> str:

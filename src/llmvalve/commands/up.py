@@ -19,7 +19,14 @@ import time
 from collections import deque
 from pathlib import Path
 
-from llmvalve.commands.args import controller, count, port_number, positive_number
+from llmvalve.commands.args import (
+    controller,
+    count,
+    file_path,
+    ip_address,
+    port_number,
+    positive_number,
+)
 from llmvalve.processes import port_free
 from llmvalve.stack import DEMO_KEYS, Stack, StackConfig
 
@@ -28,7 +35,7 @@ RESTARTS_PER_MINUTE = 3  # a control plane that exits more often stops the stack
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--policy", type=Path, default=None,
+    parser.add_argument("--policy", type=file_path, default=None,
                         help="policy file (default: a copy of the packaged default policy in "
                         "the logs folder, named in the banner)")
     from llmvalve.engine.profiles import PROFILES  # pure data: cheap to import
@@ -40,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="simulated engine speed-up (default 1)")
     parser.add_argument("--port", type=port_number, default=8080,
                         help="Envoy listener (default 8080; 0: a free port, in the banner)")
-    parser.add_argument("--listen", default="127.0.0.1",
+    parser.add_argument("--listen", type=ip_address, default="127.0.0.1",
                         help="Envoy listener address (default 127.0.0.1)")
     parser.add_argument("--admin-port", type=port_number, default=9100,
                         help="control plane admin HTTP (default 9100; 0: a free port)")
@@ -61,6 +68,14 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.backends <= MAX_BACKENDS:
         print(f"llmvalve up: --backends must be from 1 to {MAX_BACKENDS}", file=sys.stderr)
         return 2
+    ports = [(flag, port) for flag, port in (("--port", args.port),
+                                             ("--admin-port", args.admin_port),
+                                             ("--admin-grpc-port", args.admin_grpc_port)) if port]
+    for i, (flag, port) in enumerate(ports):
+        if twice := [other for other, p in ports[i + 1:] if p == port]:
+            print(f"llmvalve up: {flag} and {twice[0]} are both {port}: each needs its own "
+                  "(0: a free port)", file=sys.stderr)
+            return 2
     if args.policy is not None:  # before any process starts: its error, not a child's log
         try:
             load_policy_file(args.policy)

@@ -131,6 +131,8 @@ def client_token(token_file: str | None = None) -> str | None:
         token, where = (os.environ.get(TOKEN_ENV) or "").strip(), f"${TOKEN_ENV}"
     if problem := _token_problem(token):
         raise OSError(f"{where}: {problem}")
+    if token_file and not token:  # a file given for the token must hold one, as serve's
+        raise OSError(f"{token_file}: empty (the admin token is one line of text)")
     return token or None
 
 
