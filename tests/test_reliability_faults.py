@@ -277,6 +277,35 @@ async def test_access_log_stream_that_drops_loses_entries_and_reconciling_frees_
     assert status["inflight_requests"] == 0
 
 
+def test_slots_lost_with_envoy_are_freed_on_the_backends_still_read_while_one_is_not():
+    """Found by a review: Envoy killed (its access-log entries lost with it) while one backend
+    failed its scrapes (a node lost with both) kept every slot until that backend came back
+    or the lease ran out, 15 minutes: the pool refused everything meanwhile. The backends
+    still read free the tickets sent to them; those sent to the unread one wait for it."""
+    policy = load_policy(ADAPTIVE.replace("URL", "http://127.0.0.1:1"))
+    clock = [100.0]
+    front = Front(Admission(policy, random.Random(1)))
+    driver = Driver(front, clock=lambda: clock[0])
+    for backend in ("good", "bad"):
+        driver.on_snapshot("default", BackendSnapshot(backend, clock[0], running=0.0))
+    for check_id in "abcd":  # the picker spreads them over both
+        assert isinstance(front.check(check(check_id), clock[0]), Go)
+    sent = {t.request_id: t.backend for t in front.admission.pools["default"].tickets.values()}
+    assert sorted(sent.values()) == ["bad", "bad", "good", "good"], sent
+    for t in (103.0, 104.0, 105.0, 110.0):  # Envoy gone: no entry comes for any of them
+        clock[0] = t
+        driver.on_snapshot("default", BackendSnapshot("good", t, running=0.0))
+        driver.on_snapshot("default", BackendSnapshot("bad", t, ok=False))
+    freed = sorted(t.request_id for t in front.reconcile(clock[0]))
+    assert freed == sorted(r for r, b in sent.items() if b == "good")
+    assert front.open_tickets() == 2
+    for t in (111.0, 112.0, 113.0):  # back, holding nothing
+        clock[0] = t
+        for backend in ("good", "bad"):
+            driver.on_snapshot("default", BackendSnapshot(backend, t, running=0.0))
+    assert len(front.reconcile(clock[0])) == 2 and front.open_tickets() == 0
+
+
 def check(check_id: str, **headers: str):
     from llmvalve.gateway.front import Check
 

@@ -279,6 +279,8 @@ class ControlPlane:
             log.info("SIGHUP: no policy file to reload (running the packaged default)")
             return False
         async with self._reload_lock:
+            if trigger != "watch" and self.watcher is not None:
+                await asyncio.to_thread(self.watcher.seen)
             try:
                 # read and checked off the event loop: a large policy takes seconds to parse,
                 # and the admission answers meanwhile

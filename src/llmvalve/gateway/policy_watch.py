@@ -128,6 +128,13 @@ class PolicyWatcher:
         self.changes = 0
         self.polls = 0  # checks done (a test can wait for the watcher to have looked again)
 
+    def seen(self) -> None:
+        """The file as it is now was read by another way (SIGHUP): not a change to report
+        again at the next poll (an edit then SIGHUP was applied, or refused, twice). Blocking:
+        it reads the files."""
+        self._digest = self._digest_now()
+        self._stat = self._stat_now()
+
     def _stat_now(self) -> tuple[Any, ...]:
         return (file_stamp(self.path),
                 None if self._secrets is None else file_stamp(self._secrets))

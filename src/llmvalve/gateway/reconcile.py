@@ -4,8 +4,8 @@ The access log is the release signal, and it is lossy by design: Envoy drops ent
 log stream is down (a control-plane restart, a network blip, Envoy itself killed with requests
 in flight). A ticket whose entry is lost would hold its slot until the lease timeout
 (minutes). The backends know better: every scrape says how many requests each one holds
-(`running + waiting`). So, for each pool whose backends are all scraped, at every call
-(the driver calls once a second):
+(`running + waiting`). So, for each pool whose backends are scraped, at every call (the
+driver calls once a second):
 
     open  = this gateway's tickets admitted more than `settle_s` before the reading and still
             open now,
@@ -17,7 +17,12 @@ in flight). A ticket whose entry is lost would hold its slot until the lease tim
 Other gateways' requests only add to `seen`, so a shared pool makes this conservative (it may
 release late, never a request a backend still holds in excess of its count). Released early it
 can be only a request the backend has finished while its last bytes still flow to a slow
-client: its KV is free already. Pools without scraped backends fall back to the lease timeout.
+client: its KV is free already. While some of a pool's backends have no fresh reading (their
+scrapes fail: a node lost with the Envoy that held the slots), the same is done over the others
+alone, with only the tickets sent to them: a pool whose slots were all lost otherwise stayed
+full, refusing everything, until that backend came back or the lease ran out (15 minutes by
+default). Tickets sent to an unread backend, or to none picked (Envoy's balancing chose), wait
+for it or for the lease. Pools without scraped backends fall back to the lease timeout.
 Pure: snapshots and time come in as arguments.
 """
 
@@ -56,32 +61,31 @@ class Reconciler:
         for name, pool in admission.pools.items():
             if not pool.tickets or not pool.spec.backends:
                 continue
-            seen = self._seen(name, [b.name for b in pool.spec.backends], now)
-            if seen is None or len(pool.tickets) <= seen[1]:
+            backends = [b.name for b in pool.spec.backends]
+            read = self._read(name, backends, now)
+            if not read:
+                continue
+            at = min(at for at, _ in read.values())
+            count = sum(n for _, n in read.values())
+            tickets = (pool.tickets.values() if len(read) == len(backends)
+                       else [t for t in pool.tickets.values() if t.backend in read])
+            if len(tickets) <= count:
                 continue  # the common case: no more open tickets than the backends hold
-            at, count = seen
-            old = sorted((t for t in pool.tickets.values()
-                          if t.admitted_at < at - self.settle_s), key=lambda t: t.admitted_at)
+            old = sorted((t for t in tickets if t.admitted_at < at - self.settle_s),
+                         key=lambda t: t.admitted_at)
             excess = len(old) - round(count)
             if excess > 0:
                 out.extend(old[:excess])
         return out
 
-    def _seen(self, pool: str, backends: list[str], now: float) -> Reading | None:
-        """(the oldest reading's time, the summed count) over every backend of the pool, each
-        from its newest reading at least `log_delay_s` old; None if one has none."""
-        if not backends:
-            return None
-        total, oldest = 0.0, now
+    def _read(self, pool: str, backends: list[str], now: float) -> dict[str, Reading]:
+        """Each backend's newest reading at least `log_delay_s` old, for the backends of the
+        pool that have a fresh one."""
+        out = {}
         for backend in backends:
-            readings = self._readings.get((pool, backend))
-            chosen = None
-            for at, count in reversed(readings or ()):
+            for at, count in reversed(self._readings.get((pool, backend)) or ()):
                 if at <= now - self.log_delay_s:
-                    chosen = (at, count)
+                    if at >= now - self.log_delay_s - self.max_age_s:
+                        out[backend] = (at, count)
                     break
-            if chosen is None or chosen[0] < now - self.log_delay_s - self.max_age_s:
-                return None
-            oldest = min(oldest, chosen[0])
-            total += chosen[1]
-        return oldest, total
+        return out
