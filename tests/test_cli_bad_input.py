@@ -97,6 +97,16 @@ def run(args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess:
     (["bench", "--scenario", "steady", "--no-simulate", "--sim-draws", "3"], 2),
     (["up", "--listen", "not a host", "--port", "0", "--admin-port", "0"], 2),
     (["up", "--port", "47311", "--admin-port", "47311"], 2),
+    (["override", "--limit", "5", "--for", "0"], 2),  # the server's field named, not --for
+    (["override", "--clear", "--for", "5m"], 2),
+    (["sim-backend", "--ports", "47201,47201"], 2),
+    (["sim-backend", "--ports", "47201,,47202"], 2),
+    (["load", "--scenario", "steady", "--keys", "nosuch=sk-x"], 2),
+    (["load", "--scenario", "steady", "--policy", "/no/such/policy.yaml"], 2),
+    (["serve", "--replicas-interval", "5"], 2),
+    (["serve", "--envoy-admin", "http://127.0.0.1:9901"], 2),  # read as the host http
+    (["status", "--admin", "localhost:9100"], 2),
+    (["status", "--grpc", "[::1"], 2),
 ])
 def test_a_bad_value_is_one_line_and_exit_2(args, code):
     done = run(args)

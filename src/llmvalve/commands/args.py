@@ -24,11 +24,24 @@ def port_number(text: str) -> int:
 
 
 def address(text: str) -> str:
-    """An argparse type: HOST:PORT (an empty host: every interface; [v6] in brackets)."""
-    _host, sep, port = text.rpartition(":")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    """An argparse type: HOST:PORT (an empty host: every interface; [v6] in brackets). Not a
+    URL: `http://127.0.0.1:9901` read as the host `http://127.0.0.1`."""
+    import ipaddress
+
+    host, sep, port = text.rpartition(":")
+    if not sep or "/" in host or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (no scheme, no path), got {text!r}")
     port_number(port)
+    bracketed = host.startswith("[") or host.endswith("]")
+    if bracketed or ":" in host:
+        try:
+            if not (host.startswith("[") and host.endswith("]")):
+                raise ValueError
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected HOST:PORT with an IPv6 host in brackets ([::1]:PORT), got {text!r}"
+            ) from None
     return text
 
 
@@ -53,6 +66,20 @@ def ip_address(text: str) -> str:
         ipaddress.ip_address(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an IP address: {text!r}") from None
+    return text
+
+
+def http_url(text: str) -> str:
+    """An argparse type: an http(s)://HOST[:PORT] URL (a path may follow)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 (it raises for a port that is no number from 0 to 65535)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or text != text.strip():
+        raise argparse.ArgumentTypeError(f"expected http://HOST:PORT, got {text!r}")
     return text
 
 
@@ -95,6 +122,8 @@ def controller(text: str) -> str:
     static:N with N >= 1, none)."""
     if CONTROLLERS.fullmatch(text):
         return text
+    if text.startswith("static:"):
+        raise argparse.ArgumentTypeError(f"{text!r}: static:N wants a whole number N >= 1")
     raise argparse.ArgumentTypeError(
         f"unknown controller {text!r} (adaptive, seed, static, static:N, none)")
 

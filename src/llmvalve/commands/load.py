@@ -175,10 +175,21 @@ def _inputs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     if args.key is not None and not args.key.strip():
         raise ValueError("--key is empty (an unset variable?); leave it out for the demo key")
     sc = load_scenario(args.scenario)
-    policy = (load_policy_file(args.policy) if args.policy else None) or sc.policy \
-        or default_policy()
+    try:
+        policy = (load_policy_file(args.policy) if args.policy else None) or sc.policy \
+            or default_policy()
+    except OSError as exc:
+        raise ValueError(f"--policy {args.policy}: {exc.strerror or exc}") from None
     keys = _keys(args.keys)
-    target = urlsplit(args.target)
+    tenants = {c.tenant for c in sc.classes} | {
+        name for c in sc.classes if c.trace for _, names in c.trace.tenants for name, _ in names}
+    if unknown := sorted(set(keys) - tenants):
+        raise ValueError(f"--keys: {unknown[0]!r} is no tenant of {sc.name} "
+                         f"({', '.join(sorted(tenants))})")
+    try:
+        target = urlsplit(args.target)
+    except ValueError as exc:  # a bracket left open: "http://[::1"
+        raise ValueError(f"--target {args.target!r}: {exc}") from None
     try:
         target.port  # noqa: B018 (it raises for a port that is no number from 0 to 65535)
     except ValueError as exc:

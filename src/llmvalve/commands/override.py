@@ -11,6 +11,7 @@ from llmvalve.commands.args import nonempty, positive_number
 from llmvalve.commands.status import add_connection_arguments, admin_channel
 from llmvalve.commands.top import short_number
 
+DEFAULT_FOR_S = 600.0
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 
 
@@ -30,8 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="hold the pool at this limit (its unit: KV tokens for adaptive, "
                       "requests otherwise)")
     what.add_argument("--clear", action="store_true", help="hand the pool back to its limiter")
-    parser.add_argument("--for", dest="duration", type=parse_duration, default=600.0,
-                        metavar="DURATION", help="how long the override lasts (default 10m)")
+    parser.add_argument("--for", dest="duration", type=parse_duration, default=None,
+                        metavar="DURATION", help="how long the override lasts (default 10m, "
+                        "at most 24h)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,7 +42,16 @@ def run(args: argparse.Namespace) -> int:
     from llmvalve.admin.v1 import admin_pb2 as pb
     from llmvalve.admin.v1 import admin_pb2_grpc as pb_grpc
     from llmvalve.gateway.admin_auth import call_metadata, client_token, token_hint
+    from llmvalve.gateway.admin_grpc import MAX_OVERRIDE_S
 
+    if args.clear and args.duration is not None:
+        print("llmvalve override: --for: --clear ends the override now", file=sys.stderr)
+        return 2
+    duration = DEFAULT_FOR_S if args.duration is None else args.duration
+    if not 0 < duration <= MAX_OVERRIDE_S:
+        print(f"llmvalve override: --for must be above 0 and at most {MAX_OVERRIDE_S / 3600:g}h",
+              file=sys.stderr)
+        return 2
     try:
         metadata = call_metadata(client_token(args.token_file))
         with admin_channel(args) as channel:
@@ -50,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                                                 timeout=5, metadata=metadata)
             else:
                 reply = stub.SetLimitOverride(pb.SetLimitOverrideRequest(
-                    pool=args.pool or "", limit=args.limit, duration_s=args.duration), timeout=5,
+                    pool=args.pool or "", limit=args.limit, duration_s=duration), timeout=5,
                     metadata=metadata)
     except OSError as exc:
         print(f"llmvalve override: {exc}", file=sys.stderr)

@@ -112,8 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "R (1/R), re-read every --replicas-interval seconds; --replica-share "
                         "holds until the first answer and while lookups fail (default: "
                         "$LLMVALVE_REPLICAS_FROM, else off)")
-    parser.add_argument("--replicas-interval", type=positive_number,
-                        default=REPLICAS_INTERVAL_S, metavar="S",
+    parser.add_argument("--replicas-interval", type=positive_number, metavar="S",
                         help="with --replicas-from: seconds between lookups (default "
                         f"{REPLICAS_INTERVAL_S:g})")
 
@@ -136,7 +135,8 @@ async def _main(args: argparse.Namespace) -> int:
         policy_path=args.policy or None, metrics_urls=tuple(args.metrics_url),
         watch_interval_s=args.watch_interval, metrics_tenants=args.metrics_tenants,
         replica_share=args.replica_share, replicas_from=args.replicas_from or None,
-        replicas_interval_s=args.replicas_interval,
+        replicas_interval_s=(REPLICAS_INTERVAL_S if args.replicas_interval is None
+                             else args.replicas_interval),
         envoy_admin=args.envoy_admin and _with_host(args.envoy_admin)))
     await plane.start()
     loop = asyncio.get_running_loop()
@@ -161,6 +161,10 @@ def run(args: argparse.Namespace) -> int:
     if (args.admin_tls_cert is None) != (args.admin_tls_key is None):
         print("llmvalve serve: --admin-tls-cert and --admin-tls-key go together",
               file=sys.stderr)
+        return 2
+    if args.replicas_interval is not None and not args.replicas_from:
+        print("llmvalve serve: --replicas-interval paces --replicas-from's lookups: give them "
+              "together", file=sys.stderr)
         return 2
     logs.setup(args.log_level, args.log_format, decisions=args.log_decisions)
     raise_fd_limit()

@@ -14,11 +14,13 @@ from llmvalve.commands.args import nonempty, port_number, positive_number
 
 def _ports(text: str) -> list[int]:
     try:
-        ports = [int(p) for p in text.split(",") if p.strip()]
+        ports = [int(p) for p in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a comma-separated list of ports: {text!r}") from None
-    if not ports or any(not 0 <= p < 65536 for p in ports):
+    if any(not 0 <= p < 65536 for p in ports):
         raise argparse.ArgumentTypeError(f"bad port list: {text!r}")
+    if twice := [p for p in set(ports) if p and ports.count(p) > 1]:
+        raise argparse.ArgumentTypeError(f"port {twice[0]} given twice: one backend each")
     return ports
 
 

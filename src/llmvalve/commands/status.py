@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from llmvalve.commands.args import address, nonempty, positive_number
+from llmvalve.commands.args import address, http_url, nonempty, positive_number
 
 DEFAULT_GRPC_ADDR = "127.0.0.1:9101"
 DEFAULT_ADMIN_URL = "http://127.0.0.1:9100"
@@ -69,7 +69,7 @@ def admin_channel(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_connection_arguments(parser, with_admin=True)
-    parser.add_argument("--admin", default=None, metavar="URL",
+    parser.add_argument("--admin", default=None, type=http_url, metavar="URL",
                         help=f"read /status over HTTP from this admin URL instead (e.g. "
                         f"{DEFAULT_ADMIN_URL})")
     parser.add_argument("--json", action="store_true", help="print the raw JSON")
