@@ -4,6 +4,7 @@ not a traceback when it is first used."""
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import re
 from pathlib import Path
@@ -26,8 +27,6 @@ def port_number(text: str) -> int:
 def address(text: str) -> str:
     """An argparse type: HOST:PORT (an empty host: every interface; [v6] in brackets). Not a
     URL: `http://127.0.0.1:9901` read as the host `http://127.0.0.1`."""
-    import ipaddress
-
     host, sep, port = text.rpartition(":")
     if not sep or "/" in host or any(c.isspace() for c in text):
         raise argparse.ArgumentTypeError(f"expected HOST:PORT (no scheme, no path), got {text!r}")
@@ -60,8 +59,6 @@ def file_path(text: str) -> Path:
 
 def ip_address(text: str) -> str:
     """An argparse type: an IP address to listen on (Envoy's listener takes no host name)."""
-    import ipaddress
-
     try:
         ipaddress.ip_address(text)
     except ValueError:
