@@ -12,7 +12,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (152: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (160: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -790,6 +790,34 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # replicas: seed 3's one P0 miss is a 5,964-token prompt prefilled behind others inside
     # an engine (TTFT 6.0 s, no gateway wait).
     "holdout-b50-code-repoctx-medium2-gw2-2.5x": ("seed 3: P0 attainment",),
+    # Batch 51 (eight files written at stop 59 by a helper who had not read the controller,
+    # judged as they stood at eaabcd5; three met every target at seeds 1-3, four at 4-6).
+    # Do no harm on three small engines behind two replicas, bursts of 15-40 s at 0.55-0.61x
+    # mean load: seed 2 P1 0.935 against none's 1.000 (goodput 0.981x none). Not traced.
+    "holdout-b51-calm-onoff-chat-small3-gw2": ("seed 2: P1 attainment",),
+    # Two of five small engines leave at 40 and 60 s and rejoin at 100 and 125 s, four
+    # replicas: every P0 miss is a request dropped with a leaving engine (5 of 194 at seed
+    # 1); no fixed limit of the sweep keeps P0 at any seed.
+    "holdout-b51-outage-rejoin-small5-gw4": ("seed 1: P0 attainment", "seed 3: P0 attainment"),
+    # One P1 tenant ramps to 13x its share on four tiny engines behind three replicas:
+    # seed 3 reads 0.941 of static:12 (0.961 and 0.971 at seeds 1 and 2). Not traced.
+    "holdout-b51-p1-flood-tiny4-gw3": ("seed 3: adaptive",),
+    # Two H100s capped at 12 sequences, decode-bound (a full batch holds under 1 % of the
+    # KV): 0.876 / 0.893 / 0.907 of static:32. Traced at its own seed: adaptive holds what
+    # the engines run, 24 of 24, and nothing waits inside them; static:32 keeps 6-9 waiting,
+    # so a sequence that ends is refilled at once, where the gateway refills it only once
+    # the access log says so (19-24 running). Measured, not kept: every class may have one
+    # more in flight per engine than the engines run: this one 0.91x at its worst seed,
+    # but `seq-cap` P0 0.942 at seed 2 (small engines, longer answers: P0 queued behind a
+    # lower class inside an engine); lower classes alone one more: P0 starved at the
+    # gateway (0.046).
+    "holdout-b51-seqcap-h100x2-moderation": ("seed 1: adaptive", "seed 2: adaptive",
+                                             "seed 3: adaptive"),
+    # Two of four small engines 2.5x slower from 40 to 100 s, P0 sending a 30 s deadline:
+    # seed 2's four P0 misses are clients that left at their deadline (every P0 request that
+    # completed met its SLO, none waited at the gateway); seed 3 P0 0.985. Not traced further.
+    "holdout-b51-slow-half-small4-gw2-deadline": ("seed 2: P0 attainment",
+                                                  "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
