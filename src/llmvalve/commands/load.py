@@ -130,16 +130,20 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         sc, policy, keys = _inputs(args)
+        seed = sc.seed if args.seed is None else args.seed
+        jobs = generate(sc, args.load_scale, seed)
+        tenants = sorted({j.tenant for j in jobs})  # a trace's own names among them
+        if unknown := sorted(set(keys) - set(tenants)):
+            raise ValueError(f"--keys: {unknown[0]!r} sends nothing in {sc.name} (its "
+                             f"tenants: {', '.join(tenants)})")
     except (ValueError, OSError) as exc:  # ScenarioError and PolicyError are ValueErrors
         print(f"llmvalve load: {exc}", file=sys.stderr)
         return 2
     raise_fd_limit()
     key = args.key or DEMO_KEY
-    seed = sc.seed if args.seed is None else args.seed
     gen = None
     try:
         model = args.model or _discover_model(args.target, key) or "sim-model"
-        jobs = generate(sc, args.load_scale, seed)
         target = Target(args.target.rstrip("/"), path=args.path, model=model, keys=keys,
                         default_key=key, priority_header=policy.requests.priority_header,
                         sim_headers=not args.no_sim_headers)
@@ -181,11 +185,6 @@ def _inputs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     except OSError as exc:
         raise ValueError(f"--policy {args.policy}: {exc.strerror or exc}") from None
     keys = _keys(args.keys)
-    tenants = {c.tenant for c in sc.classes} | {
-        name for c in sc.classes if c.trace for _, names in c.trace.tenants for name, _ in names}
-    if unknown := sorted(set(keys) - tenants):
-        raise ValueError(f"--keys: {unknown[0]!r} is no tenant of {sc.name} "
-                         f"({', '.join(sorted(tenants))})")
     try:
         target = urlsplit(args.target)
     except ValueError as exc:  # a bracket left open: "http://[::1"

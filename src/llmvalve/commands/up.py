@@ -68,14 +68,14 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.backends <= MAX_BACKENDS:
         print(f"llmvalve up: --backends must be from 1 to {MAX_BACKENDS}", file=sys.stderr)
         return 2
-    ports = [(flag, port) for flag, port in (("--port", args.port),
-                                             ("--admin-port", args.admin_port),
-                                             ("--admin-grpc-port", args.admin_grpc_port)) if port]
-    for i, (flag, port) in enumerate(ports):
-        if twice := [other for other, p in ports[i + 1:] if p == port]:
-            print(f"llmvalve up: {flag} and {twice[0]} are both {port}: each needs its own "
+    given: dict[int, str] = {}  # port → the flag that gave it
+    for flag, port in (("--port", args.port), ("--admin-port", args.admin_port),
+                       ("--admin-grpc-port", args.admin_grpc_port)):
+        if port and port in given:
+            print(f"llmvalve up: {given[port]} and {flag} are both {port}: each needs its own "
                   "(0: a free port)", file=sys.stderr)
             return 2
+        given[port] = flag
     if args.policy is not None:  # before any process starts: its error, not a child's log
         try:
             load_policy_file(args.policy)
