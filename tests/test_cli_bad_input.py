@@ -205,3 +205,15 @@ def test_every_option_of_every_command_says_what_it_is():
               if action.option_strings and action.help is None
               and not isinstance(action, argparse._HelpAction)]
     assert silent == []
+
+
+def test_load_keys_name_the_tenants_the_requests_are_sent_as(tmp_path: Path):
+    """A trace's priority without named tenants sends as CLASS-pN: `--keys` is checked
+    against the tenants of the generated requests (a check built from the file's classes
+    took `r`, which sends nothing, and refused `r-p0`, which does)."""
+    scenario = tmp_path / "t.yaml"
+    scenario.write_text("duration: 20s\nclasses:\n  - {name: r, trace: {file: azure-conv, "
+                        "split: {0: 0.5, 1: 0.5}}}\n")
+    done = run(["load", "--scenario", str(scenario), "--keys", "r=sk-x"])
+    assert done.returncode == 2, done.stderr
+    assert b"its tenants: r-p0, r-p1" in done.stderr
