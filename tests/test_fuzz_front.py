@@ -661,3 +661,44 @@ anonymous: null
         refused = run(revoked)["a1"]
         assert isinstance(refused, Answer) and refused.reply.status == 401
         assert refused.record.reason == "revoked"
+
+
+def test_a_reload_that_replaces_a_key_refuses_the_requests_it_queued():
+    """Revocation was by tenant: a leaked key replaced while its tenant kept another had its
+    queued requests served after the reload. Now each queued request carries its key's hash,
+    and a reload that removes that key (or gives it to another tenant) refuses it with a 401;
+    requests of the tenant's other keys, and anonymous ones, wait on."""
+    def policy(app_keys: tuple[str, ...], other_keys: tuple[str, ...] = ()) -> object:
+        hashes = ", ".join(f'"{hash_api_key(k)}"' for k in app_keys)
+        others = ", ".join(f'"{hash_api_key(k)}"' for k in other_keys)
+        return load_policy(f"""
+queues:
+  - {{priority: 0, name: top, maxQueueSize: 9, timeout: 30s, dropPolicy: tail}}
+limiter: {{controller: static, static: {{limit: 1}}}}
+tenants:
+  - {{name: app, apiKeyHashes: [{hashes}], maxPriority: 0}}
+  - {{name: other, apiKeyHashes: [{others}], maxPriority: 0}}
+anonymous: {{maxPriority: 0}}
+""")
+
+    def run(new_policy) -> dict:
+        front = Front(Admission(policy(("leaked", "kept")), random.Random(1), now=0.0))
+        for check_id, key in (("hold", "kept"), ("old", "leaked"), ("same", "kept"),
+                              ("anon", "unknown")):
+            front.check(Check(check_id, {"authorization": f"Bearer {key}"},
+                              path="/v1/chat/completions", method="POST"), 1.0)
+        front.replace_policy(new_policy, 2.0)
+        verdicts: dict = {}
+        for step, done in enumerate(("hold", "same", "anon")):
+            front.access_log(LogEntry(done, 200), 3.0 + step)
+            verdicts.update({v.check_id: v for v in front.poll(3.0 + step)})
+        return verdicts
+
+    for new in (policy(("kept", "fresh")), policy(("kept",), other_keys=("leaked",))):
+        verdicts = run(new)
+        refused = verdicts["old"]
+        assert isinstance(refused, Answer) and refused.reply.status == 401
+        assert refused.record.reason == "revoked" and refused.record.tenant == "app"
+        assert isinstance(verdicts["same"], Go) and isinstance(verdicts["anon"], Go)
+    kept = run(policy(("leaked", "kept", "fresh")))  # a key added: nothing queued is refused
+    assert all(isinstance(kept[c], Go) for c in ("old", "same", "anon"))

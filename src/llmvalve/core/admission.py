@@ -562,8 +562,10 @@ class Admission:
                  now: float) -> None:
         """A queued request into the current policy's queues of `pool`, where it waited since
         `enqueued_at`; refused (401, at the next poll) when the reload from `old` took its
-        tenant's keys away or removed the tenant (anonymous access included)."""
-        if _admits(old, req.tenant) and not _admits(self.policy, req.tenant):
+        tenant's keys away, removed the tenant (anonymous access included), or removed the
+        key it came with."""
+        if ((_admits(old, req.tenant) and not _admits(self.policy, req.tenant))
+                or not _key_kept(self.policy, req)):
             pool.pushed_out.append(self._reject(pool, req, Reason.UNAUTHORIZED, now,
                                                 now - enqueued_at, status=401))
             return
@@ -630,6 +632,15 @@ class Admission:
         return {"policy_version": self.policy.version, "controller": self.controller,
                 "draining": self.draining, "pools": pools,
                 "tenants": self.budgets.status(now, tenants)}
+
+
+def _key_kept(policy: Policy, req: RequestInfo) -> bool:
+    """Whether the key `req` came with still names its tenant under `policy` (a request with
+    no key, anonymous or the simulator's, is judged by its tenant alone)."""
+    if req.key_hash is None:
+        return True
+    spec = policy.tenant(req.tenant)
+    return spec is not None and req.key_hash in spec.api_key_hashes
 
 
 def _admits(policy: Policy, tenant: str) -> bool:

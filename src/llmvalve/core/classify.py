@@ -19,7 +19,7 @@ tenant's maximum; `clamped` says the request asked for more than it was allowed.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmvalve.core.policy import Policy, TenantSpec, hash_api_key
 
@@ -34,6 +34,9 @@ class Classified:
     tenant: str
     priority: int
     clamped: bool = False  # the client asked for a higher class than its tenant may use
+    # the hash of the key it was recognised by (None: the anonymous tenant), so that a reload
+    # that removes that key reaches its requests still queued (a hash, never the key)
+    key_hash: str | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -83,25 +86,30 @@ class Classifier:
             return None
         return self._priorities.get(requested.strip().lower())
 
-    def tenant_of(self, authorization: str | None) -> TenantSpec | Unauthorized:
+    def tenant_of(self, authorization: str | None
+                  ) -> tuple[TenantSpec, str | None] | Unauthorized:
+        """The tenant a request's key names, with the key's hash (None for the anonymous
+        tenant, which a missing or unknown key runs as when the policy has one)."""
         token = bearer_token(authorization)
         if token is not None:
-            tenant = self._by_hash.get(hash_api_key(token))
+            key_hash = hash_api_key(token)
+            tenant = self._by_hash.get(key_hash)
             if tenant is not None:
-                return tenant
+                return tenant, key_hash
         if self._anonymous is not None:
-            return self._anonymous
+            return self._anonymous, None
         return Unauthorized(AuthFailure.MISSING_KEY if token is None else AuthFailure.UNKNOWN_KEY)
 
     def classify(self, authorization: str | None,
                  requested_priority: str | None) -> Classified | Unauthorized:
-        tenant = self.tenant_of(authorization)
-        if isinstance(tenant, Unauthorized):
-            return tenant
+        found = self.tenant_of(authorization)
+        if isinstance(found, Unauthorized):
+            return found
+        tenant, key_hash = found
         requested = self.priority_of(requested_priority)
         if requested is None:
-            return Classified(tenant.name, tenant.default_priority)
+            return Classified(tenant.name, tenant.default_priority, key_hash=key_hash)
         if requested < tenant.max_priority:
-            return Classified(tenant.name, tenant.max_priority, clamped=True)
-        return Classified(tenant.name, requested)
+            return Classified(tenant.name, tenant.max_priority, clamped=True, key_hash=key_hash)
+        return Classified(tenant.name, requested, key_hash=key_hash)
 

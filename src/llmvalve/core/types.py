@@ -11,7 +11,7 @@ to an `Outcome` lives in one table: `core.outcomes.outcome_of`.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from llmvalve.core.policy import FallbackSpec
@@ -53,6 +53,9 @@ class RequestInfo:
     pool: str = "default"
     model: str | None = None  # the OpenAI `model` it names (per-model budgets)
     answers: int = 1  # answers it decodes (`n` per prompt), each up to max_tokens; 0: none
+    # the hash of the API key it came with (None: anonymous, or the simulator's): a reload
+    # that removes that key refuses it while it waits
+    key_hash: str | None = field(default=None, repr=False)
 
     def budget_tokens(self, default_max_tokens: int) -> int:
         """What token budgets charge it: its prompt and each answer's `max_tokens` (the

@@ -311,7 +311,8 @@ class Front:
             cost_tokens=0.0, prompt_tokens=est.prompt_tokens, max_tokens=est.max_tokens,
             answers=est.answers,
             deadline=None if deadline_ms is None else now + deadline_ms / 1000.0,
-            feature=headers.get(spec.feature_header), pool=pool.name, model=model)
+            feature=headers.get(spec.feature_header), pool=pool.name, model=model,
+            key_hash=classified.key_hash)
         stream = facts.stream if facts is not None else request_facts.stream_hint(headers)
         waiting = _Waiting(info, classified, klass, model, stream, path=check.path)
         if check.age_s > TOP_LAG_S / 2 ** policy.priorities.index(classified.priority):
