@@ -49,6 +49,10 @@ def test_output_length_model_and_overrides():
         .output_tokens == 20  # capped by max_tokens
     assert chat({"messages": msgs, "sim_output_tokens": 3}).output_tokens == 3
     assert chat({"messages": msgs, "max_tokens": 40, "ignore_eos": True}).output_tokens == 40
+    # read as vLLM's pydantic reads it (lax): "true" runs to max_tokens, "false" does not
+    assert chat({"messages": msgs, "max_tokens": 40, "ignore_eos": "true"}).output_tokens == 40
+    assert chat({"messages": msgs, "max_tokens": 40, "ignore_eos": "false"}) \
+        .output_tokens == TINY.default_output_tokens
     assert chat({"messages": msgs, "min_tokens": 25}).output_tokens == 25
     assert chat({"messages": msgs}, {"x-sim-prompt-tokens": "1000"}).prompt_tokens == 1000
     # No max_tokens: the cap is the rest of the context, as in vLLM.
@@ -65,6 +69,8 @@ def test_output_length_model_and_overrides():
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', "max_tokens"),
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "five"}', "max_tokens"),
     (b'{"messages": [{"role": "user", "content": "x"}], "stream": "maybe"}', "stream"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "ignore_eos": "maybe"}', "ignore_eos"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "ignore_eos": null}', "ignore_eos"),
     (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', "n"),
     (b'{"messages": [{"role": "user", "content": "x"}], "stream_options": '
      b'{"include_usage": true}}', "stream"),

@@ -1,7 +1,7 @@
 """How much one `llmvalve sim-backend` process sustains on this machine.
 
     python -m llmvalve.backend.loadtest [--profile llama3-8b-h100] [--concurrency 64,256,512]
-        [--backends 1] [--time-scale 1] [--tokens-per-chunk 1] [--duration 5] [--json]
+        [--backends 1] [--time-scale 1] [--tokens-per-chunk 1] [--duration 10] [--json]
 
 For each concurrency C it starts one sim-backend process (with `--backends` engines), keeps C
 streaming chat requests open from this process (closed loop: a finished stream is replaced at

@@ -258,8 +258,10 @@ def _output_tokens(body: Mapping[str, Any], headers: Mapping[str, str], max_toke
     if output is None:
         output = _int_field(body, "sim_output_tokens", 0)
     if output is None:
-        ignore_eos = body.get("ignore_eos", False)
-        output = max_tokens if ignore_eos is True else profile.default_output_tokens
+        ignore_eos = lax_bool(body.get("ignore_eos", False))
+        if ignore_eos is None:  # vLLM's field is a plain bool: null is refused too
+            raise BadRequest("ignore_eos must be a boolean")
+        output = max_tokens if ignore_eos else profile.default_output_tokens
     min_tokens = _int_field(body, "min_tokens", 0) or 0
     if min_tokens > max_tokens:
         raise BadRequest(f"min_tokens must be less than or equal to max_tokens={max_tokens}, "

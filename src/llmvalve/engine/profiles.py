@@ -1,9 +1,11 @@
 """Engine profiles: the numbers that make a simulated engine behave like a GPU and a model.
 
 Step time model (one continuous-batching iteration, as vLLM v1 runs it):
-    t = base_s + per_seq_s · seqs + per_prefill_token_s · prefill_tokens + per_ctx_token_s · context
+    t = base_s + per_seq_s · seqs + per_prefill_token_s · prefill_tokens
+        + per_ctx_token_s · context + per_request_s · new_requests
 where `seqs` is the number of requests in the batch, `prefill_tokens` the prompt (or recompute)
-tokens computed in this step, and `context` the KV tokens the batch attends over. Sources for the
+tokens computed in this step, `context` the KV tokens the batch attends over, and
+`new_requests` the requests scheduled for the first time in it. Sources for the
 calibrated profile are in docs/engine.md.
 """
 
