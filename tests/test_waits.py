@@ -90,3 +90,19 @@ def test_load_is_the_offered_work_in_flight_over_what_the_limit_holds():
     # 100 tokens/s held 2 s each: 200 tokens in flight, half of the 400 the limit holds
     assert f.load(60.0, 400.0) == pytest.approx(0.5)
     assert f.load(60.0, 100.0) == pytest.approx(2.0)
+
+
+def test_load_counts_requests_against_the_sequences_where_the_cap_binds():
+    """A limit in tokens that the engines' sequence cap keeps unused read a pool offered 1.6
+    times what its engines run as calm (holdout-b51-seqcap-h100x2-moderation); where the cap
+    binds (`max_requests`), the requests offered count against it too, the higher reading
+    wins."""
+    f = WaitForecast()
+    for t in range(60):
+        for _ in range(10):
+            f.offer(100.0, float(t))  # 10 requests of 100 tokens a second
+    f.released(2.0)  # 20 requests (2,000 tokens) in flight to serve it all
+    assert f.load(60.0, 40_000.0) == pytest.approx(0.05)  # the tokens alone: calm
+    assert f.load(60.0, 40_000.0, max_requests=16) == pytest.approx(20 / 16)
+    assert f.load(60.0, 1_000.0, max_requests=16) == pytest.approx(2.0)  # tokens bind more
+    assert f.load(60.0, 40_000.0, max_requests=math.inf) == pytest.approx(0.05)

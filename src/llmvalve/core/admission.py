@@ -121,7 +121,7 @@ class Admission:
         # request may take half of its TTFT to prefill before the picker looks elsewhere
         # for it (a quarter before lower classes do, and stop when every engine has that
         # much ahead); its engine's inter-token latency should stay at 0.8 of its TPOT (the
-        # limiter's own ITL target by default).
+        # limiter's ITL target is 0.8 of the tightest class's; `itlTarget` sets both).
         self._late_after_s = 0.5 * top.slo.ttft_s
         self._itl_target_s = policy.limiter.adaptive.itl_target_s or 0.8 * top.slo.tpot_s
 
@@ -217,7 +217,7 @@ class Admission:
     def offered_load(self, pool: Pool, now: float) -> float:
         """The work offered over the last minute over what the limit holds at its reach
         (core/waits.py `load`; 1 while unknown)."""
-        return pool.waits.load(now, pool.current_reach())
+        return pool.waits.load(now, pool.current_reach(), pool.limit.max_requests())
 
     def under_pressure(self, pool: Pool, req: RequestInfo, cost: float, may_wait_s: float,
                        now: float) -> bool:

@@ -67,20 +67,28 @@ class WaitForecast:
         self.arrivals: dict[int, Arrivals] = {}
         self.residence_s: float | None = None  # mean time from admission to release
         self.offered: Arrivals | None = None  # the cost of every arrival the queues judge
+        self.offered_requests: Arrivals | None = None  # and their number
 
     def offer(self, cost: float, now: float) -> None:
         """A request of `cost` arrived (whatever becomes of it)."""
-        if self.offered is None:
-            self.offered = Arrivals(now)
+        if self.offered is None or self.offered_requests is None:
+            self.offered, self.offered_requests = Arrivals(now), Arrivals(now)
         self.offered.add(now, cost)
+        self.offered_requests.add(now)
 
-    def load(self, now: float, reach: float) -> float:
+    def load(self, now: float, reach: float, max_requests: float = math.inf) -> float:
         """The pool's offered load over the last minute: what it would hold in flight to
         serve everything that arrived (cost per second times the mean time in flight, by
-        Little's law) over what the limit holds at its reach. 1 while unknown."""
+        Little's law) over what the limit holds at its reach, or, where the engines' sequence
+        cap binds first (`max_requests`), the requests it would hold over what they run,
+        whichever is higher. 1 while unknown."""
         if self.offered is None or self.residence_s is None or reach <= 0:
             return 1.0
-        return self.offered.rate(now, LONG_HORIZON_S) * self.residence_s / reach
+        load = self.offered.rate(now, LONG_HORIZON_S) * self.residence_s / reach
+        if self.offered_requests is not None and 0 < max_requests < math.inf:
+            served = self.offered_requests.rate(now, LONG_HORIZON_S) * self.residence_s
+            load = max(load, served / max_requests)
+        return load
 
     def arrived(self, priority: int, now: float) -> None:
         """A request of the class was accepted (admitted or queued)."""
