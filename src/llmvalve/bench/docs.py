@@ -183,7 +183,8 @@ def _repeats(all_res: dict[str, dict]) -> str:
         "`seed` limiter, which steers on each request's round trip, turns small timing "
         "differences into large goodput differences (so does `simulate`: with its access-log "
         "delay at 200 ms instead of 50 ms, `seed`'s goodput on `capacity-drop` moves by 10-11 % "
-        "at seeds 1 and 3, `adaptive`'s by a third as much on average; "
+        "at seeds 1 and 3, `adaptive`'s by less than half as much over seeds 1-3 (1-2 % at each "
+        "when last checked); "
         "tests/test_bench_report.py). "
         f"On {names} each mode runs {n} times, in rounds (every mode, then every mode again), "
         "and the run with the median goodput is the one shown. It is compared with "
@@ -260,7 +261,10 @@ def _all_runs(all_res: dict[str, dict]) -> str:
     return f"""## Every scenario × mode
 
 Goodput = output tokens/s of requests that met their class SLO (TTFT and TPOT, scenario
-time); `simulate` = the same scenario, seed and requests in `llmvalve simulate`; gap =
+time); `simulate` = the same scenario, seed and requests in `llmvalve simulate`, with the
+code the real run was compared with when this page was written (the real runs are not kept in
+the repository; controller changes since moved some predictions by up to 3 %, and
+`--run --only NAME` runs a scenario again against the current code); gap =
 bench against simulate; att = SLO attainment (met / offered; refused or unanswered is a miss),
 with `simulate`'s in brackets; TTFT p99 of completed requests from the first attempt;
 rejected = refused after the client's retries; preempt = engine preemptions.

@@ -218,7 +218,7 @@ all requests of a client, a deadline after which it gives up):
 import aiohttp
 from llmvalve.client import RetryBudget, RetryPolicy, send_with_backoff
 
-budget = RetryBudget(ratio=0.2)           # retries ≤ 20 % of first attempts, per client
+budget = RetryBudget(ratio=0.2)           # retries ≤ 20 % of first attempts + 1 a second
 policy = RetryPolicy(mode="jitter", max_attempts=4, base_s=1.0, cap_s=30.0,
                      give_up_after_s=30.0)
 
