@@ -48,7 +48,7 @@ def measure(sc: Scenario, seed: int | None = None, duration_s: float = 300.0,
         if t >= duration_s:
             break
         j = jobs[rng.randrange(len(jobs))]
-        cls = replace(j.cls, retry=RetrySpec(), cancel_prob=0.0)
+        cls = replace(j.cls, retry=RetrySpec(), cancel_prob=0.0, deadline_s=0.0)
         replay.append(Job(len(replay), t, cls, top, "capacity", j.prompt_tokens,
                           j.output_tokens, j.max_tokens, None))
     steady = replace(sc, events=tuple(e for e in sc.events if e.at_s == 0),

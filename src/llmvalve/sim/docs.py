@@ -76,18 +76,18 @@ rejections) and, with `--seeds`, every seed's results and the mean and worst ove
 `llmvalve simulate --capacity` measures what the backends serve of a scenario's request mix,
 replayed as offered (one class, first come first served: under its own priorities an overloaded
 gateway serves the top classes' mix and sheds the rest), on the fleet as it starts (events at
-`at: 0s`, which shape it, are kept; later ones are not), without retries or cancellations,
-behind the scenario's gateway replicas (`static:N` is N per replica), as the best of `none` and
-the fixed limits of `oracleSweep` (a sweep that does not reach past the best limit understates
-it). The load factor is the scenario's mean offered output tokens per second over that capacity
-in output tokens per second (`--capacity` prints the request rates too, whose ratio can differ
-from it by a few percent: judge `doNoHarm`'s 0.8x by tokens); each built-in's description quotes
-the load factor it measures. Goodput and throughput count the drain after the traffic ends too
-(up to 120 s), so a controller's goodput over the scenario's duration can read above that
-capacity. The held-out files quote their writers' measurements: before stop 28 the replay kept
-the scenario's priorities and read up to a fifth more capacity where the classes' lengths differ
-(`calm-steady` at seed 2: 0.80x then, 0.90x now); before stop 29 it dropped the events at 0 s as
-well (`holdout-p0-near-share-hetero`: 2.14–2.26x then, 2.23–2.31x with them).
+`at: 0s`, which shape it, are kept; later ones are not), without retries, cancellations or
+client deadlines, behind the scenario's gateway replicas (`static:N` is N per replica), as the
+best of `none` and the fixed limits of `oracleSweep` (a sweep that does not reach past the best
+limit understates it). The load factor is the scenario's mean offered output tokens per second
+over that capacity in output tokens per second (`--capacity` prints the request rates too, whose
+ratio can differ from it by a few percent: judge `doNoHarm`'s 0.8x by tokens); each built-in's
+description quotes the load factor it measures. Goodput and throughput count the drain after the
+traffic ends too (up to 120 s), so a controller's goodput over the scenario's duration can read
+above that capacity. The held-out files quote their writers' measurements: before stop 28 the
+replay kept the scenario's priorities and read up to a fifth more capacity where the classes'
+lengths differ (`calm-steady` at seed 2: 0.80x then, 0.90x now); before stop 29 it dropped the
+events at 0 s as well (`holdout-p0-near-share-hetero`: 2.14–2.26x then, 2.23–2.31x with them).
 
 The built-ins were written beside the controller. What it was also judged on, by the same
 targets: the workloads of `tests/data/holdout/` (all but four written after its tuning and judged
@@ -183,9 +183,10 @@ unequal fleet is written as `kvBlocks` and `slowdown` events at 0 s on one profi
 
 Every table on this page runs its engines as vLLM runs by default, first come first served:
 a P0 prompt the gateway sends behind lower-class prompts waits for their prefill inside the
-engine, and under KV pressure vLLM preempts the newest request, P0 or not. Three of the six
-built-ins that still miss a target at a seed miss it so (`azure-conv`, `code-bursty`,
-`seq-cap`). vLLM run with `--scheduling-policy priority`, and the pool's
+engine, and under KV pressure vLLM preempts the newest request, P0 or not. Three of the four
+built-ins that still miss a target at a seed miss it so (`azure-conv`, `code-bursty-3x`,
+`seq-cap`; the fourth, `calm-steady`, misses by one P1 request refused at arrival). vLLM
+run with `--scheduling-policy priority`, and the pool's
 `enginePriority` (docs/policy.md), take the class into the engine: P0 prompts are prefilled
 first and the lowest class is preempted first. A scenario's
 `backends: {schedulingPolicy: priority}` runs it so. Measured with adaptive over every
@@ -338,8 +339,9 @@ trace `tenants` for a priority the split gives nothing, a `start` past the trace
 sizes that are typos, not simulations: less than a second of traffic (`1ms` for `1m`), more than
 a day of virtual time, more than 4,096 backends, more than 2,000,000 requests at the classes'
 peak rates (40 times `fleet`, the largest built-in; the largest of 1 and `sweepLoads`, each
-class's retry attempts and `--load-scale` count; a trace of more rows), more than 100 attempts
-of a request, a length distribution's `cv` over 100 or a fixed length (`prompt: 500`) outside
+class's first attempts and its retries and `--load-scale` count; a trace of more rows), more
+than 100 retries of a request (`maxAttempts`), a length distribution's `cv` over 100 or a
+fixed length (`prompt: 500`) outside
 [1, 1,000,000], a `scrapeInterval` under 10ms, more than 64 entries in `oracleSweep` or
 `sweepLoads` (each a run), more than 20,000,000 scrapes (backends × gateways × the run with its
 10 s lead-in ÷ `scrapeInterval`: a day of 4,096 idle backends would take hours). A top-level key
@@ -380,7 +382,7 @@ written (a file that does not load stops it before anything runs), and ends with
 met every target and how many targets were missed. Where the best fixed limit by goodput
 gives P0 up, it names the best that keeps it, or says that none of the sweep does: there the
 two targets conflict for every fixed limit. tests/test_generalisation.py judges every
-built-in so (`fleet`, 32 engines, with `LLMVALVE_ISSUE10_FULL=1`).
+built-in so (`fleet`, 64 engines, only with `LLMVALVE_ISSUE10_FULL=1`).
 """
 
 
@@ -469,7 +471,8 @@ SPEED = """## Simulator speed
 Wall time of `llmvalve simulate` on the machine that wrote this page ({cpus} CPUs, load average
 {load:.2f} when the section started), event-driven engine stepping (the default; `--stepping
 per-step` runs the per-token reference, which gives the same results: see docs/engine.md).
-The last row is `fleet` scaled eight times: `--backends 512 --gateways 32 --load-scale 8`.
+The last row is `fleet` scaled eight times in backends and load (four times in gateways):
+`--backends 512 --gateways 32 --load-scale 8`.
 
 | run | requests | wall time | adaptive goodput (tok/s) | P0 attainment |
 |---|---|---|---|---|

@@ -133,11 +133,11 @@ class Scenario:
     def requests_bound(self, load_scale: float = 1.0) -> float:
         """At most about this many attempts are sent: each rate class at its peak (of its
         steps, or its on and off rates) for the whole run, at the largest of its loads (1 and
-        `sweep_loads`), each request tried as often as its retries allow (traces are bounded
-        by their files)."""
+        `sweep_loads`), each request tried once and then as often as its retries allow
+        (`maxAttempts` counts retries; traces are bounded by their files)."""
         peak = sum(max([r for _, r in c.rate]
                        + ([c.on_off.on, c.on_off.off] if c.on_off else []), default=0.0)
-                   * (c.retry.max_attempts if c.retry.mode != "none" else 1)
+                   * (1 + (c.retry.max_attempts if c.retry.mode != "none" else 0))
                    for c in self.classes if c.trace is None)
         return peak * max((1.0, *self.sweep_loads)) * load_scale * self.duration_s
 
