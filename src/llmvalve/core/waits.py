@@ -86,8 +86,8 @@ class WaitForecast:
             return 1.0
         load = self.offered.rate(now, LONG_HORIZON_S) * self.residence_s / reach
         if self.offered_requests is not None and 0 < max_requests < math.inf:
-            served = self.offered_requests.rate(now, LONG_HORIZON_S) * self.residence_s
-            load = max(load, served / max_requests)
+            held = self.offered_requests.rate(now, LONG_HORIZON_S) * self.residence_s
+            load = max(load, held / max_requests)
         return load
 
     def arrived(self, priority: int, now: float) -> None:
