@@ -824,6 +824,29 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # completed met its SLO, none waited at the gateway); seed 3 P0 0.985. Not traced further.
     "holdout-b51-slow-half-small4-gw2-deadline": ("seed 2: P0 attainment",
                                                   "seed 3: P0 attainment"),
+    # Batch 52 (eight files written at stop 60 by a helper who had not read the controller,
+    # judged as they stood at b4e232a; four met every target at seeds 1-3, four at 4-6).
+    # Do no harm on four tiny engines behind four replicas, every class on and off together
+    # (bursts at about 1.3x, 0.56-0.65x mean load): P1 0.932 / 0.936 / 0.958 against none's
+    # 1.000 / 0.997 / 1.000. Traced at seed 1: 88 P1 requests refused at arrival, their
+    # forecast wait past half their objective in a burst that none serves in time (the last
+    # minute reads busy). Judging calm over 180 s instead of 60: 0.950, not kept.
+    "holdout-b52-calm-onoff-tiny4-gw4": ("seed 1: P1 attainment", "seed 2: P1 attainment",
+                                         "seed 3: P1 attainment"),
+    # Heavy-tailed answers (cv 2.5-3) at 2.4-2.7x on eight tiny engines (4,096 KV tokens):
+    # 0.789 / 0.834 / 0.742 of the best fixed limit. Traced at seed 3: one engine at a time
+    # fills with a runaway answer and preempts (2,332 preemptions) while the pool's mean KV
+    # reads 0.3-0.5, and its preemptions cut the pool's limit: the heavy-tail cause above.
+    "holdout-b52-heavytail-tiny8-gw2-2.5x": ("seed 1: adaptive", "seed 2: adaptive",
+                                             "seed 3: adaptive"),
+    # One of two H100s leaves at 50 s and rejoins at 80 s, P1 retrying at once: P0 0.959 /
+    # 0.972 / 0.944. Traced at seed 1: twelve P0 streams dropped with the leaving engine and
+    # two prefilled behind the refill at its return (TTFT 2.5 s).
+    "holdout-b52-outage-retry-storm-h100x2-gw2": ("seed 1: P0 attainment",
+                                                  "seed 2: P0 attainment",
+                                                  "seed 3: P0 attainment"),
+    # Engines capped at 6 sequences behind two replicas: seed 3's P0 reads 0.9899. Not traced.
+    "holdout-b52-seqcap-small4-gw2": ("seed 3: P0 attainment",),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
