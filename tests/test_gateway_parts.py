@@ -807,7 +807,7 @@ async def test_a_backends_odd_model_list_is_read_as_what_it_holds(doc):
 def test_the_control_planes_lag_is_counted_from_the_requests_end():
     """Envoy holds a check until the body's end: the client's upload is not the control
     plane's lag (a slow uploader was shed as `gateway_overloaded` on an idle gateway)."""
-    from llmvalve.gateway.authz_http import age_s
+    from llmvalve.gateway.authz_http import age_s, fills_buffer
 
     now = 100.0
     start = {"x-llmvalve-start": "98.000"}
@@ -815,6 +815,13 @@ def test_the_control_planes_lag_is_counted_from_the_requests_end():
     assert age_s(start, now, None) == pytest.approx(2.0)  # a config without the header
     cut = {**start, "x-envoy-auth-partial-body": "true"}
     assert age_s(cut, now, None) == 0.0  # sent before the body's end: unknown, not late
+    # a body exactly Envoy's buffer is sent as it fills, marked neither cut nor timed (it
+    # was aged from its first byte: a slow upload of that size read as the control plane's lag)
+    assert age_s(start, now, None, at_buffer_limit=True) == 0.0
+    assert age_s(start, now, "1500", at_buffer_limit=True) == pytest.approx(0.5)
+    limit = POLICY.requests.max_body_bytes  # what the rendered config gives Envoy
+    assert fills_buffer(b"x" * limit, POLICY) and not fills_buffer(b"x" * (limit - 1), POLICY)
+    assert not fills_buffer(None, POLICY)
     assert age_s(start, now, "nan") == 0.0 and age_s(start, now, "x") == 0.0
     assert age_s({}, now, "0") == 0.0
     assert age_s(start, None, "1500") == 0.0  # no comparable wall time: the clock stepped

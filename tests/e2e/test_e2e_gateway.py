@@ -8,6 +8,7 @@ requests at ≥ 50 % failures for 2 s. Timing bounds are generous: the machine h
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 
@@ -28,6 +29,7 @@ from e2e_support import (
     wait_until,
 )
 
+from llmvalve.gateway.policy_file import load_policy_file
 from llmvalve.processes import http_get
 
 pytestmark = pytest.mark.e2e
@@ -503,6 +505,20 @@ def test_a_slow_upload_is_not_the_control_planes_lag(e2e):
     first byte: a P2 body that took over 0.25 s to arrive was shed as `gateway_overloaded`
     on an idle gateway. It is counted from the body's end (http check)."""
     assert slow_upload(e2e, P2_KEY, 1.5) == (200, "")
+    e2e.wait_idle()
+
+
+def test_a_slow_upload_that_fills_envoys_buffer_exactly_is_not_the_control_planes_lag(e2e):
+    """Found by a review: a body of exactly `max_request_bytes` is checked as Envoy's buffer
+    fills, marked neither cut nor timed, and was aged from its first byte: a P2 upload of that
+    size that paused 1.5 s was shed as `gateway_overloaded` on an idle gateway."""
+    limit = load_policy_file(e2e.stack.config.policy).requests.max_body_bytes
+    payload = chat_body(4)
+    payload["messages"] = [{"role": "user", "content": ""}]
+    payload["messages"][0]["content"] = "x" * (limit - len(json.dumps(payload).encode()))
+    assert len(json.dumps(payload).encode()) == limit
+    status, reason = slow_upload(e2e, P2_KEY, 1.5, payload)
+    assert (status, reason) != (429, "gateway_overloaded")
     e2e.wait_idle()
 
 

@@ -24,6 +24,7 @@ from llmvalve.gateway.authz_http import (
     PARTIAL_BODY_HEADER,
     RECEIVED_HEADER,
     age_s,
+    fills_buffer,
     go_headers,
 )
 from llmvalve.gateway.driver import Driver
@@ -67,7 +68,8 @@ class AuthzGrpc(pb_grpc.AuthorizationServicer):
             check_id=headers.get(ID_HEADER) or "", headers=headers, body=body,
             body_complete=headers.get(PARTIAL_BODY_HEADER) != "true",
             path=http.path, method=http.method,
-            age_s=age_s(headers, self.lag_clock(), _metadata(context, RECEIVED_HEADER)))
+            age_s=age_s(headers, self.lag_clock(), _metadata(context, RECEIVED_HEADER),
+                        fills_buffer(body, self.driver.policy)))
         if not check.check_id:
             return denied(replies.bad_request(
                 f"no {ID_HEADER} header: the Envoy in front of llmvalve must set it"))

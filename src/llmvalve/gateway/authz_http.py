@@ -65,14 +65,16 @@ def go_headers(go: Go) -> list[tuple[str, str]]:
     return headers
 
 
-def age_s(headers: Mapping[str, str], now: float | None, received_ms: str | None) -> float:
+def age_s(headers: Mapping[str, str], now: float | None, received_ms: str | None,
+          at_buffer_limit: bool = False) -> float:
     """How late the check reached the control plane, by the wall time `now`: since Envoy had
     the whole request (it holds a check until the body's end, and a client's slow upload is not
     the control plane's lag). 0 when unknown: no start time, no comparable wall time (the
     clock stepped lately: gateway/wall_clock.py), or a check sent before the body's end (a cut
-    body). A config without `received_ms` (rendered before it) counts from the request's
-    start."""
-    if now is None:
+    body, or one that filled Envoy's buffer exactly, `at_buffer_limit`, which Envoy sends as it
+    fills without marking it cut or timing its end). A config without `received_ms` (rendered
+    before it) counts from the request's start."""
+    if now is None or (received_ms is None and at_buffer_limit):
         return 0.0
     try:
         age = now - float(headers.get(START_HEADER, ""))
@@ -83,6 +85,12 @@ def age_s(headers: Mapping[str, str], now: float | None, received_ms: str | None
     except ValueError:
         return 0.0
     return age if age > 0.0 else 0.0  # NaN too
+
+
+def fills_buffer(body: bytes | None, policy: Policy) -> bool:
+    """A body as large as Envoy's `max_request_bytes` (the policy's `maxBodyBytes`, which
+    the rendered config takes): Envoy may have sent its check before the body's end."""
+    return body is not None and len(body) >= policy.requests.max_body_bytes
 
 
 JSON = (("content-type", "application/json"),)
@@ -125,7 +133,8 @@ class AuthzHttp:
             body_complete=(request.body_complete
                            and headers.get(PARTIAL_BODY_HEADER) != "true"),
             path=request.path[len(CHECK_PREFIX):], method=request.method,
-            age_s=age_s(headers, self.lag_clock(), headers.get(RECEIVED_HEADER)))
+            age_s=age_s(headers, self.lag_clock(), headers.get(RECEIVED_HEADER),
+                        fills_buffer(request.body, self.driver.policy)))
         if not check.check_id:
             return reply_response(replies.bad_request(
                 f"no {ID_HEADER} header: the Envoy in front of llmvalve must set it"))
