@@ -106,6 +106,7 @@ def run(args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess:
     (["serve", "--replicas-interval", "5"], 2),
     (["serve", "--envoy-admin", "http://127.0.0.1:9901"], 2),  # read as the host http
     (["status", "--admin", "localhost:9100"], 2),
+    (["status", "--admin", "http://127.0.0.1:9100/?x=1"], 2),  # a base URL: no query
     (["status", "--grpc", "[::1"], 2),
 ])
 def test_a_bad_value_is_one_line_and_exit_2(args, code):

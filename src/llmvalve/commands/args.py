@@ -67,7 +67,8 @@ def ip_address(text: str) -> str:
 
 
 def http_url(text: str) -> str:
-    """An argparse type: an http(s)://HOST[:PORT] URL (a path may follow)."""
+    """An argparse type: an http(s)://HOST[:PORT] URL (a path may follow; no query or
+    fragment: a base URL that paths are joined to)."""
     from urllib.parse import urlsplit
 
     try:
@@ -75,7 +76,8 @@ def http_url(text: str) -> str:
         parts.port  # noqa: B018 (it raises for a port that is no number from 0 to 65535)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or text != text.strip():
+    if (parts.scheme not in ("http", "https") or not parts.hostname or parts.query
+            or parts.fragment or text != text.strip()):
         raise argparse.ArgumentTypeError(f"expected http://HOST:PORT, got {text!r}")
     return text
 

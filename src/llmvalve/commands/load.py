@@ -30,16 +30,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from urllib.parse import urlsplit
 
-from llmvalve.commands.args import file_path, nonempty, positive_number, seconds
+from llmvalve.commands.args import file_path, http_url, nonempty, positive_number, seconds
 from llmvalve.commands.output import unwritable, write_json
 
 DEMO_KEY = "sk-llmvalve-demo-p0"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default="http://127.0.0.1:8080",
+    p.add_argument("--target", type=http_url, default="http://127.0.0.1:8080",
                    help="the gateway's base URL (default http://127.0.0.1:8080)")
     p.add_argument("--scenario", required=True, type=nonempty, help="built-in name or a YAML file")
     p.add_argument("--key", default=None,
@@ -185,17 +184,6 @@ def _inputs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     except OSError as exc:
         raise ValueError(f"--policy {args.policy}: {exc.strerror or exc}") from None
     keys = _keys(args.keys)
-    try:
-        target = urlsplit(args.target)
-    except ValueError as exc:  # a bracket left open: "http://[::1"
-        raise ValueError(f"--target {args.target!r}: {exc}") from None
-    try:
-        target.port  # noqa: B018 (it raises for a port that is no number from 0 to 65535)
-    except ValueError as exc:
-        raise ValueError(f"--target {args.target!r}: {exc}") from None
-    if (target.scheme not in ("http", "https") or not target.hostname or target.query
-            or target.fragment):
-        raise ValueError(f"--target {args.target!r}: expected http://HOST:PORT")
     if not args.path.startswith("/"):
         raise ValueError(f"--path {args.path!r}: a path starting with /")
     if too_many := over_request_bound(sc, args.load_scale):
