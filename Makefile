@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint install clean protos browser
+.PHONY: up test lint install clean protos browser lock
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,6 +35,15 @@ browser:
 # Regenerate the admin API's Python code (src/llmvalve/admin/v1) from protos/ (grpcio-tools).
 protos: $(STAMP)
 	$(BIN)/python protos/generate.py
+
+# Regenerate requirements.lock, the image's dependencies pinned with their hashes (Dockerfile),
+# from pyproject.toml's, the build backend's included, for the image's Python (uv resolves for
+# another interpreter and platform than this one).
+lock: $(STAMP)
+	$(BIN)/python -m pip install --quiet uv
+	printf 'setuptools>=77\nwheel\n' | $(BIN)/uv pip compile --quiet --generate-hashes \
+	  --python-version 3.12 --python-platform x86_64-manylinux_2_31 \
+	  --custom-compile-command 'make lock' -o requirements.lock pyproject.toml -
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

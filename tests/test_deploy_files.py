@@ -8,11 +8,15 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import tomllib
+from importlib import metadata
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from deploy_support import (
     K8S,
@@ -232,6 +236,50 @@ def test_dockerfile_serves_on_the_ports_and_paths_the_deployments_use(compose):
     [llmvalve] = [c for c in deployment["spec"]["template"]["spec"]["containers"]
                   if c["name"] == "llmvalve"]
     assert llmvalve["securityContext"]["runAsUser"] == int(user)
+
+
+def locked() -> dict[str, tuple[str, int]]:
+    """requirements.lock: each package's name (normalised) to its pinned version and the
+    number of hashes it lists."""
+    text = (ROOT / "requirements.lock").read_text().replace("\\\n", " ")
+    out = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            spec, *options = line.split()
+            name, version = spec.split("==")  # every line pins one version
+            out[canonicalize_name(name)] = (version, sum(o.startswith("--hash=sha256:")
+                                                         for o in options))
+    return out
+
+
+def test_the_image_installs_the_locked_dependencies_and_nothing_else():
+    """The image installs requirements.lock with --require-hashes and then the project without
+    its dependencies: the lock must pin, with hashes, a version every requirement of
+    pyproject.toml (and its build backend) accepts, and every requirement of what it pins."""
+    lock = locked()
+    assert lock and all(hashes for _, hashes in lock.values())
+    image_python = {"python_version": "3.12", "python_full_version": "3.12.0",
+                    "sys_platform": "linux", "platform_system": "Linux", "extra": ""}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wanted = [Requirement(r) for r in project["project"]["dependencies"]
+              + project["build-system"]["requires"]]
+    for req in wanted:
+        if req.marker is None or req.marker.evaluate(image_python):
+            version, _ = lock[canonicalize_name(req.name)]
+            assert req.specifier.contains(version, prereleases=True), (req, version)
+    for name in lock:  # closed: what a locked package requires is locked too (from the
+        try:           # installed copy's metadata, where it is installed here)
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for req in map(Requirement, requires):
+            if req.marker is None or req.marker.evaluate(image_python):
+                assert canonicalize_name(req.name) in lock, (name, req)
+    installs = [rest for kind, rest in dockerfile() if kind == "RUN" and "pip install" in rest]
+    assert installs == [
+        "pip install --no-cache-dir --require-hashes -r requirements.lock",
+        "pip install --no-cache-dir --no-deps --no-build-isolation . && rm -rf /src"]
 
 
 # -- Kubernetes ---------------------------------------------------------------------------------
