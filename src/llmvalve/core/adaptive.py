@@ -48,13 +48,16 @@ The control law, once per window (`window_s`): a target with a dead band.
     its cost out of L when it was released (`on_release`), so the queue does not refill
     the place of a backend that left before this step sees it. Preemptions only on engines
     running one or two sequences, while an engine that did not preempt has room (KV below
-    half the target, nothing waiting), hold L instead: such an engine's KV holds one or two
-    of these requests, so it time-shares them at any useful load, and a pool-wide cut
-    places nothing better (six engines of 4,096 KV tokens under 1,800-token prompts: every
-    window had a preemption, L sat at its minimum with four requests on six engines, 0.59-
-    0.67 of the best fixed limit; 0.89-0.96 held). Where an engine preempts among more
-    sequences, its answers grow into its KV, and holding let it thrash (azure-conv: 28 →
-    145 preemptions at one seed);
+    half the target, nothing waiting), are not a drop: such an engine's KV holds one or two
+    of these requests (long prompts, or one runaway answer), so it time-shares them at any
+    useful load, and the pool's limit is not what fills it: the rules below apply as if the
+    window had none. Six engines of 4,096 KV tokens under 1,800-token prompts: with a cut
+    the limit sat at its minimum, four requests on six engines, 0.59-0.67 of the best fixed
+    limit; held, 0.89-0.96; now 1.03-1.08. Eight such engines under answers of cv 3: held,
+    the limit sat at 12,000 tokens with the pool's KV at 0.3-0.5 for a minute, 0.74 of the
+    best fixed limit at the worst seed; now 0.87. Where an engine preempts among more
+    sequences, its answers grow into its KV, and anything but a cut let it thrash
+    (azure-conv: 28 → 145 preemptions at one seed);
   * r > 1 + band/2 → L ← min(L, inflight · max(0.5, 1/r)^(1/g)): aimed at what is in flight (r
     is proportional to it), never compounding while admitted work drains, and only on a
     scrape taken after the previous decrease;
@@ -635,8 +638,7 @@ class AdaptiveLimit:
         # Decreases aim at what is in flight now, and never compound: while admitted work
         # drains (seconds, for LLM requests) the signals stay high, and cutting L again for
         # the same excess would overshoot to starvation.
-        time_shared = bool(self._preempted) and self._time_shared(live)
-        if (self._drops or (self._preempted and not time_shared)) and fresh:
+        if (self._drops or (self._preempted and not self._time_shared(live))) and fresh:
             self._decrease(min(L, inflight * s.decrease_on_drop), now, "drop")
         elif r > 1.0 + s.band / 2 and fresh:
             cut = max(0.5, 1.0 / r) ** (1.0 / g)
@@ -653,8 +655,6 @@ class AdaptiveLimit:
             self._set(max(L / s.max_growth, 2 * self._peak_inflight, idle_floor),
                       "app-limited")
             self._idle_below = True
-        elif time_shared:
-            self._last_action = "hold"
         elif settled and (r_up := self.pressure(now, partial=True)) < 1.0 - s.band / 2:
             aim = 1.0 / max(r_up, 1e-6)
             growth = 1.0 + (min(s.max_growth, aim) - 1.0) * g
