@@ -12,7 +12,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (160: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (176: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -854,6 +854,40 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
                                                   "seed 3: P0 attainment"),
     # Engines capped at 6 sequences behind two replicas: seed 3's P0 reads 0.9899. Not traced.
     "holdout-b52-seqcap-small4-gw2": ("seed 3: P0 attainment",),
+    # Batch 53 (eight files written at stop 61 by a helper who had not read the controller,
+    # judged as they stood at 892e4f2; two met every target at seeds 1-3, three at 4-6).
+    # Do no harm with impatient clients: at seed 2 one more P1 request than under `none` is
+    # cancelled by its user (88 against 87 of ~1,030): 0.914 against 0.915. As
+    # holdout-b46-calm-chat-cancel-medium2-gw2.
+    "holdout-b53-calm-cancel-deadline-medium3-gw2": ("seed 2: P1 attainment",),
+    # Do no harm on six tiny engines behind four replicas, P1 spikes of 80 req/s for 2-6 s
+    # (about 1.9x) at 0.54-0.59x mean load: P1 0.994 / 0.984 / 0.979 against `none`'s 1.000.
+    # Traced: every miss is an early-drop refusal at a forecast of 4-6 s against the 4 s (half
+    # the objective) it may wait, 18 / 50 / 56 of them, at seed 3 all in the spike at 27-29 s:
+    # the offered load over the 27 s seen so far, which held two spikes, read 0.85-0.90, above
+    # the calm level (0.8). Measured, not kept: the calm level at 1.0 (P0 misses over 597
+    # runs 1,308 -> 1,350, multi-gateway s2 -7 %); the load over a whole minute from the start
+    # (the seconds before it counted as idle): refusals 3 / 5 / 12, P1 0.999 / 0.998 / 0.996,
+    # but P0 misses 1,308 -> 1,344 and holdout-b52-calm-onoff P1 0.934 -> 0.884 at seed 2.
+    "holdout-b53-calm-spikes-tiny6-gw4": ("seed 1: P1 attainment", "seed 2: P1 attainment",
+                                          "seed 3: P1 attainment"),
+    # Code completion at ~3x on two H100s, prefill-bound: P0 0.947 / 0.960 / 0.940, every miss
+    # (20 of ~380 at seed 1) a TPOT of 0.15-0.29 s against 0.15 for answers of 3-24 tokens
+    # decoded in steps shared with prefill chunks, no gateway wait; as holdout-code-h100-onoff.
+    # The best fixed limit that keeps P0, static:24, serves 0.95-0.96 of the best's goodput.
+    "holdout-b53-code-onoff-h100x2-gw2-3x": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                                             "seed 3: P0 attainment"),
+    # Code completion at ~1x on five medium engines behind four replicas: seed 2's five P0
+    # misses are TPOTs of 0.152-0.165 s for answers of 6-13 tokens beside prefill chunks.
+    "holdout-b53-code-onoff-medium5-gw4-1x": ("seed 2: P0 attainment",),
+    # Heavy-tailed answers on seven small engines: seed 1 reads 0.816 of static:32. From 80
+    # to 150 s a runaway answer preempts on one engine at a time, running three or more
+    # sequences, and every window's preemptions cut the limit to 0.9 of what is in flight:
+    # 80,000 -> 18,000 tokens with the pool's KV at 0.3-0.47 (the heavy-tail cause above).
+    "holdout-b53-heavytail-small7-gw2-2.5x": ("seed 1: adaptive",),
+    # Five of six small engines slowed 3x for 45 s: seed 2 reads 0.905 of static:96, which
+    # gives P0 up (0.949); against the best fixed limit that keeps P0 (static:64), 1.015.
+    "holdout-b53-slow3x-five-of-small6-1.5x": ("seed 2: adaptive",),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
