@@ -207,6 +207,19 @@ def test_the_heap_bound_is_a_command_line_choice(capsys):
     assert "--max-heap" in capsys.readouterr().err
 
 
+def test_the_proxies_trusted_in_front_of_envoy_are_a_command_line_choice(capsys):
+    def hcm(argv: list[str]) -> dict:
+        assert main(argv) == 0
+        listener = yaml.safe_load(capsys.readouterr().out)["static_resources"]["listeners"][0]
+        return listener["filter_chains"][0]["filters"][0]["typed_config"]
+
+    assert (hcm([])["use_remote_address"], hcm([])["xff_num_trusted_hops"]) == (True, 0)
+    assert hcm(["--xff-trusted-hops", "2"])["xff_num_trusted_hops"] == 2
+    with pytest.raises(SystemExit):
+        main(["--xff-trusted-hops", "-1"])
+    assert "--xff-trusted-hops" in capsys.readouterr().err
+
+
 def test_a_deployment_renders_what_envoy_reads_of_its_policy(envoy_bin, tmp_path, capsys):
     """docs/policy.md: a raised queue timeout, maxBodyBytes, the policy's own headers and
     failureModeAllow are read by Envoy, so "render the config again". The renderer could not

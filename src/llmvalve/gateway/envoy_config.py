@@ -90,6 +90,9 @@ class EnvoyParams:
     # container's memory limit is 2 GiB: room for the rest of its memory above the heap)
     max_heap_bytes: int = MAX_HEAP_BYTES
     max_body_bytes: int = 262_144  # the policy's requests.maxBodyBytes
+    # Proxies of yours in front of Envoy that append to x-forwarded-for (0: clients connect
+    # to Envoy directly, or through a load balancer that does not)
+    xff_trusted_hops: int = 0
     # Request header names the policy reads that do not start with x-llmvalve-.
     extra_headers: tuple[str, ...] = ()
     # The policy's class header: the control plane sets it, clamped, on the upstream request.
@@ -256,6 +259,7 @@ def render(params: EnvoyParams) -> str:
         max_heap_bytes=params.max_heap_bytes,
         priority_body_bytes=PRIORITY_BODY_BYTES,
         max_body_bytes=params.max_body_bytes,
+        xff_trusted_hops=params.xff_trusted_hops,
         pack_as_bytes=", pack_as_bytes: true" if params.admission == "grpc" else "",
         idle_timeout_s=_seconds(params.idle_timeout_s),
         upstream_idle_timeout_s=_seconds(params.upstream_idle_timeout_s),
@@ -324,6 +328,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="Envoy's heap bound: past 95 %% of it new requests get 503 "
                              f"(default {MAX_HEAP_BYTES // 1_048_576}; below the container's "
                              "memory limit, with room for the rest of Envoy's memory)")
+    parser.add_argument("--xff-trusted-hops", type=int, metavar="N",
+                        help="proxies of yours in front of Envoy that append the client's "
+                             "address to x-forwarded-for (a load balancer, an ingress): "
+                             "Envoy takes the entry N from the end as the client's (default "
+                             "0: the connection's peer)")
     args = parser.parse_args(argv)
     clusters = dict(EnvoyParams().clusters)
     for text in args.cluster:
@@ -357,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
         if not 64 <= args.max_heap < 2**30:
             parser.error("--max-heap must be a number of MiB, from 64 to 2^30")
         params["max_heap_bytes"] = int(args.max_heap * 1_048_576)
+    if args.xff_trusted_hops is not None:
+        if not 0 <= args.xff_trusted_hops <= 10:
+            parser.error("--xff-trusted-hops must be a number of proxies, from 0 to 10")
+        params["xff_trusted_hops"] = args.xff_trusted_hops
     given = sys.argv[1:] if argv is None else list(argv)
     note = COMPOSE_NOTE if given in ([], ["--compose"]) else (
         "Generated: python -m llmvalve.gateway.envoy_config " + " ".join(given))
