@@ -331,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--xff-trusted-hops", type=int, metavar="N",
                         help="proxies of yours in front of Envoy that append the client's "
                              "address to x-forwarded-for (a load balancer, an ingress): "
-                             "Envoy takes the entry N from the end as the client's (default "
-                             "0: the connection's peer)")
+                             "Envoy takes the Nth entry from the end of the x-forwarded-for "
+                             "it receives as the client's (default 0: the connection's peer)")
     args = parser.parse_args(argv)
     clusters = dict(EnvoyParams().clusters)
     for text in args.cluster:
