@@ -10,8 +10,8 @@ FROM python:3.12-slim
 RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin llmvalve
 WORKDIR /src
 # Every dependency, the build backend's included, at the version and hashes requirements.lock
-# pins (`make lock` regenerates it from pyproject.toml): a rebuild installs what was tested, and
-# a package changed on the index fails the build. The project itself then installs nothing more.
+# pins (`make lock` regenerates it from pyproject.toml): every rebuild installs the same files,
+# and a file changed on the index fails the build. The project itself then installs nothing more.
 COPY requirements.lock ./
 RUN pip install --no-cache-dir --require-hashes -r requirements.lock
 COPY pyproject.toml README.md ./

@@ -40,8 +40,9 @@ protos: $(STAMP)
 # from pyproject.toml's, the build backend's included, for the image's Python (uv resolves for
 # another interpreter and platform than this one).
 lock: $(STAMP)
-	$(BIN)/python -m pip install --quiet uv
-	printf 'setuptools>=77\nwheel\n' | $(BIN)/uv pip compile --quiet --generate-hashes \
+	$(BIN)/python -m pip install --quiet uv==0.13.9
+	$(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))[ \
+	  "build-system"]["requires"], sep="\n")' | $(BIN)/uv pip compile --quiet --generate-hashes \
 	  --python-version 3.12 --python-platform x86_64-manylinux_2_31 \
 	  --custom-compile-command 'make lock' -o requirements.lock pyproject.toml -
 

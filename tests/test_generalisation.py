@@ -840,7 +840,8 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # Heavy-tailed answers (cv 2.5-3) at 2.4-2.7x on eight tiny engines (4,096 KV tokens):
     # 0.789 / 0.834 / 0.742 of the best fixed limit. Traced at seed 3: one engine at a time
     # fills with a runaway answer and preempts (2,332 preemptions) while the pool's mean KV
-    # reads 0.3-0.5, and its preemptions cut the pool's limit: the heavy-tail cause above.
+    # reads 0.3-0.5, and its preemptions held the pool's limit (one or two sequences ran on
+    # the engine that preempted).
     # Since stop 61 (preemptions on engines running one or two sequences, while another has
     # room, are not a drop: the limit was held at 12,000 tokens for a minute there, at pool
     # KV 0.3-0.5) 0.871 / 0.892 / 0.902, P0 1.000 at each seed.

@@ -1,7 +1,8 @@
 """What a backend learns of the client's address, through the real Envoy and the config llmvalve
 renders: the address Envoy saw is appended to x-forwarded-for after what the client wrote, so
-the last entry is one the client cannot forge; a client's claim to be internal reaches nobody.
-(Before, Envoy read the client's own x-forwarded-for as its address and passed it on as sent.)
+the last entry is one the client cannot forge. (Before, Envoy read the client's own
+x-forwarded-for as its address and passed it on as sent.) As before, a client's claim to be
+internal reaches nobody, and its own x-request-id is kept (an edge Envoy would replace it).
 
 The backend here is a small echo server; the control plane is not running and the config fails
 open (`failureModeAllow`), so Envoy forwards the request as it would an admitted one."""
@@ -9,6 +10,7 @@ open (`failureModeAllow`), so Envoy forwards the request as it would an admitted
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 
 import aiohttp
 import pytest
@@ -20,11 +22,13 @@ from llmvalve.processes import Proc, envoy_binary, free_port, http_get, wait_unt
 pytestmark = pytest.mark.e2e
 
 CLIENT_WROTE = "203.0.113.7"  # a documentation address: what a client may claim to be
+REQUEST_ID = "client-correlation-4e1b"
 
 
 async def forwarded_headers(tmp_path, trusted_hops: int) -> dict[str, str]:
     """The headers the backend received for one request that claims CLIENT_WROTE and to be
-    internal, sent from 127.0.0.1 through Envoy with `xff_trusted_hops`."""
+    internal, with its own x-request-id, sent from 127.0.0.1 through Envoy with
+    `xff_trusted_hops` (the id must come back in the response)."""
     seen: list[dict[str, str]] = []
 
     async def echo(request: web.Request) -> web.Response:
@@ -52,9 +56,11 @@ async def forwarded_headers(tmp_path, trusted_hops: int) -> dict[str, str]:
             f"http://127.0.0.1:{port}/ready")[0] == 200, 30.0, "Envoy's /ready", envoy)
         async with aiohttp.ClientSession() as session, session.post(
                 f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m"},
-                headers={"x-forwarded-for": CLIENT_WROTE, "x-envoy-internal": "true"},
+                headers={"x-forwarded-for": CLIENT_WROTE, "x-envoy-internal": "true",
+                         "x-request-id": REQUEST_ID},
                 timeout=aiohttp.ClientTimeout(total=30)) as response:
             assert response.status == 200, await response.text()
+            assert response.headers["x-request-id"] == REQUEST_ID
     finally:
         envoy.stop(grace_s=3.0)
         await runner.cleanup()
@@ -67,8 +73,10 @@ async def test_the_backend_gets_the_address_envoy_saw_after_what_the_client_wrot
     chain = [a.strip() for a in headers["x-forwarded-for"].split(",")]
     # Envoy appends its peer (for a loopback peer, its own address: the client is local)
     assert chain[0] == CLIENT_WROTE and len(chain) == 2 and chain[1] != CLIENT_WROTE
+    ipaddress.ip_address(chain[1])
     assert headers["x-envoy-external-address"] == "127.0.0.1"  # the peer, not the claim
-    assert "x-envoy-internal" not in headers
+    # as with the old config: the claim to be internal is dropped, the client's id kept
+    assert "x-envoy-internal" not in headers and headers["x-request-id"] == REQUEST_ID
 
 
 async def test_behind_a_proxy_of_yours_its_entry_is_trusted(tmp_path):
@@ -79,4 +87,4 @@ async def test_behind_a_proxy_of_yours_its_entry_is_trusted(tmp_path):
     chain = [a.strip() for a in headers["x-forwarded-for"].split(",")]
     assert chain[0] == CLIENT_WROTE and len(chain) == 2
     assert headers["x-envoy-external-address"] == CLIENT_WROTE
-    assert "x-envoy-internal" not in headers
+    assert "x-envoy-internal" not in headers and headers["x-request-id"] == REQUEST_ID

@@ -56,8 +56,8 @@ The control law, once per window (`window_s`): a target with a dead band.
     limit; held, 0.89-0.96; now 1.03-1.08. Eight such engines under answers of cv 3: held,
     the limit sat at 12,000 tokens with the pool's KV at 0.3-0.5 for a minute, 0.74 of the
     best fixed limit at the worst seed; now 0.87. Where an engine preempts among more
-    sequences, its answers grow into its KV, and anything but a cut let it thrash
-    (azure-conv: 28 → 145 preemptions at one seed);
+    sequences, its answers grow into its KV, and holding let it thrash (azure-conv: 28 →
+    145 preemptions at one seed);
   * r > 1 + band/2 → L ← min(L, inflight · max(0.5, 1/r)^(1/g)): aimed at what is in flight (r
     is proportional to it), never compounding while admitted work drains, and only on a
     scrape taken after the previous decrease;

@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"(default {MAX_HEAP_BYTES // 1_048_576}; below the container's "
                              "memory limit, with room for the rest of Envoy's memory)")
     parser.add_argument("--xff-trusted-hops", type=int, metavar="N",
-                        help="proxies of yours in front of Envoy that append the client's "
+                        help="proxies of yours in front of Envoy that append their peer's "
                              "address to x-forwarded-for (a load balancer, an ingress): "
                              "Envoy takes the Nth entry from the end of the x-forwarded-for "
                              "it receives as the client's (default 0: the connection's peer)")
