@@ -885,6 +885,12 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # to 150 s a runaway answer preempts on one engine at a time, running three or more
     # sequences, and every window's preemptions cut the limit to 0.9 of what is in flight:
     # 80,000 -> 18,000 tokens with the pool's KV at 0.3-0.47 (the heavy-tail cause above).
+    # Measured at stop 61, not kept: after a cut for preemptions, none again until as many
+    # requests have ended as were in flight at the cut (the same excess draining): this one
+    # +20 % at seed 1 (0.98 of static:32, 24 preemptions against 242), batch 52's heavy tail
+    # +15-16 % at seeds 1-2, but over 597 runs P0 misses 1,308 -> 1,357, and code-bursty lost
+    # P0 at seeds 2-3 (0.98); only while the pool's KV is below 0.75 of the target: +15 %
+    # here, 1,308 -> 1,322, code-bursty P0 0.981 / 0.966 at seeds 1 and 3.
     "holdout-b53-heavytail-small7-gw2-2.5x": ("seed 1: adaptive",),
     # Five of six small engines slowed 3x for 45 s: seed 2 reads 0.905 of static:96, which
     # gives P0 up (0.949); against the best fixed limit that keeps P0 (static:64), 1.015.
