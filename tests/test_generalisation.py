@@ -12,7 +12,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (176: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (184: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -895,6 +895,31 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # Five of six small engines slowed 3x for 45 s: seed 2 reads 0.905 of static:96, which
     # gives P0 up (0.949); against the best fixed limit that keeps P0 (static:64), 1.015.
     "holdout-b53-slow3x-five-of-small6-1.5x": ("seed 2: adaptive",),
+    # Batch 54 (eight files written at stop 61 by a helper who had not read the controller,
+    # judged as they stood at a84edad; four met every target at seeds 1-3).
+    # Do no harm with impatient users: at seed 3 one more P1 request than under `none` is
+    # cancelled by its user (14 against 13 of 527): 0.973 against 0.975.
+    "holdout-b54-calm-jitter-cancel-medium2-gw3": ("seed 3: P1 attainment",),
+    # Code completion at ~3x on three medium engines behind four replicas: P0 0.982 / 0.987 /
+    # 0.978, TPOTs of 0.15-0.23 s for answers decoded beside prefill chunks (prompts of
+    # 2,000-3,400 tokens), no gateway wait; the best fixed limit that keeps P0 serves 0.87-0.95
+    # of the best's goodput.
+    "holdout-b54-code-onoff-medium3-gw4-3x": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                                              "seed 3: P0 attainment"),
+    # Code completion at ~1.1-1.25x on six small engines: 0.955 / 0.888 / 0.934 of the best
+    # fixed limit, P0 0.987 / 0.986 / 0.964. At seed 2 adaptive preempts (229 against
+    # static:6's none, which keeps P0 at 1.000 and serves 335 tok/s against 301) and refuses
+    # P1 at arrival (222 against static:8's 77, Retry-After up to 60 s). Seed 3's P0 misses
+    # are prompts of 2,500-3,700 tokens prefilled behind others inside their engine (TTFT
+    # 2.5-4.0 s, no gateway wait). Not traced further.
+    "holdout-b54-code-onoff-small6-gw3-1x": ("seed 1: P0 attainment", "seed 2: adaptive",
+                                             "seed 2: P0 attainment", "seed 3: adaptive",
+                                             "seed 3: P0 attainment"),
+    # One P1 tenant at 10x on eight tiny engines behind four replicas: 0.921 / 0.909 / 0.907
+    # of static:16, which gives P0 up at seed 2 (0.979, 970 preemptions against adaptive's
+    # 244); against the best fixed limit that keeps P0 (static:12), 0.95 / 0.94 / 0.93.
+    "holdout-b54-p1-flood-tiny8-gw4": ("seed 1: adaptive", "seed 2: adaptive",
+                                       "seed 3: adaptive"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
