@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from llmvalve.gateway.envoy_config import EnvoyParams, render
-from llmvalve.processes import Proc, envoy_binary, free_port, http_get, wait_until
+from llmvalve.processes import Proc, free_port, http_get, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +25,7 @@ CLIENT_WROTE = "203.0.113.7"  # a documentation address: what a client may claim
 REQUEST_ID = "client-correlation-4e1b"
 
 
-async def forwarded_headers(tmp_path, trusted_hops: int) -> dict[str, str]:
+async def forwarded_headers(envoy_bin: str, tmp_path, trusted_hops: int) -> dict[str, str]:
     """The headers the backend received for one request that claims CLIENT_WROTE and to be
     internal, with its own x-request-id, sent from 127.0.0.1 through Envoy with
     `xff_trusted_hops` (the id must come back in the response)."""
@@ -48,7 +48,7 @@ async def forwarded_headers(tmp_path, trusted_hops: int) -> dict[str, str]:
         listen_address="127.0.0.1", listen_port=port, admin_port=admin,
         control_plane_http=("127.0.0.1", free_port()), failure_mode_allow=True,
         clusters={"llm_backends": (("127.0.0.1", backend),)}, xff_trusted_hops=trusted_hops)))
-    envoy = Proc("envoy", [envoy_binary(), "-c", str(config), "--log-level", "error",
+    envoy = Proc("envoy", [envoy_bin, "-c", str(config), "--log-level", "error",
                            "--concurrency", "1", "--disable-hot-restart"],
                  tmp_path / f"envoy-{trusted_hops}.log")
     try:
@@ -68,8 +68,9 @@ async def forwarded_headers(tmp_path, trusted_hops: int) -> dict[str, str]:
     return headers
 
 
-async def test_the_backend_gets_the_address_envoy_saw_after_what_the_client_wrote(tmp_path):
-    headers = await forwarded_headers(tmp_path, trusted_hops=0)
+async def test_the_backend_gets_the_address_envoy_saw_after_what_the_client_wrote(envoy_bin,
+                                                                                  tmp_path):
+    headers = await forwarded_headers(envoy_bin, tmp_path, trusted_hops=0)
     chain = [a.strip() for a in headers["x-forwarded-for"].split(",")]
     # Envoy appends its peer (for a loopback peer, its own address: the client is local)
     assert chain[0] == CLIENT_WROTE and len(chain) == 2 and chain[1] != CLIENT_WROTE
@@ -79,11 +80,11 @@ async def test_the_backend_gets_the_address_envoy_saw_after_what_the_client_wrot
     assert "x-envoy-internal" not in headers and headers["x-request-id"] == REQUEST_ID
 
 
-async def test_behind_a_proxy_of_yours_its_entry_is_trusted(tmp_path):
+async def test_behind_a_proxy_of_yours_its_entry_is_trusted(envoy_bin, tmp_path):
     """`--xff-trusted-hops 1`: a load balancer in front of Envoy appends the client's address;
     Envoy takes that entry as the client (x-envoy-external-address) and still appends its
     peer."""
-    headers = await forwarded_headers(tmp_path, trusted_hops=1)
+    headers = await forwarded_headers(envoy_bin, tmp_path, trusted_hops=1)
     chain = [a.strip() for a in headers["x-forwarded-for"].split(",")]
     assert chain[0] == CLIENT_WROTE and len(chain) == 2
     assert headers["x-envoy-external-address"] == CLIENT_WROTE
