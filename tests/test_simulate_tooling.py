@@ -105,6 +105,27 @@ def test_per_tenant_results_add_up_to_their_class():
     assert flood["slo_attainment"] == round(flood["slo_met"] / flood["offered"], 4)
 
 
+def test_each_late_request_is_counted_by_what_made_it_late():
+    """`late` splits the completed requests that missed their SLO: with no gateway queue
+    (`none`) no first token is late for waiting there; a fixed limit far below what the
+    engines hold makes the lower classes' lateness the queue's; with the outcome counts, every
+    offered request that missed is counted once."""
+    res, _ = simulate(load_scenario("code-bursty-3x"), ["none", "static:4", "adaptive"], 3)
+    ctrls = res["controllers"]
+    for ctrl in ctrls.values():
+        for c in ctrl["classes"].values():
+            missed = c["offered"] - c["over_budget"] - c["slo_met"]
+            shed = c["rejected"] + c["dropped"] + c["cancelled"] + c["unfinished"]
+            assert sum(c["late"].values()) == c["completed"] - c["slo_met"] == missed - shed
+    assert all(c["late"]["ttft_queued"] == 0 for c in ctrls["none"]["classes"].values())
+    assert ctrls["none"]["classes"]["0"]["late"]["ttft_backend"] > 50
+    p2 = ctrls["static:4"]["classes"]["2"]["late"]
+    assert p2["ttft_queued"] > 100 and p2["ttft_backend"] == 0
+    # adaptive's two P0 misses at this seed: answers decoded beside prefill chunks
+    assert ctrls["adaptive"]["classes"]["0"]["late"] == {
+        "ttft_queued": 0, "ttft_backend": 0, "tpot": 2}
+
+
 def test_time_series_per_second():
     res = cli_json("--scenario", "steady", "--controllers", "none,adaptive")
     for ctrl in res["controllers"].values():
@@ -268,6 +289,12 @@ def test_each_target_is_judged_only_where_the_scenario_expects_it():
     top1 = {"1": _judged(1.0, 1.0, {"1": 0.98, "5": 1.0}, {"1": 0.98, "5": 1.0})}
     assert misses(replace(sc, extra={"p0WithinShare": True}), top1) == [
         "seed 1: P1 attainment 0.980 (< 0.99)"]
+    # where the results count them, the miss says how P0's requests missed
+    top1["1"]["controllers"]["adaptive"]["classes"]["1"].update(
+        rejected=0, dropped=1, cancelled=0, unfinished=0,
+        late={"ttft_queued": 0, "ttft_backend": 2, "tpot": 1})
+    assert misses(replace(sc, extra={"p0WithinShare": True}), top1) == [
+        "seed 1: P1 attainment 0.980 (< 0.99): 1 dropped, 2 ttft_backend, 1 tpot"]
 
 
 CANCELS = ("name: p0-cancels\nduration: 20s\nbackends: {count: 1, profile: small}\n"
@@ -293,6 +320,7 @@ def test_judge_prints_the_targets_missed_and_exits_1(tmp_path):
     assert all(ln.endswith("no fixed limit of the sweep keeps P0") for ln in lines[1:3])
     missed = [ln for ln in lines if ln.startswith("missed: ")]
     assert [m.split(": ", 2)[1] for m in missed if "P0 attainment" in m] == ["seed 1", "seed 2"]
+    assert all(" cancelled" in m for m in missed if "P0 attainment" in m)
     res = json.loads(subprocess.run([*cmd, "--seed", "1", "--json"], capture_output=True,
                                     text=True).stdout)
     assert set(res["seeds"]) == {"1"} and res["misses"][0].startswith("seed 1: P0 attainment")

@@ -26,11 +26,23 @@ def _latency(s: JobState) -> tuple[float, float]:
     return t, (s.finished_at - s.first_token_at) / n  # type: ignore[operator]
 
 
-def slo_met(s: JobState, q: QueueSpec) -> bool:
-    if s.status != "completed":
-        return False
+def late_because(s: JobState, q: QueueSpec) -> str | None:
+    """Why a completed request missed its class's SLO (None: it met it): `ttft_queued`, its
+    first token was late and its wait in the gateway's queue alone made it so (served at once,
+    it would have been in time); `ttft_backend`, late for the time it spent past the gateway
+    (waiting in the engine, behind other prompts' prefill, preempted); `tpot`, its first
+    token in time but its tokens streamed slower than the objective."""
     ttft, tpot = _latency(s)
-    return ttft <= q.slo.ttft_s and tpot <= q.slo.tpot_s
+    if ttft > q.slo.ttft_s:
+        return "ttft_queued" if ttft - s.queue_wait_s <= q.slo.ttft_s else "ttft_backend"
+    return "tpot" if tpot > q.slo.tpot_s else None
+
+
+LATE = ("ttft_queued", "ttft_backend", "tpot")
+
+
+def slo_met(s: JobState, q: QueueSpec) -> bool:
+    return s.status == "completed" and late_because(s, q) is None
 
 
 def good_tokens_by_arrival(run: RunResult, policy: Policy, window_s: float) -> list[int]:
@@ -70,6 +82,7 @@ def summarize(run: RunResult, policy: Policy) -> dict:
         ttft, tpot, waits = [], [], []
         met = 0
         counts = dict.fromkeys(OUTCOMES, 0)
+        late = dict.fromkeys(LATE, 0)
         for s in jobs:
             counts[outcome(s)] += 1
             if s.status != "completed":
@@ -79,9 +92,12 @@ def summarize(run: RunResult, policy: Policy) -> dict:
             tpot.append(p)
             waits.append(s.queue_wait_s)
             all_tokens += s.output_tokens
-            if t <= q.slo.ttft_s and p <= q.slo.tpot_s:
+            why = late_because(s, q)
+            if why is None:
                 met += 1
                 good_tokens += s.output_tokens
+            else:
+                late[why] += 1
         classes[str(q.priority)] = {
             "offered": len(jobs), **counts, "slo_met": met,
             "slo_attainment": attainment(met, len(jobs), counts["over_budget"]),
@@ -89,6 +105,7 @@ def summarize(run: RunResult, policy: Policy) -> dict:
             "ttft_p99_s": round(percentile(ttft, 0.99, 0.0), 3),
             "tpot_p99_s": round(percentile(tpot, 0.99, 0.0), 4),
             "queue_wait_p99_s": round(percentile(waits, 0.99, 0.0), 3),
+            "late": late,
             "tenants": _tenants(jobs, q),
         }
     ra = run.retry_after

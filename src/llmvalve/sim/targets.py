@@ -36,7 +36,8 @@ def misses(sc: Scenario, runs: dict[str, dict]) -> list[str]:
         top = min(a["classes"], key=int)  # P0: the policy's highest class
         p0 = a["classes"][top]["slo_attainment"]
         if sc.extra.get("p0WithinShare") and p0 < P0_ATTAINMENT:
-            out.append(f"seed {seed}: P{top} attainment {p0:.3f} (< {P0_ATTAINMENT})")
+            out.append(f"seed {seed}: P{top} attainment {p0:.3f} (< {P0_ATTAINMENT})"
+                       + _how_missed(a["classes"][top]))
         if sc.extra.get("doNoHarm"):
             vs_none = r["vs_oracle"]["adaptive"]["none"]
             if vs_none < NO_HARM_GOODPUT:
@@ -46,6 +47,13 @@ def misses(sc: Scenario, runs: dict[str, dict]) -> list[str]:
                     out.append(f"seed {seed}: P{p} attainment {c['slo_attainment']:.3f} below "
                                f"none's {none['classes'][p]['slo_attainment']:.3f}")
     return out
+
+
+def _how_missed(c: dict) -> str:
+    """How a class's requests missed, as its results count them (`late`: sim/report.py)."""
+    counts = [(k, c.get(k, 0)) for k in ("rejected", "dropped", "cancelled", "unfinished")]
+    parts = [f"{n} {k}" for k, n in [*counts, *c.get("late", {}).items()] if n]
+    return f": {', '.join(parts)}" if parts else ""
 
 
 def figures(runs: dict[str, dict]) -> dict[str, dict]:
