@@ -12,7 +12,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (184: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (192: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -920,6 +920,47 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 244); against the best fixed limit that keeps P0 (static:12), 0.95 / 0.94 / 0.93.
     "holdout-b54-p1-flood-tiny8-gw4": ("seed 1: adaptive", "seed 2: adaptive",
                                        "seed 3: adaptive"),
+    # Batch 55 (eight files written at stop 62 by a helper that had not read the controller,
+    # judged as they stood at c2c9073 with `simulate --judge`): three met every target at
+    # seeds 1-3 (code-onoff-medium4-kvsplit-1x, heavytail-medium2-gw4-2.5x,
+    # p1-flood-medium3-5tenants), four at 4-6.
+    # Bursts of 1.4x for 8-20 s at 0.7x mean load on five small engines: P1 0.933 / 0.963 /
+    # 0.984 against none's 0.958 / 0.979 / 1.000. Adaptive's P1 misses are requests whose
+    # wait at the gateway made them late (`late.ttft_queued` 30 / 14 / 9) and 4-7 refused at
+    # arrival in a burst; `none` lets each burst fill the engines past the KV target and serves
+    # it late inside them (26 / 12 / 0). The KV target's trade in calm bursts.
+    "holdout-b55-calm-bursty-small5-gw2": ("seed 1: P1 attainment", "seed 2: P1 attainment",
+                                           "seed 3: P1 attainment"),
+    # One P1 request (a 2,944-token prompt) refused at arrival by the early-drop forecast at
+    # 60 s, on one H100 at 0.7x behind four replicas; `none` serves all 382 (calm-steady's
+    # miss).
+    "holdout-b55-calm-rag-ramp-h100-gw4": ("seed 1: P1 attainment",),
+    # Code completion at 3x on one H100 behind three replicas: P0 0.990 / 0.965 / 0.960, every
+    # miss an answer decoded in steps shared with 8,192-token prefill chunks (`late.tpot`
+    # 2 / 7 / 8), none with a gateway wait. At seeds 1 and 3 the best fixed limit keeping P0
+    # (static:6) serves 0.97-0.98 of the best's goodput.
+    "holdout-b55-code-onoff-h100-gw3-3x": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                                           "seed 3: P0 attainment"),
+    # Six tiny engines capped at three sequences, short requests, 1.65x, two replicas: 0.899 /
+    # 0.903 / 0.899 of static:16. Adaptive holds in flight what the engines run (18), and
+    # they run 15.4 of those 18 sequences on average (one gateway: 15.6): about two are
+    # always between their end on an engine and their release at the gateway (the access
+    # log's delay, ~25 releases a second). static:16 keeps 32 in flight, 13 of them queued
+    # inside the engines, which fill each slot as it frees. Measured, not kept: half a
+    # request per engine let in past the cap, +7 % here (0.96 of static:16), but over every
+    # ordinary run P0 misses 1,331 -> 1,442 (P0 queued inside engines behind long answers:
+    # holdout-b44-seqcap-longanswer-medium3-uneq and holdout-b48-seqcap-drafts-medium5-retry
+    # lost 8-26 P0 requests a seed); a slack past the cap learned from the scrapes (grows by
+    # half the free sequences less the waiting ones each window), +3 % here, P0 misses
+    # 1,331 -> 1,352, holdout-b48-seqcap-drafts-medium5-retry -12 % at seed 2.
+    "holdout-b55-seqcap-tiny6-seq3-gw2": ("seed 1: adaptive", "seed 2: adaptive",
+                                          "seed 3: adaptive"),
+    # Two of three medium engines slowed 3x for 40 s at 1.5x: 0.921 / 0.936 / 0.916 of
+    # static:96, which gives P0 up (0.918 at seed 1: 25 answers decoded too slowly on the
+    # slowed engines); against the best fixed limit keeping P0 (static:64 at seeds 1-2,
+    # static:48 at seed 3), 1.00-1.11.
+    "holdout-b55-slow3x-two-of-medium3-gw2-1.5x": ("seed 1: adaptive", "seed 2: adaptive",
+                                                   "seed 3: adaptive"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
