@@ -911,7 +911,22 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # static:6's none, which keeps P0 at 1.000 and serves 335 tok/s against 301) and refuses
     # P1 at arrival (222 against static:8's 77, Retry-After up to 60 s). Seed 3's P0 misses
     # are prompts of 2,500-3,700 tokens prefilled behind others inside their engine (TTFT
-    # 2.5-4.0 s, no gateway wait). Not traced further.
+    # 2.5-4.0 s, no gateway wait). Traced at stop 62 (seed 2): the preemptions are a thrash.
+    # A 4,000-token prompt is admitted by its first 2,048-token chunk into an engine whose
+    # decoding requests hold 0.79-0.92 of its KV; its next chunk finds no block and it is
+    # preempted (the newest), then admitted again, every other step, until they end (vLLM v1
+    # allocates a waiting request's blocks chunk by chunk). Each window's preemptions cut the
+    # limit to 0.9 of what is in flight: 93,000 -> 22,000 tokens in five windows (99-103 s)
+    # while the pool's KV fell to 0.14, and the early-drop forecast, draining the queue at the
+    # collapsed in-flight count, refused P1 with Retry-After up to 60 s. One gateway instead
+    # of three: 351 tok/s, 107 preemptions. Measured, not kept: lower classes sent only where
+    # the prompt fits (last scrape, what was sent since times the replicas, the prompts the
+    # backlog clock still counted at the scrape): at one gateway 30 preemptions and P0 147 of
+    # 147, at three no change (the replicas release their queues in the same instant, each
+    # blind to the others' sends until the next scrape); over every ordinary run goodput
+    # +0.13 %, P0 misses 1,331 -> 1,344. The forecast drained at the most in flight in the
+    # last 5 s: refusals here 146 -> 86, Retry-After at most 18 s, but over every ordinary
+    # run P0 misses 1,331 -> 1,365.
     "holdout-b54-code-onoff-small6-gw3-1x": ("seed 1: P0 attainment", "seed 2: adaptive",
                                              "seed 2: P0 attainment", "seed 3: adaptive",
                                              "seed 3: P0 attainment"),
