@@ -107,23 +107,28 @@ def test_per_tenant_results_add_up_to_their_class():
 
 def test_each_late_request_is_counted_by_what_made_it_late():
     """`late` splits the completed requests that missed their SLO: with no gateway queue
-    (`none`) no first token is late for waiting there; a fixed limit far below what the
-    engines hold makes the lower classes' lateness the queue's; with the outcome counts, every
-    offered request that missed is counted once."""
+    (`none`) no first token is late for waiting there, nor for a retry (nothing is shed); a
+    fixed limit far below what the engines hold makes the lower classes' lateness the
+    queue's, or the retries' where clients retry what it sheds; with the outcome counts,
+    every offered request that missed is counted once."""
     res, _ = simulate(load_scenario("code-bursty-3x"), ["none", "static:4", "adaptive"], 3)
+    storm, _ = simulate(load_scenario("retry-storm"), ["none", "static:8"], 1)
     ctrls = res["controllers"]
-    for ctrl in ctrls.values():
+    for ctrl in [*ctrls.values(), *storm["controllers"].values()]:
         for c in ctrl["classes"].values():
             missed = c["offered"] - c["over_budget"] - c["slo_met"]
             shed = c["rejected"] + c["dropped"] + c["cancelled"] + c["unfinished"]
             assert sum(c["late"].values()) == c["completed"] - c["slo_met"] == missed - shed
-    assert all(c["late"]["ttft_queued"] == 0 for c in ctrls["none"]["classes"].values())
+    for ctrl in (ctrls["none"], storm["controllers"]["none"]):
+        assert all(c["late"]["ttft_queued"] == c["late"]["ttft_retried"] == 0
+                   for c in ctrl["classes"].values())
     assert ctrls["none"]["classes"]["0"]["late"]["ttft_backend"] > 50
     p2 = ctrls["static:4"]["classes"]["2"]["late"]
     assert p2["ttft_queued"] > 100 and p2["ttft_backend"] == 0
+    assert storm["controllers"]["static:8"]["classes"]["2"]["late"]["ttft_retried"] > 50
     # adaptive's two P0 misses at this seed: answers decoded beside prefill chunks
     assert ctrls["adaptive"]["classes"]["0"]["late"] == {
-        "ttft_queued": 0, "ttft_backend": 0, "tpot": 2}
+        "ttft_retried": 0, "ttft_queued": 0, "ttft_backend": 0, "tpot": 2}
 
 
 def test_time_series_per_second():
@@ -292,7 +297,7 @@ def test_each_target_is_judged_only_where_the_scenario_expects_it():
     # where the results count them, the miss says how P0's requests missed
     top1["1"]["controllers"]["adaptive"]["classes"]["1"].update(
         rejected=0, dropped=1, cancelled=0, unfinished=0,
-        late={"ttft_queued": 0, "ttft_backend": 2, "tpot": 1})
+        late={"ttft_retried": 0, "ttft_queued": 0, "ttft_backend": 2, "tpot": 1})
     assert misses(replace(sc, extra={"p0WithinShare": True}), top1) == [
         "seed 1: P1 attainment 0.980 (< 0.99): 1 dropped, 2 ttft_backend, 1 tpot"]
 

@@ -27,18 +27,22 @@ def _latency(s: JobState) -> tuple[float, float]:
 
 
 def late_because(s: JobState, q: QueueSpec) -> str | None:
-    """Why a completed request missed its class's SLO (None: it met it): `ttft_queued`, its
-    first token was late and its wait in the gateway's queue alone made it so (served at once,
-    it would have been in time); `ttft_backend`, late for the time it spent past the gateway
-    (waiting in the engine, behind other prompts' prefill, preempted); `tpot`, its first
-    token in time but its tokens streamed slower than the objective."""
+    """Why a completed request missed its class's SLO (None: it met it). Its first token was
+    late (counted from its first attempt): `ttft_retried`, it was sent again by its client
+    (shed or lost the first time); `ttft_queued`, its wait in the gateway's queue alone made
+    it so (served at once, it would have been in time); `ttft_backend`, late for the time it
+    spent past the gateway (waiting in the engine, behind other prompts' prefill,
+    preempted). `tpot`: its first token in time, but its tokens streamed slower than the
+    objective."""
     ttft, tpot = _latency(s)
     if ttft > q.slo.ttft_s:
+        if s.attempt > 0:
+            return "ttft_retried"
         return "ttft_queued" if ttft - s.queue_wait_s <= q.slo.ttft_s else "ttft_backend"
     return "tpot" if tpot > q.slo.tpot_s else None
 
 
-LATE = ("ttft_queued", "ttft_backend", "tpot")
+LATE = ("ttft_retried", "ttft_queued", "ttft_backend", "tpot")
 
 
 def slo_met(s: JobState, q: QueueSpec) -> bool:
