@@ -167,3 +167,48 @@ def test_the_queue_wait_header_is_read_alike_for_answers_and_refusals():
     assert queue_wait_s({"x-llmvalve-queue-wait-ms": "1500"}) == 1.5
     assert queue_wait_s({"x-llmvalve-queue-wait-ms": "n/a"}) == 0.0
     assert queue_wait_s({}) == 0.0
+
+
+async def test_a_stream_cut_after_its_first_token_is_timed_by_its_retry():
+    """The first attempt streams one token and is cut; the client retries and the second is
+    answered whole. The request's first token and end are the retry's (as the simulator
+    counts them): timed from the lost attempt, its time per token spanned both."""
+    calls = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        calls.append(len(calls))
+        await request.read()
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n')
+        if len(calls) == 1:
+            await asyncio.sleep(0.2)
+            request.transport.close()  # the backend behind the gateway died mid-stream
+            return resp
+        for _ in range(3):
+            await asyncio.sleep(0.01)
+            await resp.write(b'data: {"choices":[{"delta":{"content":" x"}}]}\n\n')
+        await resp.write(b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\n')
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        retried = TrafficClass("retried", priority=1, tenant="app",
+                               retry=RetrySpec("immediate", max_attempts=2))
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        res = await LoadGenerator([job(0, 0.0, retried, out=4)], Target(url), time_scale=X,
+                                  duration_s=0.1, drain_s=4.0).run()
+    finally:
+        await runner.cleanup()
+    st = res.states[0]
+    assert len(calls) == 2 and st.status == "completed" and st.attempt == 1
+    assert st.first_token_at >= st.sent_at  # the retry's first token, not the lost one's
+    assert st.output_tokens == 4
+    tpot = (st.finished_at - st.first_token_at) / 3
+    assert tpot < 0.2, tpot  # 10 ms a token (wall), not the lost attempt's 200 ms stall

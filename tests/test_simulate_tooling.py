@@ -126,9 +126,9 @@ def test_each_late_request_is_counted_by_what_made_it_late():
     p2 = ctrls["static:4"]["classes"]["2"]["late"]
     assert p2["ttft_queued"] > 100 and p2["ttft_backend"] == 0
     assert storm["controllers"]["static:8"]["classes"]["2"]["late"]["ttft_retried"] > 50
-    # adaptive's two P0 misses at this seed: answers decoded beside prefill chunks
-    assert ctrls["adaptive"]["classes"]["0"]["late"] == {
-        "ttft_retried": 0, "ttft_queued": 0, "ttft_backend": 0, "tpot": 2}
+    # adaptive's P0 misses at this seed: answers decoded beside prefill chunks
+    p0 = ctrls["adaptive"]["classes"]["0"]
+    assert p0["late"]["tpot"] == p0["completed"] - p0["slo_met"] > 0
 
 
 def test_time_series_per_second():

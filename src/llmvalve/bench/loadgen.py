@@ -299,6 +299,10 @@ class LoadGenerator:
         st.req_id = f"{st.job.job_id}.{st.attempt}"
         st.status = "queued"
         st.sent_at = self.now()
+        # a stream cut after its first token is retried: its times are the new attempt's (as
+        # the simulator counts them), not the lost one's
+        st.first_token_at = st.finished_at = None
+        st.output_tokens = 0
         self.sent += st.attempt == 0
         self.attempts += 1
         self.waiting += 1

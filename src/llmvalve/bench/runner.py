@@ -43,7 +43,7 @@ from llmvalve.bench.scenario_pools import (
 )
 from llmvalve.core.policy import Policy
 from llmvalve.sim.harness import DRAIN_LIMIT_S, RunResult
-from llmvalve.sim.report import capacity_report, summarize
+from llmvalve.sim.report import capacity_report, slo_met, summarize
 from llmvalve.sim.runner import scenario_policy
 from llmvalve.sim.scenario import PoolDef, Scenario
 from llmvalve.sim.workload import generate
@@ -200,11 +200,7 @@ def traffic_classes(run: RunResult, policy: Policy) -> dict:
         row["attempts"] += (st.attempt + 1) if started else 0
         if st.status == "completed" and st.first_token_at is not None:
             row["completed"] += 1
-            slo = policy.queue(st.job.priority).slo
-            ttft = st.first_token_at - st.job.arrival_s
-            tpot = (st.finished_at - st.first_token_at) / max(1, st.output_tokens - 1)  # type: ignore[operator]
-            if ttft <= slo.ttft_s and tpot <= slo.tpot_s:
-                row["slo_met"] += 1
+            row["slo_met"] += slo_met(st, policy.queue(st.job.priority))
     out = dict(sorted(out.items(), key=lambda kv: (kv[1]["priority"], kv[0])))
     for row in out.values():
         row["attempts_per_request"] = round(row["attempts"] / row["offered"], 3) \

@@ -26,6 +26,10 @@ def _latency(s: JobState) -> tuple[float, float]:
     return t, (s.finished_at - s.first_token_at) / n  # type: ignore[operator]
 
 
+# Why a completed request missed its SLO (`late_because`), in the order the results list them.
+LATE = ("ttft_retried", "ttft_queued", "ttft_backend", "tpot")
+
+
 def late_because(s: JobState, q: QueueSpec) -> str | None:
     """Why a completed request missed its class's SLO (None: it met it). Its first token was
     late (counted from its first attempt): `ttft_retried`, it was sent again by its client
@@ -40,9 +44,6 @@ def late_because(s: JobState, q: QueueSpec) -> str | None:
             return "ttft_retried"
         return "ttft_queued" if ttft - s.queue_wait_s <= q.slo.ttft_s else "ttft_backend"
     return "tpot" if tpot > q.slo.tpot_s else None
-
-
-LATE = ("ttft_retried", "ttft_queued", "ttft_backend", "tpot")
 
 
 def slo_met(s: JobState, q: QueueSpec) -> bool:
