@@ -74,9 +74,9 @@ def age_s(headers: Mapping[str, str], now: float | None, received_ms: str | None
     body, or one that filled Envoy's buffer exactly, `at_buffer_limit`, which Envoy sends as it
     fills without marking it cut or timing its end). A config without `received_ms` (rendered
     before it) counts from the request's start."""
-    sent_early = at_buffer_limit or headers.get(PARTIAL_BODY_HEADER) == "true"
-    if now is None or (received_ms is None and sent_early):
-        return 0.0
+    if now is None or (received_ms is None and (
+            at_buffer_limit or headers.get(PARTIAL_BODY_HEADER) == "true")):
+        return 0.0  # no wall time, or sent before the body's end with no time of its own
     try:
         age = now - float(headers.get(START_HEADER, ""))
         if received_ms is not None:

@@ -33,8 +33,8 @@ LATE = ("ttft_retried", "ttft_queued", "ttft_backend", "tpot")
 def late_because(s: JobState, q: QueueSpec) -> str | None:
     """Why a completed request missed its class's SLO (None: it met it). Its first token was
     late (counted from its first attempt): `ttft_retried`, it was sent again by its client
-    (shed or lost the first time); `ttft_queued`, its wait in the gateway's queue alone made
-    it so (served at once, it would have been in time); `ttft_backend`, late for the time it
+    (shed or lost the first time); `ttft_queued`, its wait in the gateway's queue made it so
+    (served at once, it would have been in time); `ttft_backend`, late for the time it
     spent past the gateway (waiting in the engine, behind other prompts' prefill,
     preempted). `tpot`: its first token in time, but its tokens streamed slower than the
     objective."""

@@ -15,6 +15,7 @@ A request its client cancels counts as a miss of its class under every controlle
 
 from __future__ import annotations
 
+from llmvalve.sim.report import OUTCOMES
 from llmvalve.sim.scenario import Scenario
 
 SEEDS = (1, 2, 3)  # every scenario is judged at these
@@ -51,7 +52,7 @@ def misses(sc: Scenario, runs: dict[str, dict]) -> list[str]:
 
 def _how_missed(c: dict) -> str:
     """How a class's requests missed, as its results count them (`late`: sim/report.py)."""
-    counts = [(k, c.get(k, 0)) for k in ("rejected", "dropped", "cancelled", "unfinished")]
+    counts = [(k, c.get(k, 0)) for k in OUTCOMES if k not in ("completed", "over_budget")]
     parts = [f"{n} {k}" for k, n in [*counts, *c.get("late", {}).items()] if n]
     return f": {', '.join(parts)}" if parts else ""
 
