@@ -172,6 +172,36 @@ def test_preemptions_among_two_sequences_are_not_a_drop_while_another_engine_has
     assert limit == pytest.approx(6_300.0) if action == "drop" else limit > 8_000.0
 
 
+@pytest.mark.parametrize("limit, sent_since_cut, other_preempts, cut", [
+    (6_000.0, False, False, False),  # below half the ceiling, nothing sent there since the cut
+    (6_000.0, True, False, True),  # sent to since the cut: the new request may be the cause
+    (6_000.0, False, True, True),  # every engine preempts: the pool is full
+    (12_000.0, False, False, True),  # above half the ceiling: others may follow (long answers)
+])
+def test_preemptions_on_an_engine_sent_nothing_since_the_cut_do_not_cut_again_below_half(
+        limit, sent_since_cut, other_preempts, cut):
+    """A thrashing engine keeps preempting what it already holds whatever the pool's limit:
+    one more cut per window for it starved seven idle engines of eight
+    (holdout-b56-slow3x-rolling-tiny8-gw3-1.5x). Ceiling: two engines of 10,000 at 0.8."""
+    a = make(initial_limit_tokens=limit)
+    inflight = limit * 5 / 6
+    for b in ("b0", "b1"):
+        a.on_snapshot(snap(0.0, b, running=2), 0.0)
+    a.on_sent("b0", 0.5)
+    a.on_snapshot(snap(1.5, "b0", preemptions_total=2, running=5, kv_usage=0.9), 1.5)
+    a.on_snapshot(snap(1.5, "b1", running=5, kv_usage=0.3), 1.5)
+    first = a.update(2.0, inflight)
+    assert first == pytest.approx(0.9 * inflight) and a.epoch == 1  # the first cut counts
+    if sent_since_cut:
+        a.on_sent("b0", 2.2)
+    a.on_snapshot(snap(2.5, "b0", preemptions_total=4, running=5, kv_usage=0.9), 2.5)
+    a.on_snapshot(snap(2.5, "b1", preemptions_total=2 if other_preempts else 0, running=5,
+                       kv_usage=0.3), 2.5)
+    second = a.update(3.0, first)
+    assert (a.status()["last_action"] == "drop") is cut
+    assert second == pytest.approx(0.9 * first if cut else first)
+
+
 def test_cancellations_and_successes_are_not_drops():
     a = make()
     a.on_snapshot(snap(0.0), 0.0)

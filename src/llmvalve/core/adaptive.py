@@ -57,7 +57,10 @@ The control law, once per window (`window_s`): a target with a dead band.
     the limit sat at 12,000 tokens with the pool's KV at 0.3-0.5 for a minute, 0.74 of the
     best fixed limit at the worst seed; now 0.87. Where an engine preempts among more
     sequences, its answers grow into its KV, and holding let it thrash (azure-conv: 28 →
-    145 preemptions at one seed);
+    145 preemptions at one seed). Once L is below half its KV ceiling, an engine this
+    replica has sent nothing since its last cut counts no preemption while another engine
+    did not preempt: what it preempts it already held, and cutting again each window for it
+    starves the engines that are fine (`_preempted_by_sends`);
   * r > 1 + band/2 → L ← min(L, inflight · max(0.5, 1/r)^(1/g)): aimed at what is in flight (r
     is proportional to it), never compounding while admitted work drains, and only on a
     scrape taken after the previous decrease;
@@ -110,6 +113,9 @@ SEQ_CAP_HITS = 2  # scrapes that show the sequence cap binding before it is coun
 # An engine that preempts while running at most this many sequences time-shares requests its
 # KV cannot hold together: the pool's limit is not what fills it (`_time_shared`).
 TIME_SHARED_SEQS = 2
+# Below this fraction of its KV ceiling the limit is not cut again for an engine's preemptions
+# while this replica has sent it nothing since its last cut (`_preempted_by_sends`).
+LOCAL_PREEMPTION_BELOW = 0.5
 SLOW_CARD_WINDOWS = 5  # latency windows an engine must stay slow to be read as a slow card
 # One of several replicas steps as if it held between half and this many times its share
 # (`_share_gain`), and reserves up to this many times its share of the capacity estimate.
@@ -265,6 +271,7 @@ class AdaptiveLimit:
         self._seq_cache: float | None = None  # max_requests()
         self._sat_cache: tuple[float, float, float] | None = None  # (valid from, to, σ)
         self.samples_used = 0  # access-log samples that entered a window's TTFT reading
+        self._sent_at: dict[str, float] = {}  # per backend: when this replica last sent to it
 
     def reconfigure(self, policy: Policy) -> None:
         """Take a reloaded policy's settings; the learned state (utilisation, backends, cost
@@ -533,9 +540,13 @@ class AdaptiveLimit:
         self._ttft_queue.append(max(0.0, sample.ttft_s - prefill))
         self.samples_used += 1
 
+    def on_sent(self, backend: str, now: float) -> None:
+        self._sent_at[backend] = now
+
     def forget(self, backend: str) -> None:
         """A backend the policy no longer lists: no snapshot of it will come again, and its
         share of C and σ leave with it (as a backend whose scrape fails)."""
+        self._sent_at.pop(backend, None)
         if self.backends.pop(backend, None) is not None:
             self._cap_cache = self._sat_cache = self._seq_cache = None
 
@@ -638,7 +649,8 @@ class AdaptiveLimit:
         # Decreases aim at what is in flight now, and never compound: while admitted work
         # drains (seconds, for LLM requests) the signals stay high, and cutting L again for
         # the same excess would overshoot to starvation.
-        if (self._drops or (self._preempted and not self._time_shared(live))) and fresh:
+        preempted = self._preempted_by_sends(live, L, ceiling)
+        if (self._drops or (preempted and not self._time_shared(live, preempted))) and fresh:
             self._decrease(min(L, inflight * s.decrease_on_drop), now, "drop")
         elif r > 1.0 + s.band / 2 and fresh:
             cut = max(0.5, 1.0 / r) ** (1.0 / g)
@@ -662,13 +674,32 @@ class AdaptiveLimit:
         else:
             self._last_action = "hold" if settled else "settling"
 
-    def _time_shared(self, live: list[_Backend]) -> bool:
+    def _preempted_by_sends(self, live: list[_Backend], L: float, ceiling: float) -> set[str]:
+        """The engines whose preemptions in the window count against the limit. Once the
+        limit is below `LOCAL_PREEMPTION_BELOW` of its ceiling, an engine this replica has
+        sent nothing since its last cut does not, while another engine did not preempt: its
+        preemptions come from what it already held (a long prompt admitted by its first chunk
+        and preempted every other step, answers outgrowing its KV), and a further cut reaches
+        only the engines that are fine. Cut once per window for it instead, the limit of three
+        replicas on eight tiny engines went from 30,000 tokens to 2,000 in six seconds while
+        one engine thrashed and the other seven drained to idle
+        (`holdout-b56-slow3x-rolling-tiny8-gw3-1.5x`, 0.81-0.88 of the best fixed limit; since,
+        0.94-0.96). Above it the cut stays: where answers grow, the other engines' KV
+        follows the preempting one's (`holdout-longgen-kv`, P0 5 -> 16 misses at seed 3 with
+        no such bound). An engine never sent to counts."""
+        if not self._preempted or L >= LOCAL_PREEMPTION_BELOW * ceiling:
+            return self._preempted
+        if all(b.snap.backend in self._preempted for b in live):
+            return self._preempted
+        return {k for k in self._preempted
+                if self._sent_at.get(k, math.inf) > self._decreased_at}
+
+    def _time_shared(self, live: list[_Backend], preempted: set[str]) -> bool:
         """Every engine that preempted runs at most `TIME_SHARED_SEQS` sequences, and one
         that did not has room: KV below half the target and nothing waiting."""
-        if any(b.snap.running > TIME_SHARED_SEQS for b in live
-               if b.snap.backend in self._preempted):
+        if any(b.snap.running > TIME_SHARED_SEQS for b in live if b.snap.backend in preempted):
             return False
-        return any(b.snap.backend not in self._preempted and b.snap.waiting == 0
+        return any(b.snap.backend not in preempted and b.snap.waiting == 0
                    and b.snap.kv_usage < self.spec.kv_target / 2 for b in live)
 
     def _share_gain(self, live: list[_Backend]) -> float:

@@ -290,6 +290,7 @@ class Admission:
         top = self._ranks[req.priority] == 0
         backend = pool.picker.pick(now, top, cost)
         pool.picker.add(backend, cost, req.prompt_tokens, now, top)
+        pool.limit.on_sent(backend, now)
         if top:
             pool.top_tickets.add(req.request_id)
         ticket = Ticket(req.request_id, pool.spec.name, req.priority, req.tenant, cost, now,

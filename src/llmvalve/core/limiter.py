@@ -67,6 +67,9 @@ class PoolLimit(Limit, Protocol):
 
     def on_snapshot(self, snap: BackendSnapshot, now: float) -> None: ...
 
+    def on_sent(self, backend: str, now: float) -> None:
+        """A request was admitted to `backend`."""
+
     def update(self, now: float, inflight: float, requests: int = 0,
                waiting: float = 0.0) -> float: ...
 
@@ -92,6 +95,9 @@ class LimitBase:
         pass
 
     def on_snapshot(self, snap: BackendSnapshot, now: float) -> None:
+        pass
+
+    def on_sent(self, backend: str, now: float) -> None:
         pass
 
     def update(self, now: float, inflight: float, requests: int = 0,
