@@ -1042,10 +1042,11 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     "holdout-b56-code-minutes-small8-gw4-3x": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                                                "seed 3: P0 attainment"),
     # Half of eight tiny engines slowed 3x for 40 s, then the other half, at 1.5x behind three
-    # replicas: as written 0.805 / 0.836 / 0.883 of static:16. Traced (seed 1): one engine running
-    # three sequences, two waiting, preempted every window while the other seven drained; each
-    # window's cut for it (to 0.9 of in-flight) took the three replicas' limits from 30,000 to
-    # 2,000 tokens in six seconds. Since stop 63 0.957 / 0.942 / 0.953.
+    # replicas: as written 0.805 / 0.836 / 0.883 of static:16. Traced (seed 1): one engine
+    # preempted a 1,648-token prompt at every step (admitted by its first 1,022-token chunk
+    # beside two decoders) while the other seven drained; each window's cut for it (to 0.9 of
+    # in-flight) took the three replicas' limits together from 30,000 to 7,000 tokens in six
+    # seconds. Since stop 63 0.957 / 0.942 / 0.953.
     "holdout-b56-slow3x-rolling-tiny8-gw3-1.5x": ("seed 2: adaptive",),
 }
 

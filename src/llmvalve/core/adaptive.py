@@ -680,9 +680,9 @@ class AdaptiveLimit:
         sent nothing since its last cut does not, while another engine did not preempt: its
         preemptions come from what it already held (a long prompt admitted by its first chunk
         and preempted every other step, answers outgrowing its KV), and a further cut reaches
-        only the engines that are fine. Cut once per window for it instead, the limit of three
-        replicas on eight tiny engines went from 30,000 tokens to 2,000 in six seconds while
-        one engine thrashed and the other seven drained to idle
+        only the engines that are fine. Cut once per window for it instead, the limits of three
+        replicas on eight tiny engines fell together from 30,000 tokens to 7,000 in six
+        seconds while one engine thrashed and the other seven drained to idle
         (`holdout-b56-slow3x-rolling-tiny8-gw3-1.5x`, 0.81-0.88 of the best fixed limit; since,
         0.94-0.96). Above it the cut stays: where answers grow, the other engines' KV
         follows the preempting one's (`holdout-longgen-kv`, P0 5 -> 16 misses at seed 3 with
