@@ -12,7 +12,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (192: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (200: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -20,7 +20,8 @@ and others were traced and mended at a later stop (their entries below say so), 
 were judged again after its last change: these six are not unseen any more, nor are
 `holdout-b44-seqcap-longanswer-medium3-uneq`, `holdout-b45-code-tiny6-gw3-3x`,
 `holdout-b46-kvdrop-medium4` and `holdout-b46-calm-syncburst-small3`, mended at the stops that
-added them, and `holdout-calm-h100-short`, met since stop 44):
+added them, `holdout-b56-slow3x-rolling-tiny8-gw3-1.5x`, traced for stop 63's change, and
+`holdout-calm-h100-short`, met since stop 44):
     LLMVALVE_ISSUE10_FULL=1 pytest tests/test_generalisation.py
 """
 
