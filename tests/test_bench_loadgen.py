@@ -9,6 +9,7 @@ import json
 import pytest
 from aiohttp import web
 
+from aio_support import serve_on_free_port
 from llmvalve.bench.loadgen import LoadGenerator, Target
 from llmvalve.bench.runner import traffic_classes
 from llmvalve.sim.harness import RunResult
@@ -196,12 +197,10 @@ async def test_a_stream_cut_after_its_first_token_is_timed_by_its_retry():
     app.router.add_post("/v1/chat/completions", handle)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
     try:
+        url = f"http://127.0.0.1:{await serve_on_free_port(runner)}"
         retried = TrafficClass("retried", priority=1, tenant="app",
                                retry=RetrySpec("immediate", max_attempts=2))
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         res = await LoadGenerator([job(0, 0.0, retried, out=4)], Target(url), time_scale=X,
                                   duration_s=0.1, drain_s=4.0).run()
     finally:

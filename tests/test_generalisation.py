@@ -1018,7 +1018,7 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # as they stood at a5946b2 with `simulate --judge`): three met every target at seeds 1-3
     # (calm-trace-medium3-gw3, flood-trace-medium4-gw2, seqcap-medium2-seq20-prio-ramp-2x), four at
     # 4-6. Tracing slow3x-rolling-tiny8-gw3-1.5x gave stop 63's change (core/adaptive.py
-    # `_preempted_by_sends`); the entries are as judged after it.
+    # `_preemptions_counted`); the entries are as judged after it.
     # Do no harm while two of five small engines restart in turn (0.60-0.64x mean load, two
     # replicas): every miss is a request in flight on the engine that left, dropped with it (P0 8 /
     # 2 / 3 of ~245 against `none`'s 3 / 3 / 4; P1 and P2 within one to seven requests of

@@ -60,7 +60,7 @@ The control law, once per window (`window_s`): a target with a dead band.
     145 preemptions at one seed). Once L is below half its KV ceiling, an engine this
     replica has sent nothing since its last cut counts no preemption while another engine
     did not preempt: what it preempts it already held, and cutting again each window for it
-    starves the engines that are fine (`_preempted_by_sends`);
+    starves the engines that are fine (`_preemptions_counted`);
   * r > 1 + band/2 → L ← min(L, inflight · max(0.5, 1/r)^(1/g)): aimed at what is in flight (r
     is proportional to it), never compounding while admitted work drains, and only on a
     scrape taken after the previous decrease;
@@ -114,7 +114,7 @@ SEQ_CAP_HITS = 2  # scrapes that show the sequence cap binding before it is coun
 # KV cannot hold together: the pool's limit is not what fills it (`_time_shared`).
 TIME_SHARED_SEQS = 2
 # Below this fraction of its KV ceiling the limit is not cut again for an engine's preemptions
-# while this replica has sent it nothing since its last cut (`_preempted_by_sends`).
+# while this replica has sent it nothing since its last cut (`_preemptions_counted`).
 LOCAL_PREEMPTION_BELOW = 0.5
 SLOW_CARD_WINDOWS = 5  # latency windows an engine must stay slow to be read as a slow card
 # One of several replicas steps as if it held between half and this many times its share
@@ -649,8 +649,7 @@ class AdaptiveLimit:
         # Decreases aim at what is in flight now, and never compound: while admitted work
         # drains (seconds, for LLM requests) the signals stay high, and cutting L again for
         # the same excess would overshoot to starvation.
-        preempted = self._preempted_by_sends(live, L, ceiling)
-        if (self._drops or (preempted and not self._time_shared(live, preempted))) and fresh:
+        if (self._drops or self._preemptions_counted(live, L, ceiling)) and fresh:
             self._decrease(min(L, inflight * s.decrease_on_drop), now, "drop")
         elif r > 1.0 + s.band / 2 and fresh:
             cut = max(0.5, 1.0 / r) ** (1.0 / g)
@@ -674,25 +673,24 @@ class AdaptiveLimit:
         else:
             self._last_action = "hold" if settled else "settling"
 
-    def _preempted_by_sends(self, live: list[_Backend], L: float, ceiling: float) -> set[str]:
-        """The engines whose preemptions in the window count against the limit. Once the
-        limit is below `LOCAL_PREEMPTION_BELOW` of its ceiling, an engine this replica has
-        sent nothing since its last cut does not, while another engine did not preempt: its
-        preemptions come from what it already held (a long prompt admitted by its first chunk
-        and preempted every other step, answers outgrowing its KV), and a further cut reaches
-        only the engines that are fine. Cut once per window for it instead, the limits of three
+    def _preemptions_counted(self, live: list[_Backend], L: float, ceiling: float) -> set[str]:
+        """The engines whose preemptions in the window are a drop (none where they
+        time-share, `_time_shared`). Once the limit is below `LOCAL_PREEMPTION_BELOW` of its
+        ceiling, an engine this replica has sent nothing since its last cut does not count,
+        while another engine did not preempt: its preemptions come from what it already held
+        (a long prompt admitted by its first chunk and preempted every other step, answers
+        outgrowing its KV), and a further cut reaches only the engines that are fine. Cut once per window for it instead, the limits of three
         replicas on eight tiny engines fell together from 30,000 tokens to 7,000 in six
         seconds while one engine thrashed and the other seven drained to idle
         (`holdout-b56-slow3x-rolling-tiny8-gw3-1.5x`, 0.81-0.88 of the best fixed limit; since,
         0.94-0.96). Above it the cut stays: where answers grow, the other engines' KV
         follows the preempting one's (`holdout-longgen-kv`, P0 5 -> 16 misses at seed 3 with
         no such bound). An engine never sent to counts."""
-        if not self._preempted or L >= LOCAL_PREEMPTION_BELOW * ceiling:
-            return self._preempted
-        if all(b.snap.backend in self._preempted for b in live):
-            return self._preempted
-        return {k for k in self._preempted
-                if self._sent_at.get(k, math.inf) > self._decreased_at}
+        counted = self._preempted
+        if (counted and L < LOCAL_PREEMPTION_BELOW * ceiling
+                and any(b.snap.backend not in counted for b in live)):
+            counted = {k for k in counted if self._sent_at.get(k, math.inf) > self._decreased_at}
+        return set() if counted and self._time_shared(live, counted) else counted
 
     def _time_shared(self, live: list[_Backend], preempted: set[str]) -> bool:
         """Every engine that preempted runs at most `TIME_SHARED_SEQS` sequences, and one

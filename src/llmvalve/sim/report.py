@@ -30,15 +30,14 @@ def _latency(s: JobState) -> tuple[float, float]:
 LATE = ("ttft_retried", "ttft_queued", "ttft_backend", "tpot")
 
 
-def late_because(s: JobState, q: QueueSpec) -> str | None:
+def late_because(s: JobState, q: QueueSpec, ttft: float, tpot: float) -> str | None:
     """Why a completed request missed its class's SLO (None: it met it). Its first token was
     late (counted from its first attempt): `ttft_retried`, it was sent again by its client
     (shed or lost the first time); `ttft_queued`, its wait in the gateway's queue made it so
     (served at once, it would have been in time); `ttft_backend`, late for the time it
     spent past the gateway (waiting in the engine, behind other prompts' prefill,
     preempted). `tpot`: its first token in time, but its tokens streamed slower than the
-    objective."""
-    ttft, tpot = _latency(s)
+    objective. `ttft`, `tpot`: its `_latency`."""
     if ttft > q.slo.ttft_s:
         if s.attempt > 0:
             return "ttft_retried"
@@ -47,7 +46,7 @@ def late_because(s: JobState, q: QueueSpec) -> str | None:
 
 
 def slo_met(s: JobState, q: QueueSpec) -> bool:
-    return s.status == "completed" and late_because(s, q) is None
+    return s.status == "completed" and late_because(s, q, *_latency(s)) is None
 
 
 def good_tokens_by_arrival(run: RunResult, policy: Policy, window_s: float) -> list[int]:
@@ -97,7 +96,7 @@ def summarize(run: RunResult, policy: Policy) -> dict:
             tpot.append(p)
             waits.append(s.queue_wait_s)
             all_tokens += s.output_tokens
-            why = late_because(s, q)
+            why = late_because(s, q, t, p)
             if why is None:
                 met += 1
                 good_tokens += s.output_tokens
