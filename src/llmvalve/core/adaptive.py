@@ -679,13 +679,14 @@ class AdaptiveLimit:
         ceiling, an engine this replica has sent nothing since its last cut does not count,
         while another engine did not preempt: its preemptions come from what it already held
         (a long prompt admitted by its first chunk and preempted every other step, answers
-        outgrowing its KV), and a further cut reaches only the engines that are fine. Cut once per window for it instead, the limits of three
-        replicas on eight tiny engines fell together from 30,000 tokens to 7,000 in six
-        seconds while one engine thrashed and the other seven drained to idle
-        (`holdout-b56-slow3x-rolling-tiny8-gw3-1.5x`, 0.81-0.88 of the best fixed limit; since,
-        0.94-0.96). Above it the cut stays: where answers grow, the other engines' KV
-        follows the preempting one's (`holdout-longgen-kv`, P0 5 -> 16 misses at seed 3 with
-        no such bound). An engine never sent to counts."""
+        outgrowing its KV), and a further cut reaches only the engines that are fine. Cut
+        once per window for it instead, the limits of three replicas on eight tiny engines
+        fell together from 30,000 tokens to 7,000 in six seconds while one engine thrashed
+        and the other seven drained to idle (`holdout-b56-slow3x-rolling-tiny8-gw3-1.5x`,
+        0.81-0.88 of the best fixed limit; since, 0.94-0.96). Above it the cut stays: where
+        answers grow, the other engines' KV follows the preempting one's
+        (`holdout-longgen-kv`, P0 5 -> 16 misses at seed 3 with no such bound). An engine
+        never sent to counts."""
         counted = self._preempted
         if (counted and L < LOCAL_PREEMPTION_BELOW * ceiling
                 and any(b.snap.backend not in counted for b in live)):
