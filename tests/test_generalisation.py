@@ -12,7 +12,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (200: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (208: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -1049,6 +1049,35 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # in-flight) took the three replicas' limits together from 30,000 to 7,000 tokens in six
     # seconds. Since stop 63 0.957 / 0.942 / 0.953.
     "holdout-b56-slow3x-rolling-tiny8-gw3-1.5x": ("seed 2: adaptive",),
+    # Batch 57 (eight files written at stop 64 by a helper that had not read the controller, judged
+    # as they stood at 8fbdd73 with `simulate --judge`): four met every target at seeds 1-3
+    # (calm-steady-tiny5-gw3, heavytail-h100x2-gw3-2.5x, p1-flood-10x-small6 and
+    # seqcap-small8-seq6-gw3-1.8x), three at 4-6. Not traced further.
+    # Do no harm in on/off bursts on four medium engines behind two replicas (0.67-0.71x mean
+    # load): at seed 2, three P1 requests refused at arrival by the early-drop forecast at 137.0-
+    # 137.4 s, inside a burst (`none` serves all 589).
+    "holdout-b57-calm-onoff-medium4-gw2": ("seed 2: P1 attainment",),
+    # Code completion in minute-long waves at about 3x on three small engines behind two replicas:
+    # 0.926 / 0.950 (just under) / 1.001 of static:8; P0 0.967 / 0.973 / 0.985 (`ttft_backend` 3 /
+    # 2 / 1, `tpot` 2 / 2 / 1). At seed 1 adaptive refuses fewer P1 requests at arrival than
+    # static:8 (1,454 against 1,544) and serves more of them in time (369 against 346), but the P1
+    # queue it keeps at the gateway holds P2 back past its queue timeout (350 P2 dropped against
+    # 285; 91 met their SLO against 150).
+    "holdout-b57-code-minutes-small3-gw2-3x": ("seed 1: adaptive", "seed 1: P0 attainment",
+                                               "seed 2: adaptive", "seed 2: P0 attainment",
+                                               "seed 3: P0 attainment"),
+    # Code completion on six medium engines behind three replicas at about 1x: P0 0.974 / 0.987 /
+    # 0.984, every miss `tpot` (12 / 6 / 7): short answers decoded in steps shared with prefill
+    # chunks. Adaptive reads 0.98-0.99 of the best fixed limit (static:64); the best that keeps P0
+    # (static:32) serves 0.935-0.947 of its goodput.
+    "holdout-b57-code-onoff-medium6-gw3-1x": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                                              "seed 3: P0 attainment"),
+    # Both medium engines slowed 3x (from 45 and 55 s to 110 s) at 1.5x behind four replicas, P0
+    # about 29 % of the slowed capacity (its share is 30 %): P0 0.987 / 0.985 / 0.958 (`tpot` 2 / 0
+    # / 2, `ttft_queued` 0 / 2 / 4); no fixed limit of the sweep keeps P0, and adaptive reads
+    # 0.99-1.00 of the best.
+    "holdout-b57-slow3x-all-medium2-gw4-1.5x": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                                                "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"

@@ -384,17 +384,18 @@ gives P0 up, it names the best that keeps it, or says that none of the sweep doe
 two targets conflict for every fixed limit. tests/test_generalisation.py judges every
 built-in so (`fleet`, 64 engines, only with `LLMVALVE_ISSUE10_FULL=1`).
 
-The judge runs on the simulator's fixed grid: each gateway scrapes half an interval after the
-last scrape and each access-log entry comes 50 ms after its request ends. A real stack draws
-both, and `--timing-draw K` draws them too (the fixed limits run under the same draw). The
-controller was tuned on the grid, and its built-in P0 targets hold there by one or two
-requests. Under four draws (1–4), the ordinary built-ins at seeds 1–3 missed 6, 9, 8 and 8
-targets against the grid's 4 (measured at stop 64, `adaptive` against the grid's best fixed
-limits). All but two were P0 cells missed by one to five requests, and which seeds missed
-moved with the draw: among them `code-bursty`, `heavy-tail` s2 and `slowdown-one` s1. The two
-others were `code-bursty-medium` at 0.944 and 0.938 of the best fixed limit. For one such
-cell: `llmvalve simulate --judge --scenario code-bursty-3x --timing-draw 3` misses P0 at every
-seed.
+The judge runs on the simulator's fixed grid: each gateway's scrapes at a fixed phase, the
+replicas' spread evenly over the interval, and each access-log entry (by default) 50 ms after
+its request ends. A real stack leaves both to chance, and `--timing-draw K` draws them (each
+scraper's phase uniform over the interval, each entry's delay uniform with the same mean; the
+fixed limits run under the same draw). The controller was tuned on the grid, and its built-in
+P0 targets hold there by one or two requests. Under four draws (1–4), the ordinary built-ins at
+seeds 1–3 missed 6, 9, 8 and 8 targets against the grid's 4 (measured at stop 64, `adaptive`
+against the grid's best fixed limits). All but two were P0 cells missed by one to five
+requests, and which seeds missed moved with the draw: among them `code-bursty`, `heavy-tail` s2
+and `slowdown-one` s1. The two others were `code-bursty-medium` at 0.944 and 0.938 of the best
+fixed limit. For example, `llmvalve simulate --judge --scenario code-bursty-3x --timing-draw 3`
+misses P0 at every seed (on the grid, at seed 3 only).
 """
 
 
