@@ -330,6 +330,23 @@ def test_judge_prints_the_targets_missed_and_exits_1(tmp_path):
                                     text=True).stdout)
     assert set(res["seeds"]) == {"1"} and res["misses"][0].startswith("seed 1: P0 attainment")
     assert res["seeds"]["1"]["adaptive"]["slo_attainment"]["0"] < 0.5
+    # at several timing draws each is judged in full, the grid's as above, each miss named
+    # by its draw
+    drawn = json.loads(subprocess.run([*cmd, "--seed", "1", "--json", "--timing-draw", "0,2"],
+                                      capture_output=True, text=True).stdout)
+    assert set(drawn["draws"]) == {"0", "2"} and drawn["draws"]["0"]["misses"] == res["misses"]
+    assert drawn["draws"]["0"]["seeds"] == res["seeds"]
+    assert [m.split(", ")[0] for m in drawn["misses"]] == ["timing draw 0", "timing draw 2"]
+    out = subprocess.run([*cmd, "--seed", "1", "--timing-draw", "0-1"], capture_output=True,
+                         text=True)
+    judged = out.stdout.splitlines()
+    assert out.returncode == 1 and judged[:5] == [
+        lines[0], "timing draw 0 (the fixed grid):", lines[1], missed[0], "timing draw 1:"]
+    assert judged[5].startswith("seed 1: ") and judged[6].startswith("missed: seed 1: P0")
+    assert judged[7:] == ["targets missed at 2 of 2 timing draws (0, 1)"]
+    # a list of draws is for the judge
+    out = subprocess.run([*cmd[:-1], "--timing-draw", "0,1"], capture_output=True, text=True)
+    assert out.returncode == 2 and "a list with --judge" in out.stderr, out.stderr
 
 
 CALM = ("name: calm-one\nduration: 20s\nbackends: {count: 1, profile: small}\n"
@@ -354,6 +371,9 @@ def test_judge_takes_a_folder_and_counts_what_met_every_target(tmp_path):
     res = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True).stdout)
     assert [d["scenario"] for d in res["scenarios"]] == ["calm-one", "p0-cancels"]
     assert res["scenarios"][0]["misses"] == [] and len(res["scenarios"][1]["misses"]) == 1
+    out = subprocess.run([*cmd, "--timing-draw", "0,1"], capture_output=True, text=True)
+    assert out.stdout.splitlines()[-1] == ("1 of 2 scenarios meet every target at seed 1 and "
+                                           "timing draws 0,1; 2 targets missed")
     # a file that does not load stops it before anything runs, naming the file
     (tmp_path / "c.yaml").write_text(CALM.replace("rate: 0.5", "rate: 0.5, maxToken: 9"))
     out = subprocess.run(cmd, capture_output=True, text=True)

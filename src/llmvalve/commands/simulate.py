@@ -48,10 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results JSON only")
     p.add_argument("--plot", metavar="PNG", help="write time series (and sweep) plots")
     p.add_argument("--list", action="store_true", help="list the built-in scenarios")
-    p.add_argument("--timing-draw", type=int, default=0, metavar="K",
+    p.add_argument("--timing-draw", default="0", metavar="K",
                    help="draw each scraper's phase and each access-log entry's delay (draw K "
                    "> 0) instead of the fixed grid (0, default): a real stack's timing noise, "
-                   "as `bench` compares with (its --sim-draws)")
+                   "as `bench` compares with (its --sim-draws); with --judge also a list "
+                   "(0-2 or 0,3): every target is judged at each draw")
     p.add_argument("--stepping", choices=("event", "per-step"), default="event",
                    help="engine stepping: event-driven (default) or the per-step reference")
 
@@ -104,8 +105,13 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--oracle-window must be a number of seconds >= 1")
     if why := unwritable(args.plot) or not_png(args.plot):
         return _fail(f"--plot {why}")
-    if args.timing_draw < 0:
-        return _fail("--timing-draw must be >= 0")
+    try:
+        args.draws = _draws(args.timing_draw)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if len(args.draws) > 1 and not args.judge:
+        return _fail("--timing-draw takes one draw, or a list with --judge")
+    args.timing_draw = args.draws[0]
     if Path(args.scenario).is_dir():
         return _judge_folder(Path(args.scenario), args)
     try:
@@ -162,6 +168,20 @@ def _fitted(sc, args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return replace(sc, timing_draw=args.timing_draw)
 
 
+def _draws(text: str) -> list[int]:
+    """`--timing-draw`: one draw, or a list as `--seeds` takes one; each >= 0."""
+    from llmvalve.sim.runner import parse_seeds
+
+    try:
+        draws = parse_seeds(text)
+    except ValueError:
+        raise ValueError(f"--timing-draw {text!r}: give a draw K >= 0, or with --judge a "
+                         "list of distinct draws, e.g. 0-2") from None
+    if min(draws) < 0:
+        raise ValueError("--timing-draw must be >= 0")
+    return draws
+
+
 def _seeds(args: argparse.Namespace, default: list[int]) -> list[int]:
     """The seeds asked for (`--seeds` or `--seed`), else `default`."""
     from llmvalve.sim.runner import parse_seeds
@@ -172,17 +192,37 @@ def _seeds(args: argparse.Namespace, default: list[int]) -> list[int]:
 
 
 def _judge(sc, seeds: list[int], args: argparse.Namespace) -> tuple[dict, str]:  # type: ignore[no-untyped-def]
-    """The judgement as the JSON document and as the report printed without `--json`."""
+    """The judgement as the JSON document and as the report printed without `--json`; at
+    several timing draws (`args.draws`), each draw's under `draws` and every miss named by
+    its draw."""
     from llmvalve.sim.runner import simulate_seeds
     from llmvalve.sim.targets import JUDGED, figures, misses, report
 
-    result, _ = simulate_seeds(sc, list(JUDGED), seeds, oracle=True, gateways=args.gateways,
-                               hindsight=False, load_scale=args.load_scale,
-                               stepping=args.stepping)
-    runs = result["seeds"]["runs"]
-    found = misses(sc, runs)
-    doc = {"scenario": sc.name, "expect": sc.extra, "misses": found, "seeds": figures(runs)}
-    return doc, report(sc, runs, found)
+    judged = {}
+    for k in args.draws:
+        result, _ = simulate_seeds(replace(sc, timing_draw=k), list(JUDGED), seeds,
+                                   oracle=True, gateways=args.gateways, hindsight=False,
+                                   load_scale=args.load_scale, stepping=args.stepping)
+        runs = result["seeds"]["runs"]
+        judged[k] = (runs, misses(sc, runs))
+    if len(judged) == 1:
+        runs, found = judged[args.draws[0]]
+        doc = {"scenario": sc.name, "expect": sc.extra, "misses": found, "seeds": figures(runs)}
+        return doc, report(sc, runs, found)
+    doc = {"scenario": sc.name, "expect": sc.extra,
+           "misses": [f"timing draw {k}, {m}" for k, (_, found) in judged.items()
+                      for m in found],
+           "draws": {str(k): {"misses": found, "seeds": figures(runs)}
+                     for k, (runs, found) in judged.items()}}
+    missed_at = [k for k, (_, found) in judged.items() if found]
+    lines = []
+    for k, (runs, found) in judged.items():
+        head, body = report(sc, runs, found).split("\n", 1)
+        lines += [head] if not lines else []
+        lines += [f"timing draw {k}{' (the fixed grid)' if k == 0 else ''}:", body]
+    lines.append(f"targets missed at {len(missed_at)} of {len(judged)} timing draws"
+                 + (f" ({', '.join(map(str, missed_at))})" if missed_at else ""))
+    return doc, "\n".join(lines)
 
 
 def _judge_folder(folder: Path, args: argparse.Namespace) -> int:
@@ -214,8 +254,10 @@ def _judge_folder(folder: Path, args: argparse.Namespace) -> int:
         docs.append(doc)
     met = sum(not d["misses"] for d in docs)
     cells = sum(len(d["misses"]) for d in docs)
+    draws = (f" and timing draws {','.join(map(str, args.draws))}" if len(args.draws) > 1
+             else "")
     summary = (f"{met} of {len(docs)} scenarios meet every target at seed"
-               f"{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))}; "
+               f"{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))}{draws}; "
                f"{cells} target{'s' if cells != 1 else ''} missed")
     print(json.dumps({"scenarios": docs, "summary": summary}, indent=2) if args.json
           else summary)

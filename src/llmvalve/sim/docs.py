@@ -395,7 +395,12 @@ seeds 1–3 missed 6, 9, 8 and 8 goodput and P0 targets against the grid's 4 (me
 P0 cells missed by one to five requests, and which seeds missed moved with the draw: among them
 `code-bursty`, `heavy-tail` s2 and `slowdown-one` s1. The two others were `code-bursty-medium`
 at 0.944 and 0.938 of the best fixed limit. For example, `llmvalve simulate --judge --scenario
-code-bursty-3x --timing-draw 3` misses P0 at every seed (on the grid, at seed 3 only).
+code-bursty-3x --timing-draw 3` misses P0 at every seed (on the grid, at seed 3 only). With
+`--judge`, `--timing-draw` also takes a list (`0-2`, `0,3`): every target is judged at each
+draw, the fixed limits under the same draw, each miss is named by its draw (`--json`: each
+draw's figures under `draws`), and the report ends with at how many draws targets were
+missed. A target met on the grid and missed at another draw holds by a margin that a real
+stack's timing can take away.
 """
 
 
