@@ -254,8 +254,11 @@ def _judge_folder(folder: Path, args: argparse.Namespace) -> int:
         docs.append(doc)
     met = sum(not d["misses"] for d in docs)
     cells = sum(len(d["misses"]) for d in docs)
-    draws = (f" and timing draws {','.join(map(str, args.draws))}" if len(args.draws) > 1
-             else "")
+    draws = ""
+    if len(args.draws) > 1:  # and how many met every target at each draw alone
+        each = ", ".join(f"draw {k}: {sum(not d['draws'][str(k)]['misses'] for d in docs)}"
+                         for k in args.draws)
+        draws = f" and timing draws {','.join(map(str, args.draws))} ({each})"
     summary = (f"{met} of {len(docs)} scenarios meet every target at seed"
                f"{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))}{draws}; "
                f"{cells} target{'s' if cells != 1 else ''} missed")

@@ -399,7 +399,8 @@ code-bursty-3x --timing-draw 3` misses P0 at every seed (on the grid, at seed 3 
 `--judge`, `--timing-draw` also takes a list (`0-2`, `0,3`): every target is judged at each
 draw, the fixed limits under the same draw, each miss is named by its draw (`--json`: each
 draw's figures under `draws`), and the report ends with at how many draws targets were
-missed. A target met on the grid and missed at another draw holds by a margin that a real
+missed (a folder's summary also counts, at each draw alone, the scenarios that met every
+target). A target met on the grid and missed at another draw holds by a margin that a real
 stack's timing can take away.
 """
 
