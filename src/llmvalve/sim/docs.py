@@ -401,7 +401,10 @@ draw, the fixed limits under the same draw, each miss is named by its draw (`--j
 draw's figures under `draws`), and the report ends with at how many draws targets were
 missed (a folder's summary also counts, at each draw alone, the scenarios that met every
 target). A target met on the grid and missed at another draw holds by a margin that a real
-stack's timing can take away.
+stack's timing can take away. Judged so at draws 0–2 (stop 65), the 23 ordinary built-ins at
+seeds 1–3 missed 5, 8 and 9 targets, and 19, 17 and 16 of them met every target. Every miss
+was P0 or `calm-steady`'s P1 (do no harm), and no goodput target was missed at any draw. Only
+`seq-cap` s2 was missed at all three.
 """
 
 
