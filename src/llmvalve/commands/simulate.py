@@ -214,15 +214,14 @@ def _judge(sc, seeds: list[int], args: argparse.Namespace) -> tuple[dict, str]: 
                       for m in found],
            "draws": {str(k): {"misses": found, "seeds": figures(runs)}
                      for k, (runs, found) in judged.items()}}
-    missed_at = [k for k, (_, found) in judged.items() if found]
     lines = []
     for k, (runs, found) in judged.items():
-        head, body = report(sc, runs, found).split("\n", 1)
-        lines += [head] if not lines else []
+        head, body = report(sc, runs, found).split("\n", 1)  # the targets' line, alike
         lines += [f"timing draw {k}{' (the fixed grid)' if k == 0 else ''}:", body]
+    missed_at = [k for k, (_, found) in judged.items() if found]
     lines.append(f"targets missed at {len(missed_at)} of {len(judged)} timing draws"
                  + (f" ({', '.join(map(str, missed_at))})" if missed_at else ""))
-    return doc, "\n".join(lines)
+    return doc, "\n".join([head, *lines])
 
 
 def _judge_folder(folder: Path, args: argparse.Namespace) -> int:
