@@ -374,7 +374,8 @@ def test_judge_takes_a_folder_and_counts_what_met_every_target(tmp_path):
     out = subprocess.run([*cmd, "--timing-draw", "0,1"], capture_output=True, text=True)
     assert out.stdout.splitlines()[-1] == ("1 of 2 scenarios meet every target at seed 1 and "
                                            "timing draws 0,1 (draw 0: 1, draw 1: 1); 2 targets "
-                                           "missed")
+                                           "missed (a target once at each draw it was "
+                                           "missed)")
     # a file that does not load stops it before anything runs, naming the file
     (tmp_path / "c.yaml").write_text(CALM.replace("rate: 0.5", "rate: 0.5, maxToken: 9"))
     out = subprocess.run(cmd, capture_output=True, text=True)

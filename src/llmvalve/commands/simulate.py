@@ -260,7 +260,8 @@ def _judge_folder(folder: Path, args: argparse.Namespace) -> int:
         draws = f" and timing draws {','.join(map(str, args.draws))} ({each})"
     summary = (f"{met} of {len(docs)} scenarios meet every target at seed"
                f"{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))}{draws}; "
-               f"{cells} target{'s' if cells != 1 else ''} missed")
+               f"{cells} target{'s' if cells != 1 else ''} missed"
+               + (" (a target once at each draw it was missed)" if draws else ""))
     print(json.dumps({"scenarios": docs, "summary": summary}, indent=2) if args.json
           else summary)
     return 0 if met == len(docs) else 1

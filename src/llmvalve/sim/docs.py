@@ -388,23 +388,18 @@ The judge runs on the simulator's fixed grid: each gateway's scrapes at a fixed 
 replicas' spread evenly over the interval, and each access-log entry (by default) 50 ms after
 its request ends. A real stack leaves both to chance, and `--timing-draw K` draws them (each
 scraper's phase uniform over the interval, each entry's delay uniform with the same mean; the
-fixed limits run under the same draw). The controller was tuned on the grid, and its built-in
-P0 targets hold there by one or two requests. Under four draws (1–4), the ordinary built-ins at
-seeds 1–3 missed 6, 9, 8 and 8 goodput and P0 targets against the grid's 4 (measured at stop
-64: `adaptive` against the grid's best fixed limits; do no harm not counted). All but two were
-P0 cells missed by one to five requests, and which seeds missed moved with the draw: among them
-`code-bursty`, `heavy-tail` s2 and `slowdown-one` s1. The two others were `code-bursty-medium`
-at 0.944 and 0.938 of the best fixed limit. For example, `llmvalve simulate --judge --scenario
-code-bursty-3x --timing-draw 3` misses P0 at every seed (on the grid, at seed 3 only). With
-`--judge`, `--timing-draw` also takes a list (`0-2`, `0,3`): every target is judged at each
-draw, the fixed limits under the same draw, each miss is named by its draw (`--json`: each
-draw's figures under `draws`), and the report ends with at how many draws targets were
+fixed limits run under the same draw). With `--judge`, `--timing-draw` also takes a list
+(`0-2`, `0,3`): every target is judged at each draw, each miss is named by its draw (`--json`:
+each draw's figures under `draws`), and the report ends with at how many draws targets were
 missed (a folder's summary also counts, at each draw alone, the scenarios that met every
-target). A target met on the grid and missed at another draw holds by a margin that a real
-stack's timing can take away. Judged so at draws 0–2 (stop 65), the 23 ordinary built-ins at
-seeds 1–3 missed 5, 8 and 9 targets, and 19, 17 and 16 of them met every target. Every miss
-was P0 or `calm-steady`'s P1 (do no harm), and no goodput target was missed at any draw. Only
-`seq-cap` s2 was missed at all three.
+target). The controller was tuned on the grid, and its built-in P0 targets hold there by one
+or two requests. Judged at draws 0–2 (stop 65), the 23 ordinary built-ins at seeds 1–3 missed
+5, 8 and 9 targets, and 19, 17 and 16 of them met every target. Every miss was a P0 cell
+missed by one to five requests, or `calm-steady`'s P1 (do no harm); no goodput target was
+missed at any draw, and which seeds missed moved with the draw. Only `seq-cap` s2 was missed at
+all three. For example, `llmvalve simulate --judge --scenario code-bursty-3x --timing-draw 0,3`
+misses P0 at seed 3 on the grid and at every seed at draw 3. A target met on the grid and
+missed at another draw holds by a margin that a real stack's timing can take away.
 """
 
 
