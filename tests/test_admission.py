@@ -403,7 +403,8 @@ def test_a_kv_capacity_the_policy_states_stands_for_the_pages():
 def test_a_pools_stated_kv_capacity_reaches_backends_given_by_metrics_url():
     """Found by a review: the shipped deployments name their backends with `--metrics-url`,
     which replaced the policy's backends and dropped their kvCapacityTokens silently. A pool
-    states it for all its backends, and a listed backend's own goes with its URL."""
+    states it for all its backends, and a listed backend's own goes with its URL (its
+    maxNumSeqs too)."""
     from llmvalve.gateway.control_plane import with_backends
 
     p = load_policy("""
@@ -413,13 +414,38 @@ pools:
   - name: gpt-oss
     kvCapacityTokens: 40000
     backends:
-      - {name: big, metricsUrl: "http://10.0.0.9:8000/metrics", kvCapacityTokens: 90000}
+      - {name: big, metricsUrl: "http://10.0.0.9:8000/metrics", kvCapacityTokens: 90000,
+         maxNumSeqs: 12}
 """)
     p = with_backends(p, ("http://10.0.0.1:8000/metrics", "http://10.0.0.9:8000/metrics"))
+    assert [b.max_num_seqs for b in p.pools[0].backends] == [None, 12]
     a = Admission(p, random.Random(7), controller="adaptive")
     for b in p.pools[0].backends:
         a.on_snapshot("gpt-oss", BackendSnapshot(b.name, 0.0, kv_capacity_tokens=1e6), 0.0)
     assert a.status(0.0)["pools"]["gpt-oss"]["limiter"]["capacity_tokens"] == 130_000.0
+
+
+def test_a_sequence_cap_the_policy_states_counts_from_the_first_scrape():
+    """vLLM exports no `max_num_seqs`: learned, the cap counts only once two scrapes show it
+    binding, and a burst at start-up has filled the engines' queues by then (P0 waited inside
+    them: `seq-cap` s2-s3). Stated (`maxNumSeqs`), it counts from the first scrape; an engine
+    seen running more than stated has a cap the statement got wrong, learned again; one seen
+    binding below it has the cap it is seen at."""
+    p = dataclasses.replace(policy(), pools=(PoolSpec(
+        backends=(BackendSpec("b0", ""), BackendSpec("b1", "", max_num_seqs=4)),
+        max_num_seqs=16, lease_timeout_s=10.0),))
+    a = Admission(p, random.Random(7), controller="adaptive")
+    limit = a.pools["default"].limit
+    for name in ("b0", "b1"):
+        a.on_snapshot("default", BackendSnapshot(name, 0.0, kv_capacity_tokens=1e5), 0.0)
+    assert (limit.seq_cap("b0"), limit.seq_cap("b1"), limit.max_requests()) == (16, 4, 20)
+    a.on_snapshot("default", BackendSnapshot("b1", 0.5, running=6, kv_capacity_tokens=1e5),
+                  0.5)
+    assert (limit.seq_cap("b1"), limit.max_requests()) == (math.inf, math.inf)
+    for t in (1.0, 1.5, 2.0):  # b0 runs 12 with requests waiting and KV to spare: seen binding
+        a.on_snapshot("default", BackendSnapshot("b0", t, running=12, waiting=3, kv_usage=0.2,
+                                                 kv_capacity_tokens=1e5), t)
+    assert limit.seq_cap("b0") == 12
 
 
 def test_a_queued_request_does_not_take_the_place_of_one_its_backend_dropped():

@@ -215,8 +215,10 @@ pools:
     cluster: vllm_pool
     engine: sglang
     backends:
-      - {{name: gpu-0, metricsUrl: "http://10.0.0.1:8000/metrics", kvCapacityTokens: 131072}}
+      - {{name: gpu-0, metricsUrl: "http://10.0.0.1:8000/metrics", kvCapacityTokens: 131072,
+          maxNumSeqs: 256}}
       - {{name: gpu-1}}
+    maxNumSeqs: 64
     scrapeInterval: 1s
     scrapeTimeout: 800ms
     breaker: {{failureRatio: 0.3, minRequests: 5, window: 30s, open: 10s}}
@@ -254,8 +256,9 @@ failureModeAllow: true
     assert (a.max_growth, a.decrease_on_drop) == (1.5, 0.8)
     [pool] = p.pools
     assert (pool.name, pool.cluster, pool.engine) == ("main", "vllm_pool", "sglang")
-    assert pool.backends == (BackendSpec("gpu-0", "http://10.0.0.1:8000/metrics", 131072),
+    assert pool.backends == (BackendSpec("gpu-0", "http://10.0.0.1:8000/metrics", 131072, 256),
                              BackendSpec("gpu-1", ""))
+    assert (pool.stated_max_num_seqs("gpu-0"), pool.stated_max_num_seqs("gpu-1")) == (256, 64)
     assert (pool.scrape_interval_s, pool.scrape_timeout_s, pool.lease_timeout_s) == (1, .8, 600)
     b = pool.breaker
     assert (b.failure_ratio, b.min_requests, b.window_s, b.open_s) == (0.3, 5, 30.0, 10.0)

@@ -84,12 +84,13 @@ The control law, once per window (`window_s`): a target with a dead band.
 g is 1 for a lone replica; for one of R replicas (`replica_share` = 1/R) it is that share over
 its share of the requests the engines run, within [1/2, 2] (`_share_gain`): replicas step
 together, and proportional steps alone would keep whatever split they fell into.
-Where sequences bind before KV (an engine seen, `SEQ_CAP_HITS` times, running as many as it
-ever ran with requests waiting and KV to spare), `max_requests` counts them: every class may
-have in flight what the engines run (one of R replicas: 1/R of it), and the picker sends each
-request to an engine with a sequence free (`seq_cap`). Nothing queues inside an engine: a P0
-request waits at the gateway for the first sequence that ends in the pool, not inside one
-engine for its next (with 12-sequence engines decoding 400-token answers that took 2-6 s).
+Where sequences bind before KV (an engine seen, `SEQ_CAP_HITS` times, running as many as it ever ran
+with requests waiting and KV to spare; or stated by the policy, `maxNumSeqs`, from its first scrape
+on, until the engine is seen running more), `max_requests` counts them: every class may have in
+flight what the engines run (one of R replicas: 1/R of it), and the picker sends each request to an
+engine with a sequence free (`seq_cap`). Nothing queues inside an engine: a P0 request waits at the
+gateway for the first sequence that ends in the pool, not inside one engine for its next (with
+12-sequence engines decoding 400-token answers that took 2-6 s).
 `saturation()` (σ, the fast gate the admission uses to stop lower classes first) is the same
 share-weighted fill without the latency terms, a stale or failing backend counting 1.5.
 After a decrease by the control law the epoch advances: access-log samples of requests
@@ -144,6 +145,17 @@ class _Backend:
     cap_hits: int = 0  # scrapes at max_running with requests waiting and KV to spare
     inflight_at: float = 0.0  # our in-flight cost when `snap` arrived
     slow_since: float | None = None  # first of the scrapes in a row with ITL above target
+
+    @property
+    def seq_cap(self) -> float:
+        """The sequences it runs at once: as seen binding `SEQ_CAP_HITS` times, else as the
+        policy states it unless it was seen running more (∞: neither). Learned alone, the
+        cap counted only after it had bound: a burst at start-up filled the engines' queues
+        first, and the P0 requests that came then waited inside them (`seq-cap` s2-s3)."""
+        if self.cap_hits >= SEQ_CAP_HITS:
+            return self.max_running
+        stated = self.snap.max_num_seqs
+        return stated if stated >= max(self.max_running, 1.0) else math.inf
 
     @property
     def itl_s(self) -> float | None:
@@ -323,31 +335,28 @@ class AdaptiveLimit:
         self._seq_cache = None
 
     def max_requests(self) -> float:
-        """Sequences counted where they bind before KV: when every live backend was seen, at
-        least `SEQ_CAP_HITS` times, running as many requests as it ever ran with requests
-        waiting and KV to spare, the requests they run at once (∞ otherwise). It grows if a
-        backend is seen running more. No class queues in the engines, the top class neither:
-        it waits at the gateway for the first sequence to end anywhere in the pool, where
-        queued in one engine it waited for that engine's next (the top class was let in up
-        to waitingTarget more per engine before: `holdout-b44-seqcap-longanswer-medium3-uneq`,
-        P0 0.82-0.89, 0.98-1.00 since). One of R replicas (`replica_share` 1/R) counts its
-        share of them: the others send alike, and two replicas that each let in what the
-        engines run made them queue half as many again, P0 among them (TTFT 2-2.8 s behind
-        the cap of two H100s, holdout-seqcap-h100-gw2)."""
+        """Sequences counted where they bind before KV: when every live backend's cap is known
+        (`_Backend.seq_cap`: seen binding, or stated), the requests they run at once (∞ otherwise).
+        It grows if a backend is seen running more. No class queues in the engines, the top class
+        neither: it waits at the gateway for the first sequence to end anywhere in the pool, where
+        queued in one engine it waited for that engine's next (the top class was let in up to
+        waitingTarget more per engine before: `holdout-b44-seqcap-longanswer-medium3-uneq`, P0
+        0.82-0.89, 0.98-1.00 since). One of R replicas (`replica_share` 1/R) counts its share of
+        them: the others send alike, and two replicas that each let in what the engines run made
+        them queue half as many again, P0 among them (TTFT 2-2.8 s behind the cap of two H100s,
+        holdout-seqcap-h100-gw2)."""
         if self._seq_cache is None:  # it changes only with a scrape
             live = [b for b in self.backends.values() if b.snap.ok]
-            if not live or any(b.cap_hits < SEQ_CAP_HITS for b in live):
-                self._seq_cache = math.inf
-            else:
-                self._seq_cache = self.replica_share * sum(b.max_running for b in live)
+            caps = [b.seq_cap for b in live]
+            self._seq_cache = (self.replica_share * sum(caps) if caps and max(caps) < math.inf
+                               else math.inf)
         return self._seq_cache
 
     def seq_cap(self, backend: str) -> float:
-        """The sequences one engine runs at once, where its cap was seen binding
-        `SEQ_CAP_HITS` times (∞ until then): the picker counts a request sent there past it
-        as queueing."""
+        """The sequences one engine runs at once (`_Backend.seq_cap`; ∞ until known): the
+        picker counts a request sent there past it as queueing."""
         b = self.backends.get(backend)
-        return b.max_running if b is not None and b.cap_hits >= SEQ_CAP_HITS else math.inf
+        return b.seq_cap if b is not None else math.inf
 
     def capacity_ceiling(self) -> float:
         """What the backends hold, in cost units."""
@@ -578,7 +587,8 @@ class AdaptiveLimit:
         else:
             # keep the last good numbers (capacity) but mark it failing
             prev.snap = BackendSnapshot(backend=snap.backend, at=prev.snap.at, ok=False,
-                                        kv_capacity_tokens=prev.snap.kv_capacity_tokens)
+                                        kv_capacity_tokens=prev.snap.kv_capacity_tokens,
+                                        max_num_seqs=snap.max_num_seqs)
         if self._initial > 0:
             self.u = self._initial / self._capacity_live()
 
@@ -754,7 +764,7 @@ class AdaptiveLimit:
         return 0.0 if speed == math.inf else speed
 
     def status(self) -> dict:
-        fit = self._prefill.coefficients()
+        fit, seqs = self._prefill.coefficients(), self.max_requests()
         return {"controller": self.name, "unit": self.unit, "limit": self.limit(),
                 "samples_used": self.samples_used,
                 "prefill_samples": self._prefill.n,
@@ -765,4 +775,4 @@ class AdaptiveLimit:
                 "pressure": self._last_pressure, "last_action": self._last_action,
                 "cost_per_kv_token": self._rho, "slow_backends": self._slow_cards,
                 "replica_share": self.replica_share, "held_share": self._held_share,
-                "epoch": self.epoch}
+                "max_requests": None if seqs == math.inf else seqs, "epoch": self.epoch}

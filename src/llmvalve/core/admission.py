@@ -480,11 +480,14 @@ class Admission:
 
     def on_snapshot(self, pool: str, snap: BackendSnapshot, now: float) -> None:
         """A scrape of one backend (ok=False when it failed); a KV capacity the policy states
-        for it stands for the page's."""
+        for it stands for the page's, and a sequence cap it states comes with it."""
         p = self._pool(pool)
         stated = p.spec.stated_capacity(snap.backend)
+        seqs = p.spec.stated_max_num_seqs(snap.backend)
         if stated is not None and snap.ok:
             snap = snap._replace(kv_capacity_tokens=stated)
+        if seqs is not None:
+            snap = snap._replace(max_num_seqs=float(seqs))
         p.limit.on_snapshot(snap, now)
         p.picker.observe(snap.backend, snap.ok, snap.at, snap.kv_usage, snap.waiting,
                          snap.kv_capacity_tokens, snap.itl_mean_s, snap.running,

@@ -170,3 +170,6 @@ class BackendSnapshot(NamedTuple):
     # `request_generation_tokens` histogram: delta(sum) / delta(count)), and how many finished.
     output_tokens_mean: float | None = None
     finished_in_window: float = 0.0
+    # The sequences the engine runs at once where the policy states it (`maxNumSeqs`; vLLM
+    # exports none), else 0
+    max_num_seqs: float = 0.0

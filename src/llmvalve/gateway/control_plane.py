@@ -105,7 +105,7 @@ def split_addr(addr: str) -> tuple[str, int]:
 def with_backends(policy: Policy, urls: tuple[str, ...]) -> Policy:
     """The policy with the pools named in `urls` ("URL": the first pool, "POOL=URL") scraping
     those URLs instead of their configured backends; a configured backend's stated KV
-    capacity goes with its URL."""
+    capacity and sequence cap go with its URL."""
     if not urls:
         return policy
     first = policy.pools[0].name
@@ -118,12 +118,11 @@ def with_backends(policy: Policy, urls: tuple[str, ...]) -> Policy:
         if problem := metrics_url_problem(url):
             raise ValueError(f"--metrics-url {item!r}: {problem}")
         by_pool.setdefault(pool, []).append(url)
-    stated = {b.metrics_url: b.kv_capacity_tokens for p in policy.pools for b in p.backends
-              if b.metrics_url}
+    stated = {b.metrics_url: b for p in policy.pools for b in p.backends if b.metrics_url}
     pools = tuple(
         p if p.name not in by_pool else dataclasses.replace(p, backends=tuple(
-            BackendSpec(f"backend-{i}" if p.name == first else f"{p.name}-{i}", url,
-                        stated.get(url))
+            dataclasses.replace(stated.get(url) or BackendSpec(""), metrics_url=url,
+                                name=f"backend-{i}" if p.name == first else f"{p.name}-{i}")
             for i, url in enumerate(by_pool[p.name])))
         for p in policy.pools)
     return dataclasses.replace(policy, pools=pools)

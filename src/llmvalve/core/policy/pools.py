@@ -2,8 +2,8 @@
 
 Absent, it is one default pool. A request's `model` chooses its pool; with several pools every
 pool but one must list its `models`, and a model is served by one pool only. A pool lists its
-backends (name, metricsUrl, an optional kvCapacityTokens) and carries its breaker, scrape
-timing and lease timeout.
+backends (name, metricsUrl, an optional kvCapacityTokens and maxNumSeqs) and carries its
+breaker, scrape timing and lease timeout.
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ from llmvalve.core.policy.spec import (
 
 ENGINES = ("vllm", "trtllm", "sglang")
 POOL_KEYS = ("name", "cluster", "engine", "backends", "scrapeInterval", "scrapeTimeout",
-             "breaker", "leaseTimeout", "models", "enginePriority", "kvCapacityTokens")
+             "breaker", "leaseTimeout", "models", "enginePriority", "kvCapacityTokens",
+             "maxNumSeqs")
 _LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")  # one DNS label
 MIN_SCRAPE_INTERVAL_S = 0.01  # below it, a scrape loop loads the engines it watches
+MAX_NUM_SEQS = 1_000_000  # far above any engine's --max-num-seqs (vLLM's default: 256-1,024)
 
 
 def read_pools(top: NodeFields) -> tuple[PoolSpec, ...]:
@@ -103,7 +105,7 @@ def _pool(f: NodeFields, item: Node, seen: set[str], served: dict[str, str],
     return PoolSpec(
         name=name, cluster=cluster, engine=engine or d.engine,
         backends=backends, models=models, engine_priority=engine_priority,
-        kv_capacity_tokens=capacity,
+        kv_capacity_tokens=capacity, max_num_seqs=_max_num_seqs(r, f),
         scrape_interval_s=duration_at_least(
             f, "scrapeInterval", d.scrape_interval_s, MIN_SCRAPE_INTERVAL_S,
             "a scrape loop that fast loads the engines it watches"),
@@ -122,13 +124,20 @@ def _capacity(r: NodeReader, f: NodeFields) -> float | None:
                                                le=MAX_KV_CAPACITY_TOKENS)
 
 
+def _max_num_seqs(r: NodeReader, f: NodeFields) -> int | None:
+    """A stated `maxNumSeqs` (a pool's, for its backends, or one backend's)."""
+    node = f.get("maxNumSeqs")
+    return None if node is None else r.integer(node, f.field("maxNumSeqs"), ge=1,
+                                                le=MAX_NUM_SEQS)
+
+
 def _backends(r: NodeReader, f: NodeFields, known: _BackendNames) -> tuple[BackendSpec, ...]:
     backends = []
     backends_node = f.get("backends")
     for j, b in enumerate((r.seq(backends_node, f.field("backends")) or [])
                           if backends_node is not None else []):
-        bf = r.fields(b, join(f.field("backends"), j), ("name", "metricsUrl", "kvCapacityTokens"),
-                      required=True)
+        bf = r.fields(b, join(f.field("backends"), j), ("name", "metricsUrl", "kvCapacityTokens",
+                                                                  "maxNumSeqs"), required=True)
         if bf.node is None:
             continue
         b_name = bf.unique_name(known.names, "backend")
@@ -142,7 +151,7 @@ def _backends(r: NodeReader, f: NodeFields, known: _BackendNames) -> tuple[Backe
                     "on its own")
         elif url:
             known.urls[url] = bf.path
-        backends.append(BackendSpec(b_name or "", url, _capacity(r, bf)))
+        backends.append(BackendSpec(b_name or "", url, _capacity(r, bf), _max_num_seqs(r, bf)))
     return tuple(backends)
 
 

@@ -120,6 +120,9 @@ class BackendSpec:
     # own figure, in its start-up log line "GPU KV cache size: N tokens", divides by the
     # groups) and is absent for TensorRT-LLM and SGLang.
     kv_capacity_tokens: float | None = None
+    # The sequences its engine runs at once (vLLM's `--max-num-seqs`), where the operator
+    # states it (None: learned once seen binding). vLLM exports no such metric.
+    max_num_seqs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,8 @@ class PoolSpec:
     # Each backend's KV capacity in tokens where the operator states it for the whole pool
     # (a backend's own stands first): backends given by `--metrics-url` are named there only.
     kv_capacity_tokens: float | None = None
+    # The same for `--max-num-seqs` (a backend's own stands first)
+    max_num_seqs: int | None = None
 
     @functools.cached_property
     def stated_capacities(self) -> dict[str, float]:
@@ -151,6 +156,14 @@ class PoolSpec:
     def stated_capacity(self, backend: str) -> float | None:
         """The KV capacity the policy states for `backend` (its own, else its pool's)."""
         return self.stated_capacities.get(backend, self.kv_capacity_tokens)
+
+    @functools.cached_property
+    def _stated_seqs(self) -> dict[str, int]:
+        return {b.name: b.max_num_seqs for b in self.backends if b.max_num_seqs is not None}
+
+    def stated_max_num_seqs(self, backend: str) -> int | None:
+        """The sequence cap the policy states for `backend` (its own, else its pool's)."""
+        return self._stated_seqs.get(backend, self.max_num_seqs)
 
 
 @dataclass(frozen=True)
