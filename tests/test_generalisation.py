@@ -115,6 +115,8 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # slowdown-one s3 are met since; here the misses stay, earlier than the second scrape.
     # Stop 64: counted after one scrape, the misses did not move: they arrive at 3.2-4.1 s, as
     # the engines first reach their cap (26 of 32 running at 3 s, 31 and 8 waiting at 4 s).
+    # Stop 66: a policy that states the cap (`maxNumSeqs: 16`) meets P0 at seeds 1-3
+    # (test_simulate_scenarios.py); the default policy, judged here, states none.
     "seq-cap": ("seed 2: P0 attainment", "seed 3: P0 attainment"),
     # held out: P0 requests in flight on the backend that leaves at 60 s, lost with it (no
     # admission decision saves a request its backend drops mid-stream), and at seeds 2 and 3
