@@ -12,7 +12,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (208: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (216: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -1085,6 +1085,47 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 0.99-1.00 of the best.
     "holdout-b57-slow3x-all-medium2-gw4-1.5x": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                                                 "seed 3: P0 attainment"),
+    # Batch 58 (eight files written at stop 66 by a helper that had not read the controller,
+    # judged as they stood at e2256de with `simulate --judge`): calm-cron-minutes-small7-gw3,
+    # heavytail-diurnal-medium2-gw2-2.5x and slow3x-newpair-mixed-medium4-gw2-1.5x meet every
+    # target at seeds 1-3.
+    # Do no harm on three tiny engines (4,096 KV tokens) where a fifth of P0's requests carry
+    # 2,000-token RAG prompts, 0.73x on average: at seed 1, 57 P1 requests refused at arrival by
+    # the early-drop forecast (77-135 s) while the limit was cut 22 times for preemptions
+    # (`drop`), the pool's KV at 0.3-0.6: an engine holding one of those prompts and two or
+    # three more preempts. `none` preempts 437 times (adaptive 193) and serves every P1 request
+    # in time; P0 0.986 against `none`'s 0.969. Not mended: the cut on preemptions is what keeps
+    # P0 elsewhere (azure-conv, holdout-longgen-kv).
+    "holdout-b58-calm-ragchat-diurnal-tiny3": ("seed 1: P0 attainment", "seed 1: adaptive",
+                                               "seed 1: P1 attainment", "seed 2: adaptive",
+                                               "seed 2: P1 attainment", "seed 3: P0 attainment"),
+    # Code completion on two small engines behind three replicas, P1 and P2 jumping 11x at each
+    # minute: 0.933 / 0.943 / 0.915 of static:4 / 4 / 3. At seed 3 adaptive preempts 84 times
+    # against static:3's 17 (the three replicas' limits at each burst) and serves 55 P2 requests
+    # in time against 88. P0 0.989 / 0.941 / 0.977; no fixed limit keeps it at seeds 1 and 2.
+    "holdout-b58-code-cron-minutes-small2-gw3-3x": ("seed 1: adaptive", "seed 1: P0 attainment",
+                                                    "seed 2: adaptive", "seed 2: P0 attainment",
+                                                    "seed 3: adaptive", "seed 3: P0 attainment"),
+    # Code completion whose prompts grow from ~1,600 to ~2,700 tokens at 90 s, five small
+    # engines at 1x: seed 1's P0 0.989, one request inside an engine and one TPOT. Not traced.
+    "holdout-b58-code-ctxshift-small5-1x": ("seed 1: P0 attainment",),
+    # One P1 tenant ramping to 10x four steady ones on four small engines behind four replicas,
+    # P0 mixing chat with 3,000-token RAG prompts: P0 0.986 / 0.978 / 0.979, every miss TTFT
+    # inside an engine; the best fixed limit keeping P0 serves 0.972 of the best at seed 2, and
+    # none keeps it at seed 3. Not traced.
+    "holdout-b58-p1-flood-ragchat-small4-gw4": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                                                "seed 3: P0 attainment"),
+    # Three H100s capped at 6 sequences behind four replicas, 2x: P0 0.788 / 0.803 / 0.775, most
+    # misses waits at the gateway (24-28 `ttft_queued`); no fixed limit keeps P0 either. Each
+    # replica lets in its quarter of the 18 sequences (4.5), and its P0 waits for one of its own
+    # to end, not the pool's (seed 1: median wait 0.58 s, 90th percentile 1.85 s, TTFT objective
+    # 2 s). Measured, not kept: P0 past the cap where the picker sees a free sequence, 0.84 /
+    # 0.83 / 0.81 here but over the 18 sequence-cap workloads P0 targets missed 8 -> 11 and P0
+    # misses 28 -> 38; P0 past the cap always, 0.84 / 0.92 / 0.85 here. A stated cap
+    # (`maxNumSeqs: 6`) does not help: 0.760 / 0.819 / 0.803.
+    "holdout-b58-seqcap-judge-h100x3-seq6-gw4-2x": ("seed 1: P0 attainment",
+                                                    "seed 2: P0 attainment",
+                                                    "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
