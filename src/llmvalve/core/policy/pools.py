@@ -34,6 +34,7 @@ ENGINES = ("vllm", "trtllm", "sglang")
 POOL_KEYS = ("name", "cluster", "engine", "backends", "scrapeInterval", "scrapeTimeout",
              "breaker", "leaseTimeout", "models", "enginePriority", "kvCapacityTokens",
              "maxNumSeqs")
+BACKEND_KEYS = ("name", "metricsUrl", "kvCapacityTokens", "maxNumSeqs")
 _LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")  # one DNS label
 MIN_SCRAPE_INTERVAL_S = 0.01  # below it, a scrape loop loads the engines it watches
 MAX_NUM_SEQS = 1_000_000  # far above any engine's --max-num-seqs (vLLM's default: 256-1,024)
@@ -136,8 +137,7 @@ def _backends(r: NodeReader, f: NodeFields, known: _BackendNames) -> tuple[Backe
     backends_node = f.get("backends")
     for j, b in enumerate((r.seq(backends_node, f.field("backends")) or [])
                           if backends_node is not None else []):
-        bf = r.fields(b, join(f.field("backends"), j), ("name", "metricsUrl", "kvCapacityTokens",
-                                                                  "maxNumSeqs"), required=True)
+        bf = r.fields(b, join(f.field("backends"), j), BACKEND_KEYS, required=True)
         if bf.node is None:
             continue
         b_name = bf.unique_name(known.names, "backend")
