@@ -205,7 +205,9 @@ workloads with every engine run by priority:
   first come first served would have prefilled them before it.
 `tests/test_simulate_scenarios.py` keeps `seq-cap` and `azure-conv` with engines run by
 priority at P0 ≥ 0.99 at seeds 1–3, with at least 0.98 of the goodput of first come first
-served engines.
+served engines, and `seq-cap` with first come first served engines and the policy stating
+their sequence cap (a pool's `maxNumSeqs: 16`, docs/policy.md): its P0 misses come in the
+first seconds, before the cap (which vLLM does not export) is seen binding.
 
 ## Format
 
