@@ -1104,11 +1104,11 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
                                                "seed 2: P1 attainment", "seed 3: P0 attainment"),
     # Code completion on two small engines behind three replicas, P1 and P2 jumping 11x at each
     # minute: 0.933 / 0.943 / 0.915 of static:4 / 4 / 3. At seed 3 adaptive preempts 84 times
-    # against static:3's 17 and serves 55 P2 requests in time against 88: from 13 s on, its
-    # limit swings each window between an increase (up to +31 %: a replica under its share
-    # grows faster) and a cut for pressure, 22,000-37,000 tokens on two engines of 16,384, with
-    # the engines' KV at 0.5-0.98. P0 0.989 / 0.941 / 0.977; no fixed limit keeps it at seeds 1
-    # and 2.
+    # against static:3's 17 and serves 55 P2 requests in time against 88. From 13 s on, the three
+    # replicas' limits, summed, swing from second to second between 22,000 and 37,000 tokens
+    # (two engines of 16,384; one replica's steps alternate between increase and pressure), and
+    # the engines' KV between 0.5 and 0.98. P0 0.989 / 0.941 / 0.977; no fixed limit keeps it at
+    # seeds 1 and 2.
     "holdout-b58-code-cron-minutes-small2-gw3-3x": ("seed 1: adaptive", "seed 1: P0 attainment",
                                                     "seed 2: adaptive", "seed 2: P0 attainment",
                                                     "seed 3: adaptive", "seed 3: P0 attainment"),
