@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class DropPolicy(enum.Enum):
@@ -148,22 +149,21 @@ class PoolSpec:
     max_num_seqs: int | None = None
 
     @functools.cached_property
-    def stated_capacities(self) -> dict[str, float]:
-        """Backend name → the KV capacity its policy entry states (those that state one)."""
-        return {b.name: b.kv_capacity_tokens for b in self.backends
-                if b.kv_capacity_tokens is not None}
+    def _backends_by_name(self) -> dict[str, BackendSpec]:
+        return {b.name: b for b in self.backends}
+
+    def _stated(self, backend: str, key: str) -> Any:
+        """What the policy states of `backend` (`key` of its entry, else of its pool's)."""
+        own = getattr(self._backends_by_name.get(backend), key, None)
+        return getattr(self, key) if own is None else own
 
     def stated_capacity(self, backend: str) -> float | None:
         """The KV capacity the policy states for `backend` (its own, else its pool's)."""
-        return self.stated_capacities.get(backend, self.kv_capacity_tokens)
-
-    @functools.cached_property
-    def _stated_seqs(self) -> dict[str, int]:
-        return {b.name: b.max_num_seqs for b in self.backends if b.max_num_seqs is not None}
+        return self._stated(backend, "kv_capacity_tokens")
 
     def stated_max_num_seqs(self, backend: str) -> int | None:
         """The sequence cap the policy states for `backend` (its own, else its pool's)."""
-        return self._stated_seqs.get(backend, self.max_num_seqs)
+        return self._stated(backend, "max_num_seqs")
 
 
 @dataclass(frozen=True)
