@@ -1110,7 +1110,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # the engines' KV between 0.5 and 0.98. P0 0.989 / 0.941 / 0.977; no fixed limit keeps it at
     # seeds 1 and 2. Not a grid artifact: at timing draws 1 and 2, 0.82-0.96. Measured, not
     # kept: for 30 s after a cut an increase stops at the level cut from (0.93 / 0.99 / 0.98
-    # here, but goodput -2.2 % over every ordinary run; docs/design.md, "The control law").
+    # here, but goodput -2.2 % over every ordinary run; for replicas of several only, stop 67,
+    # 14 P0 targets met and 13 goodput and do-no-harm targets lost over the 109 held-out files
+    # with several replicas; docs/design.md, "The control law").
     "holdout-b58-code-cron-minutes-small2-gw3-3x": ("seed 1: adaptive", "seed 1: P0 attainment",
                                                     "seed 2: adaptive", "seed 2: P0 attainment",
                                                     "seed 3: adaptive", "seed 3: P0 attainment"),
