@@ -1139,7 +1139,8 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # Batch 59 (eight files written at stop 67 by a helper that had not read the controller,
     # judged as they stood at 23e97ea with `simulate --judge`): heavytail-tutor-small3-2.5x,
     # p1-flood-synthdata-h100x2-gw2, seqcap-prio-small6-seq4-gw2-2x and
-    # slow3x-powercap-h100x2-gw3-1.5x meet every target at seeds 1-3. None was traced.
+    # slow3x-powercap-h100x2-gw3-1.5x meet every target at seeds 1-3. None of the misses was
+    # traced; the first was looked at.
     # Do no harm on four medium engines behind four replicas, code review on/off at 0.63-0.65x:
     # P1 0.972 / 0.971 against `none`'s 1.000 at seeds 1-2 (goodput 0.986 / 0.982 x none).
     # Seed 1, looked at: in the on-spells (16-35 s) the pool's KV sits at the 0.8 target, the
