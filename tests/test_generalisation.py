@@ -12,7 +12,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (224: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (232: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -1166,6 +1166,27 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # serves 0.759 and 0.800 of the best at seeds 2 and 3.
     "holdout-b59-code-twooffice-tiny5-gw2-1x": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                                                 "seed 3: P0 attainment"),
+    # Batch 60 (eight files written at stop 68 by a helper that had not read the controller,
+    # judged as they stood at f71388e with `simulate --judge`): calm-teams-onoff-h100x3-gw2,
+    # heavytail-timeout-medium6-gw2-2.5x, p1-flood-prefill-medium5-gw3,
+    # seqcap-onoff-h100x4-seq8-gw3-2x and slow3x-stagger-small8-cancel-1.5x meet every
+    # target at seeds 1-3. Looked at, not traced further:
+    # Do no harm on eight medium engines behind four replicas at 0.67-0.73x, two P1 tenants
+    # with a 20 s client deadline: one more P1 request than under `none` reaches its deadline
+    # before its answer ends (seed 1: 5 against 4 of 1,369; 0.996 against 0.997), and one at
+    # seed 2 (0.999 against 0.999).
+    "holdout-b60-calm-steady-medium8-gw4-deadline": ("seed 1: P1 attainment",
+                                                     "seed 2: P1 attainment"),
+    # Code completion at 3x on seven tiny engines, P0 on and off with the bursts: P0 0.966 /
+    # 0.993 / 0.989, every miss TTFT inside an engine with no gateway wait (seed 1: prompts of
+    # 1,200-3,200 tokens, TTFT 2.0-4.2 s), as on holdout-b59-code-twooffice-tiny5-gw2-1x. The
+    # best fixed limit keeping P0 at seed 1 (static:4) serves 0.669 of the best.
+    "holdout-b60-code-minutes-tiny7-p0onoff-3x": ("seed 1: P0 attainment",
+                                                  "seed 3: P0 attainment"),
+    # Code completion at 1x on two small engines that schedule by priority, behind four
+    # replicas: P0 0.985 at seed 1, one answer of 14 tokens decoded beside prefill chunks
+    # (TPOT 0.165 s against 0.15).
+    "holdout-b60-code-onoff-small2-gw4-prio-deadline-1x": ("seed 1: P0 attainment",),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
