@@ -302,6 +302,24 @@ def test_each_target_is_judged_only_where_the_scenario_expects_it():
         "seed 1: P1 attainment 0.980 (< 0.99): 1 dropped, 2 ttft_backend, 1 tpot"]
 
 
+def test_the_judge_says_what_to_try_for_how_the_top_class_was_late():
+    """A miss of the top class inside the engines or on its TPOT is out of the limit's reach:
+    the judge names the engine setting an operator can try, once per kind, and the docs it
+    points to say it. A class below `none`'s (do no harm) gets none."""
+    from llmvalve.sim.targets import HINTS, hints
+
+    found = ["seed 1: P0 attainment 0.980 (< 0.99): 1 tpot",
+             "seed 2: P0 attainment 0.970 (< 0.99): 2 ttft_backend, 1 tpot",
+             "seed 2: P1 attainment 0.900 below none's 0.950"]
+    assert hints(found) == [HINTS["tpot"], HINTS["ttft_backend"]]
+    assert hints(found[:1]) == [HINTS["tpot"]]
+    assert hints(found[2:]) == []
+    assert hints(["seed 1: P0 attainment 0.980 (< 0.99): 1 dropped"]) == []
+    docs = Path(__file__).parent.parent / "docs"
+    assert "**If P0 misses its TPOT on short answers.**" in (docs / "deployment.md").read_text()
+    assert "| `maxNumSeqs` (of the pool) |" in (docs / "policy.md").read_text()
+
+
 CANCELS = ("name: p0-cancels\nduration: 20s\nbackends: {count: 1, profile: small}\n"
            "oracleSweep: [4, 16]\nexpect: {p0WithinShare: true}\nclasses:\n"
            "  - {name: chat, priority: 0, tenant: app, rate: 2, prompt: {mean: 200},"

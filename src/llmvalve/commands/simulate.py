@@ -196,7 +196,7 @@ def _judge(sc, seeds: list[int], args: argparse.Namespace) -> tuple[dict, str]: 
     several timing draws (`args.draws`), each draw's under `draws` and every miss named by
     its draw."""
     from llmvalve.sim.runner import simulate_seeds
-    from llmvalve.sim.targets import JUDGED, figures, misses, report
+    from llmvalve.sim.targets import JUDGED, figures, hints, misses, report
 
     judged = {}
     for k in args.draws:
@@ -207,20 +207,24 @@ def _judge(sc, seeds: list[int], args: argparse.Namespace) -> tuple[dict, str]: 
         judged[k] = (runs, misses(sc, runs))
     if len(judged) == 1:
         runs, found = judged[args.draws[0]]
-        doc = {"scenario": sc.name, "expect": sc.extra, "misses": found, "seeds": figures(runs)}
+        doc = {"scenario": sc.name, "expect": sc.extra, "misses": found,
+               "hints": hints(found), "seeds": figures(runs)}
         return doc, report(sc, runs, found)
+    every = [m for _, found in judged.values() for m in found]
     doc = {"scenario": sc.name, "expect": sc.extra,
            "misses": [f"timing draw {k}, {m}" for k, (_, found) in judged.items()
                       for m in found],
+           "hints": hints(every),
            "draws": {str(k): {"misses": found, "seeds": figures(runs)}
                      for k, (runs, found) in judged.items()}}
     lines = []
     for k, (runs, found) in judged.items():
-        head, body = report(sc, runs, found).split("\n", 1)  # the targets' line, alike
+        head, body = report(sc, runs, found, advise=False).split("\n", 1)  # alike
         lines += [f"timing draw {k}{' (the fixed grid)' if k == 0 else ''}:", body]
     missed_at = [k for k, (_, found) in judged.items() if found]
     lines.append(f"targets missed at {len(missed_at)} of {len(judged)} timing draws"
                  + (f" ({', '.join(map(str, missed_at))})" if missed_at else ""))
+    lines += [f"try: {h}" for h in doc["hints"]]
     return doc, "\n".join([head, *lines])
 
 

@@ -383,7 +383,9 @@ fixed limit and `none`, prints every target missed, by seed, and exits 1 if one 
 written (a file that does not load stops it before anything runs), and ends with how many
 met every target and how many targets were missed. Where the best fixed limit by goodput
 gives P0 up, it names the best that keeps it, or says that none of the sweep does: there the
-two targets conflict for every fixed limit. tests/test_generalisation.py judges every
+two targets conflict for every fixed limit. Where the top class was late inside the engines
+or on its TPOT, out of the limit's reach, a `try:` line names the engine setting to try and
+the page that measures it (`hints` in the JSON). tests/test_generalisation.py judges every
 built-in so (`fleet`, 64 engines, only with `LLMVALVE_ISSUE10_FULL=1`).
 
 The judge runs on the simulator's fixed grid: each gateway's scrapes at a fixed phase, the

@@ -24,6 +24,19 @@ P0_ATTAINMENT = 0.99  # where P0's demand stays within its reserved share (expec
 NO_HARM_GOODPUT = 0.98  # low load (expect.doNoHarm): adaptive ≥ 0.98 × none, and no class worse
 JUDGED = ("none", "adaptive")  # the runs each seed needs, besides the oracle sweep
 
+# What an operator can try where P0 misses in a way the gateway's limit does not reach, by how
+# its requests were late (sim/report.py `late`): the judge prints each that applies.
+HINTS = {
+    "tpot": "P0 answers decoded slower than their TPOT objective, most often short ones in "
+            "steps shared with other requests' prefill chunks: smaller chunks on the engines "
+            "(vLLM's --max-num-batched-tokens; a scenario backend's maxBatchedTokens) trade "
+            "some goodput for them (docs/deployment.md, \"If P0 misses its TPOT on short "
+            "answers\")",
+    "ttft_backend": "P0 requests waited inside the engines: where the engines' --max-num-seqs "
+                    "binds before their KV cache, state it in the policy (pools[].maxNumSeqs, "
+                    "docs/policy.md); the gateway then sends nothing past it",
+}
+
 
 def misses(sc: Scenario, runs: dict[str, dict]) -> list[str]:
     """Every target missed, one line each, by seed (empty: all met). `runs`: per seed, a
@@ -78,9 +91,9 @@ def figures(runs: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def report(sc: Scenario, runs: dict[str, dict], found: list[str]) -> str:
+def report(sc: Scenario, runs: dict[str, dict], found: list[str], advise: bool = True) -> str:
     """The judgement as `simulate --judge` prints it: the targets that apply, each seed's
-    figures, and every target missed (`found`, from `misses`)."""
+    figures, every target missed (`found`, from `misses`) and, with `advise`, its hints."""
     p0, harm = sc.extra.get("p0WithinShare"), sc.extra.get("doNoHarm")
     lines = [f"targets of {sc.name}: adaptive >= {VS_BEST_FIXED} x max(best fixed limit, none)"
              + (f"; P0 attainment >= {P0_ATTAINMENT} (p0WithinShare)" if p0 else "")
@@ -98,4 +111,13 @@ def report(sc: Scenario, runs: dict[str, dict], found: list[str]) -> str:
                      f"{kept['goodput_tok_s'] / fixed_gp:.3f} of the best's goodput")
         lines.append(line)
     lines += [f"missed: {m}" for m in found] or ["every target met"]
+    if advise:
+        lines += [f"try: {h}" for h in hints(found)]
     return "\n".join(lines)
+
+
+def hints(found: list[str]) -> list[str]:
+    """What an operator can try (`HINTS`), for each way the top class's requests were late
+    in the misses `found`."""
+    top = [m for m in found if f"(< {P0_ATTAINMENT})" in m]
+    return [hint for late, hint in HINTS.items() if any(f" {late}" in m for m in top)]
