@@ -318,6 +318,8 @@ def test_the_judge_says_what_to_try_for_how_the_top_class_was_late():
     docs = Path(__file__).parent.parent / "docs"
     assert "**If P0 misses its TPOT on short answers.**" in (docs / "deployment.md").read_text()
     assert "| `maxNumSeqs` (of the pool) |" in (docs / "policy.md").read_text()
+    assert all("### Engine priority" in (docs / page).read_text()
+               for page in ("policy.md", "scenarios.md"))
 
 
 CANCELS = ("name: p0-cancels\nduration: 20s\nbackends: {count: 1, profile: small}\n"

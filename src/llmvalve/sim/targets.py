@@ -32,9 +32,12 @@ HINTS = {
             "(vLLM's --max-num-batched-tokens; a scenario backend's maxBatchedTokens) trade "
             "some goodput for them (docs/deployment.md, \"If P0 misses its TPOT on short "
             "answers\")",
-    "ttft_backend": "P0 requests waited inside the engines: where the engines' --max-num-seqs "
-                    "binds before their KV cache, state it in the policy (pools[].maxNumSeqs, "
-                    "docs/policy.md); the gateway then sends nothing past it",
+    "ttft_backend": "P0 requests waited inside the engines: engines run by priority (vLLM's "
+                    "--scheduling-policy priority with the pool's enginePriority; a scenario "
+                    "backend's schedulingPolicy) prefill them first (\"Engine priority\" in "
+                    "docs/policy.md, measured in docs/scenarios.md); where the engines' "
+                    "--max-num-seqs binds before their KV cache, state it in the policy too "
+                    "(pools[].maxNumSeqs)",
 }
 
 
