@@ -209,7 +209,7 @@ def _judge(sc, seeds: list[int], args: argparse.Namespace) -> tuple[dict, str]: 
         runs, found = judged[args.draws[0]]
         doc = {"scenario": sc.name, "expect": sc.extra, "misses": found,
                "hints": hints(found), "seeds": figures(runs)}
-        return doc, report(sc, runs, found)
+        return doc, "\n".join([report(sc, runs, found), *_tries(doc)])
     every = [m for _, found in judged.values() for m in found]
     doc = {"scenario": sc.name, "expect": sc.extra,
            "misses": [f"timing draw {k}, {m}" for k, (_, found) in judged.items()
@@ -219,13 +219,17 @@ def _judge(sc, seeds: list[int], args: argparse.Namespace) -> tuple[dict, str]: 
                      for k, (runs, found) in judged.items()}}
     lines = []
     for k, (runs, found) in judged.items():
-        head, body = report(sc, runs, found, advise=False).split("\n", 1)  # alike
+        head, body = report(sc, runs, found).split("\n", 1)  # the targets' line, alike
         lines += [f"timing draw {k}{' (the fixed grid)' if k == 0 else ''}:", body]
     missed_at = [k for k, (_, found) in judged.items() if found]
     lines.append(f"targets missed at {len(missed_at)} of {len(judged)} timing draws"
                  + (f" ({', '.join(map(str, missed_at))})" if missed_at else ""))
-    lines += [f"try: {h}" for h in doc["hints"]]
-    return doc, "\n".join([head, *lines])
+    return doc, "\n".join([head, *lines, *_tries(doc)])
+
+
+def _tries(doc: dict) -> list[str]:
+    """The judge's hints (sim/targets.py `HINTS`), a line each."""
+    return [f"try: {h}" for h in doc["hints"]]
 
 
 def _judge_folder(folder: Path, args: argparse.Namespace) -> int:

@@ -94,9 +94,9 @@ def figures(runs: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def report(sc: Scenario, runs: dict[str, dict], found: list[str], advise: bool = True) -> str:
+def report(sc: Scenario, runs: dict[str, dict], found: list[str]) -> str:
     """The judgement as `simulate --judge` prints it: the targets that apply, each seed's
-    figures, every target missed (`found`, from `misses`) and, with `advise`, its hints."""
+    figures, and every target missed (`found`, from `misses`)."""
     p0, harm = sc.extra.get("p0WithinShare"), sc.extra.get("doNoHarm")
     lines = [f"targets of {sc.name}: adaptive >= {VS_BEST_FIXED} x max(best fixed limit, none)"
              + (f"; P0 attainment >= {P0_ATTAINMENT} (p0WithinShare)" if p0 else "")
@@ -114,8 +114,6 @@ def report(sc: Scenario, runs: dict[str, dict], found: list[str], advise: bool =
                      f"{kept['goodput_tok_s'] / fixed_gp:.3f} of the best's goodput")
         lines.append(line)
     lines += [f"missed: {m}" for m in found] or ["every target met"]
-    if advise:
-        lines += [f"try: {h}" for h in hints(found)]
     return "\n".join(lines)
 
 
