@@ -12,7 +12,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (232: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (240: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -1187,6 +1187,29 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # replicas: P0 0.985 at seed 1, one answer of 14 tokens decoded beside prefill chunks
     # (TPOT 0.165 s against 0.15).
     "holdout-b60-code-onoff-small2-gw4-prio-deadline-1x": ("seed 1: P0 attainment",),
+    # Batch 61 (eight files written at stop 68 by a helper that had not read the controller,
+    # judged as they stood at 2ddbf57 with `simulate --judge`): code-trace-medium2-gw3-1x,
+    # heavytail-prio-h100x2-2.5x, p1-flood-vs-bursty-small7-gw2, seqcap-hog-medium8-seq16-2x
+    # and slow3x-all-tiny5-gw4-prio-straggler-1.5x meet every target at seeds 1-3.
+    # Do no harm on three pools of mixed engines (one H100, two medium, two tiny) behind two
+    # replicas at 0.64x: P1 0.999 against `none`'s 1.000 at every seed. Not traced.
+    "holdout-b61-calm-mixedprofiles-3pools-gw2": ("seed 1: P1 attainment",
+                                                  "seed 2: P1 attainment",
+                                                  "seed 3: P1 attainment"),
+    # Do no harm on six small engines at 0.54-0.69x, two P1 notebook tenants bursting to
+    # 1.5-1.7x for 3-10 s with retries: 0.957 / 0.993 / 0.926 x none, P1 0.922 / 0.988 / 0.799
+    # against 0.981 / 1.000 / 0.889. Looked at (seed 3): adaptive preempts nothing, holds about
+    # 88 requests in flight (6.4 s each) with ~100 P1 queued, and 145 P1 requests are late in
+    # the gateway's queue and 88 on a retry; `none` preempts 178 times and is late on 129,
+    # inside the engines. Not traced further.
+    "holdout-b61-calm-runall-bursts-small6": ("seed 1: adaptive", "seed 1: P1 attainment",
+                                              "seed 2: P1 attainment", "seed 3: adaptive",
+                                              "seed 3: P1 attainment"),
+    # Code completion at 3x on five small engines, P0 with a 6 s deadline, a quarter of P1
+    # cancelled by its clients: P0 0.989 / 0.985 at seeds 1-2, TTFT inside an engine and one
+    # TPOT each. Not traced.
+    "holdout-b61-code-deadline-cancel-small5-3x": ("seed 1: P0 attainment",
+                                                   "seed 2: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
