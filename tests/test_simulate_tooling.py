@@ -305,7 +305,7 @@ def test_each_target_is_judged_only_where_the_scenario_expects_it():
 def test_the_judge_says_what_to_try_for_how_the_top_class_was_late():
     """A miss of the top class inside the engines or on its TPOT is out of the limit's reach:
     the judge names the engine setting an operator can try, once per kind, and the docs it
-    points to say it. A class below `none`'s (do no harm) gets none."""
+    points to say it. A class below `none`'s (do no harm) gets no line."""
     from llmvalve.sim.targets import HINTS, hints
 
     found = ["seed 1: P0 attainment 0.980 (< 0.99): 1 tpot",

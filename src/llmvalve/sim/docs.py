@@ -203,6 +203,7 @@ workloads with every engine run by priority:
   (0.972, 0.978). These are TPOT misses of P0 answers of 2–7 tokens. A P0 prompt that jumps
   the engine's queue is then decoded beside the prefill chunks of the prompts it jumped, where
   first come first served would have prefilled them before it.
+
 Measured again at stop 68 on the twelve held-out workloads whose P0 waited inside the engines
 most (tiny and small engines under code completion and long prompts, a sequence cap of six,
 engines slowed 3x), and on batch 60's code completion on seven tiny engines, at seeds 1–3 (39
@@ -210,6 +211,7 @@ runs): P0 requests late inside the engines 154 → 15, all P0 misses 314 → 167
 both times); P0 met at 0.99 in 20 runs, against 7 first come first served. Goodput +0.4 % on
 average, within 3.3 % of the same run's but in one: `holdout-longgen-kv` s3 −12 % (P0 0.956
 → 1.000). That is why `simulate --judge` names it where P0 was late inside the engines.
+
 `tests/test_simulate_scenarios.py` keeps `seq-cap` and `azure-conv` with engines run by
 priority at P0 ≥ 0.99 at seeds 1–3, with at least 0.98 of the goodput of first come first
 served engines, and `seq-cap` with first come first served engines and the policy stating
