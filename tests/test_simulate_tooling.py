@@ -304,17 +304,26 @@ def test_each_target_is_judged_only_where_the_scenario_expects_it():
 
 def test_the_judge_says_what_to_try_for_how_the_top_class_was_late():
     """A miss of the top class inside the engines or on its TPOT is out of the limit's reach:
-    the judge names the engine setting an operator can try, once per kind, and the docs it
-    points to say it. A class below `none`'s (do no harm) gets no line."""
+    the judge names the engine setting an operator can try, once per kind over every seed
+    and draw, and the docs it points to say it. Nothing where the top class met its target
+    or its scenario does not hold it to one, nor for other kinds of lateness."""
     from llmvalve.sim.targets import HINTS, hints
 
-    found = ["seed 1: P0 attainment 0.980 (< 0.99): 1 tpot",
-             "seed 2: P0 attainment 0.970 (< 0.99): 2 ttft_backend, 1 tpot",
-             "seed 2: P1 attainment 0.900 below none's 0.950"]
-    assert hints(found) == [HINTS["tpot"], HINTS["ttft_backend"]]
-    assert hints(found[:1]) == [HINTS["tpot"]]
-    assert hints(found[2:]) == []
-    assert hints(["seed 1: P0 attainment 0.980 (< 0.99): 1 dropped"]) == []
+    def seed(p0: float, **late: int) -> dict:
+        r = _judged(1.0, 1.0, {"0": p0, "1": 0.9}, {"0": 1.0, "1": 0.95})
+        r["controllers"]["adaptive"]["classes"]["0"]["late"] = {
+            "ttft_retried": 0, "ttft_queued": 0, "ttft_backend": 0, "tpot": 0, **late}
+        return r
+
+    sc = replace(load_scenario("steady"), extra={"p0WithinShare": True, "doNoHarm": True})
+    tpot = {"1": seed(0.98, tpot=1)}
+    both = {"1": seed(0.98, tpot=1), "2": seed(0.97, ttft_backend=2, tpot=1)}
+    assert hints(sc, tpot) == [HINTS["tpot"]]
+    assert hints(sc, both) == hints(sc, tpot, {"1": seed(0.98, ttft_backend=1)}) == [
+        HINTS["tpot"], HINTS["ttft_backend"]]
+    assert hints(sc, {"1": seed(0.995, tpot=1)}) == []  # met: a TPOT miss is within 0.99
+    assert hints(replace(sc, extra={"doNoHarm": True}), both) == []
+    assert hints(sc, {"1": seed(0.98, ttft_queued=2, ttft_retried=1)}) == []
     docs = Path(__file__).parent.parent / "docs"
     assert "**If P0 misses its TPOT on short answers.**" in (docs / "deployment.md").read_text()
     assert "| `maxNumSeqs` (of the pool) |" in (docs / "policy.md").read_text()

@@ -208,13 +208,12 @@ def _judge(sc, seeds: list[int], args: argparse.Namespace) -> tuple[dict, str]: 
     if len(judged) == 1:
         runs, found = judged[args.draws[0]]
         doc = {"scenario": sc.name, "expect": sc.extra, "misses": found,
-               "hints": hints(found), "seeds": figures(runs)}
+               "hints": hints(sc, runs), "seeds": figures(runs)}
         return doc, "\n".join([report(sc, runs, found), *_tries(doc)])
-    every = [m for _, found in judged.values() for m in found]
     doc = {"scenario": sc.name, "expect": sc.extra,
            "misses": [f"timing draw {k}, {m}" for k, (_, found) in judged.items()
                       for m in found],
-           "hints": hints(every),
+           "hints": hints(sc, *(runs for runs, _ in judged.values())),
            "draws": {str(k): {"misses": found, "seeds": figures(runs)}
                      for k, (runs, found) in judged.items()}}
     lines = []

@@ -50,11 +50,11 @@ def misses(sc: Scenario, runs: dict[str, dict]) -> list[str]:
         ratio = r["vs_oracle"]["adaptive"]["fixed"]
         if ratio < VS_BEST_FIXED:
             out.append(f"seed {seed}: adaptive {ratio:.3f} x best fixed (< {VS_BEST_FIXED})")
-        top = min(a["classes"], key=int)  # P0: the policy's highest class
-        p0 = a["classes"][top]["slo_attainment"]
-        if sc.extra.get("p0WithinShare") and p0 < P0_ATTAINMENT:
-            out.append(f"seed {seed}: P{top} attainment {p0:.3f} (< {P0_ATTAINMENT})"
-                       + _how_missed(a["classes"][top]))
+        top = _top_missed(sc, a)
+        if top is not None:
+            p, c = top
+            out.append(f"seed {seed}: P{p} attainment {c['slo_attainment']:.3f} "
+                       f"(< {P0_ATTAINMENT})" + _how_missed(c))
         if sc.extra.get("doNoHarm"):
             vs_none = r["vs_oracle"]["adaptive"]["none"]
             if vs_none < NO_HARM_GOODPUT:
@@ -64,6 +64,16 @@ def misses(sc: Scenario, runs: dict[str, dict]) -> list[str]:
                     out.append(f"seed {seed}: P{p} attainment {c['slo_attainment']:.3f} below "
                                f"none's {none['classes'][p]['slo_attainment']:.3f}")
     return out
+
+
+def _top_missed(sc: Scenario, adaptive: dict) -> tuple[str, dict] | None:
+    """The top class (P0: the policy's highest) and its results, where the scenario holds it
+    to P0_ATTAINMENT and `adaptive` misses that."""
+    top = min(adaptive["classes"], key=int)
+    c = adaptive["classes"][top]
+    if sc.extra.get("p0WithinShare") and c["slo_attainment"] < P0_ATTAINMENT:
+        return top, c
+    return None
 
 
 def _how_missed(c: dict) -> str:
@@ -117,8 +127,14 @@ def report(sc: Scenario, runs: dict[str, dict], found: list[str]) -> str:
     return "\n".join(lines)
 
 
-def hints(found: list[str]) -> list[str]:
-    """What an operator can try (`HINTS`), for each way the top class's requests were late
-    in the misses `found`."""
-    top = [m for m in found if f"(< {P0_ATTAINMENT})" in m]
-    return [hint for late, hint in HINTS.items() if any(f" {late}" in m for m in top)]
+def hints(sc: Scenario, *judged: dict[str, dict]) -> list[str]:
+    """What an operator can try (`HINTS`), once for each way the top class's requests were
+    late where it missed its target, over every seed of each of `judged` (`runs` as
+    `misses` takes them, one per timing draw)."""
+    late = set()
+    for runs in judged:
+        for r in runs.values():
+            top = _top_missed(sc, r["controllers"]["adaptive"])
+            if top is not None:
+                late |= {k for k, n in top[1].get("late", {}).items() if n}
+    return [hint for kind, hint in HINTS.items() if kind in late]
