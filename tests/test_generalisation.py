@@ -12,7 +12,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (240: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (256: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -1220,6 +1220,56 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # TPOT each. Not traced.
     "holdout-b61-code-deadline-cancel-small5-3x": ("seed 1: P0 attainment",
                                                    "seed 2: P0 attainment"),
+    # Batch 62 (eight files written at stop 69 by a helper that had not read the controller,
+    # judged as they stood at 32c0f0d with `simulate --judge`): calm-eagerretry-small4-gw2,
+    # heavytail-reasoning-stopbutton-small5-gw2-2.5x, seqcap-tpotguard-h100x3-seq48-gw2-2x and
+    # slow3x-four-of-medium5-gw3-retry-1.5x meet every target at seeds 1-3. Not traced:
+    # A Monday-morning ramp on two medium engines behind four replicas at 0.62-0.67x, P0 with
+    # a 15 s client deadline: P0 0.922 / 0.884 / 0.928, every miss a request its client
+    # cancelled at the deadline; `none` 0.930 / 0.901 / 0.932, and no fixed limit of the sweep
+    # keeps P0 either.
+    "holdout-b62-calm-morningwave-medium2-gw4": ("seed 1: P0 attainment",
+                                                 "seed 2: P0 attainment",
+                                                 "seed 3: P0 attainment"),
+    # Code completion at 3x on four medium engines behind four replicas, P1 and P2 retrying
+    # every refusal at once: P0 0.936 / 0.947 / 0.950, every miss a TPOT (short answers beside
+    # prefill chunks), and 0.937 of the best fixed limit at seed 2.
+    "holdout-b62-code-3x-medium4-gw4-immediate-retry": ("seed 1: P0 attainment",
+                                                        "seed 2: adaptive",
+                                                        "seed 2: P0 attainment",
+                                                        "seed 3: P0 attainment"),
+    # Inline completion and next-edit suggestions at 1x on three small engines behind two
+    # replicas: P0 0.985 / 0.972 / 0.980, TPOT beside prefill chunks (2-4 a seed) and one
+    # TTFT inside an engine at seeds 2-3.
+    "holdout-b62-code-inline-nextedit-small3-gw2-1x": ("seed 1: P0 attainment",
+                                                       "seed 2: P0 attainment",
+                                                       "seed 3: P0 attainment"),
+    # One tenant's agent loop flooding P1 at 10x its share on two H100s behind three replicas,
+    # the steady P1 tenants with 20 s deadlines: 0.870 / 0.847 / 0.861 of the best fixed limit
+    # (static:96-128), P0 1.000. The largest goodput miss of the batch; not traced.
+    "holdout-b62-p1-flood-agentloop-h100x2-gw3": ("seed 1: adaptive", "seed 2: adaptive",
+                                                  "seed 3: adaptive"),
+    # Batch 63 (eight files written at stop 69 by a second helper, judged the same way):
+    # calm-rag-mixedcards-medium4-gw2, p1-flood-pulse20s-small6-gw3,
+    # seqcap-medium4-halfkv-seq24-gw3-2x and slow3x-two-of-three-pools-gw2-1.5x meet every
+    # target at seeds 1-3. Not traced:
+    # Do no harm for chat in waves with cancellations on three small engines behind four
+    # replicas at 0.63-0.72x: P1 0.928 / 0.985 against `none`'s 0.950 / 0.990 at seeds 1-2.
+    "holdout-b63-calm-chat-cancel-bursty-small3-gw4": ("seed 1: P1 attainment",
+                                                       "seed 2: P1 attainment"),
+    # Code completion at 1x on eight tiny engines behind four replicas: P0 0.909 / 0.867 /
+    # 0.900, TTFT inside the engines (prompts of ~2,200 tokens on engines of 4,096 KV tokens),
+    # as on holdout-b60-code-minutes-tiny7-p0onoff-3x; no fixed limit of the sweep keeps P0.
+    "holdout-b63-code-onoff-tiny8-gw4-1x": ("seed 1: P0 attainment", "seed 2: P0 attainment",
+                                            "seed 3: P0 attainment"),
+    # Two products' code completion at 3x on three medium engines behind two replicas: P0
+    # 0.947 / 0.967 / 0.973, every miss a TPOT beside prefill chunks.
+    "holdout-b63-code-twoapps-medium3-gw2-3x": ("seed 1: P0 attainment",
+                                                "seed 2: P0 attainment",
+                                                "seed 3: P0 attainment"),
+    # Heavy-tailed answers at 2.5x on two H100s behind two replicas, P1 deadlines: 0.945 of
+    # the best fixed limit (static:192) at seed 2.
+    "holdout-b63-heavytail-deadline-h100x2-gw2-2.5x": ("seed 2: adaptive",),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
