@@ -1221,7 +1221,7 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     "holdout-b61-code-deadline-cancel-small5-3x": ("seed 1: P0 attainment",
                                                    "seed 2: P0 attainment"),
     # Batch 62 (eight files written at stop 69 by a helper that had not read the controller,
-    # judged as they stood at 32c0f0d with `simulate --judge`): calm-eagerretry-small4-gw2,
+    # judged as they stood at cda6b58 with `simulate --judge`): calm-eagerretry-small4-gw2,
     # heavytail-reasoning-stopbutton-small5-gw2-2.5x, seqcap-tpotguard-h100x3-seq48-gw2-2x and
     # slow3x-four-of-medium5-gw3-retry-1.5x meet every target at seeds 1-3. Not traced:
     # A Monday-morning ramp on two medium engines behind four replicas at 0.62-0.67x, P0 with
