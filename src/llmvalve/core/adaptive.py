@@ -107,6 +107,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from llmvalve.core.coprefill import CoPrefill
+from llmvalve.core.deadline_pace import DeadlinePace
 from llmvalve.core.policy import AdaptiveLimitSpec, Policy
 from llmvalve.core.types import BackendSnapshot, Outcome, Sample, Ticket
 
@@ -248,6 +249,7 @@ class AdaptiveLimit:
     unit = "tokens"
 
     def __init__(self, policy: Policy, now: float = 0.0, replica_share: float = 1.0) -> None:
+        self._pace = DeadlinePace(0.0)
         self.reconfigure(policy)
         s = self.spec
         self.backends: dict[str, _Backend] = {}
@@ -291,7 +293,8 @@ class AdaptiveLimit:
         ratio, epoch) carries over."""
         self.spec: AdaptiveLimitSpec = policy.limiter.adaptive
         s = self.spec
-        self.itl_target_s = s.itl_target_s or min(q.slo.tpot_s for q in policy.queues) * 0.8
+        self._pace.rebase(s.itl_target_s or min(q.slo.tpot_s for q in policy.queues) * 0.8)
+        self.itl_target_s = self._pace.target_s  # tighter while deadlines need it
         self.queue_target_s = s.queue_target_s or min(q.slo.ttft_s for q in policy.queues) / 4
         self._sat_cache: tuple[float, float, float] | None = None  # targets may have changed
         self._seq_cache: float | None = None
@@ -529,6 +532,11 @@ class AdaptiveLimit:
             self._set(self.limit() - ticket.cost_tokens, "drop")
 
     def on_sample(self, sample: Sample, ticket_epoch: int, now: float) -> None:
+        if (sample.outcome is not Outcome.DROPPED and sample.ttft_s is not None
+                and sample.sent_at is not None and sample.duration_s is not None):
+            self._pace.on_answer(sample.sent_at, sample.ttft_s, sample.duration_s,
+                                 sample.deadline, cut=sample.outcome is Outcome.IGNORE,
+                                 waited_s=sample.wait_s)
         if sample.outcome is not Outcome.SUCCESS or sample.ttft_s is None:
             return
         if not 0.0 < sample.ttft_s < math.inf:  # (NaN too) not a time to first token: one
@@ -630,6 +638,7 @@ class AdaptiveLimit:
             return self.limit()
         s = self.spec
         self._learn_cost_ratio(now, inflight)
+        self._judge_pace(now)
         r = self.pressure(now)
         self._last_pressure = r
         self._step(now, inflight, r)
@@ -639,6 +648,15 @@ class AdaptiveLimit:
         self._peak_inflight = inflight
         self._window_end = now + s.window_s
         return self.limit()
+
+    def _judge_pace(self, now: float) -> None:
+        """The ITL target clients' deadlines need (`core/deadline_pace.py`), from the pool's
+        share-weighted inter-token latency."""
+        live = [b for b in self._live(now) if b.snap.itl_mean_s is not None]
+        if live:
+            self._pace.on_itl(now, sum(w * b.snap.itl_mean_s for w, b in  # type: ignore[misc]
+                                       zip(self._weights(live), live, strict=True)))
+        self.itl_target_s = self._pace.judge(now)
 
     def _step(self, now: float, inflight: float, r: float) -> None:
         """The control law (see the module's docstring)."""
@@ -776,4 +794,5 @@ class AdaptiveLimit:
                 "pressure": self._last_pressure, "last_action": self._last_action,
                 "cost_per_kv_token": self._rho, "slow_backends": self._slow_cards,
                 "replica_share": self.replica_share, "held_share": self._held_share,
+                "itl_target_s": self.itl_target_s,
                 "max_requests": None if seqs == math.inf else seqs, "epoch": self.epoch}

@@ -294,7 +294,8 @@ class Admission:
         if top:
             pool.top_tickets.add(req.request_id)
         ticket = Ticket(req.request_id, pool.spec.name, req.priority, req.tenant, cost, now,
-                        pool.limit.epoch, backend, req.prompt_tokens, wait_s, req.answers)
+                        pool.limit.epoch, backend, req.prompt_tokens, wait_s, req.answers,
+                        req.deadline)
         pool.inflight += cost
         pool.inflight_by_class[req.priority] = pool.inflight_by_class.get(req.priority, 0) + cost
         # Tickets are kept in the order of admission, oldest first (`expired_leases` relies on
@@ -464,9 +465,12 @@ class Admission:
         pool.breaker.record(outcome, now, ticket.backend)
 
     def observe(self, sample: Sample, now: float, ticket_epoch: int | None = None) -> None:
-        """Per-request feedback (an access-log entry joined to its ticket), after release."""
+        """Per-request feedback (an access-log entry joined to its ticket), after release.
+        An IGNORE sample is an answer its client cut at its deadline: for the limiter's
+        deadline pace only (`core/deadline_pace.py`), not counted."""
         pool = self._pool(sample.pool)
-        pool.samples += 1
+        if sample.outcome is not Outcome.IGNORE:
+            pool.samples += 1
         if (sample.outcome is Outcome.SUCCESS and sample.duration_s is not None
                 and sample.answers):
             pool.answers.on_sample((sample.tenant, sample.priority),

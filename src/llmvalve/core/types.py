@@ -78,6 +78,7 @@ class Ticket:
     prompt_tokens: int = 0  # the gateway's estimate, joined to the access-log sample
     wait_s: float = 0.0  # how long it waited in the queue before admission
     answers: int = 1  # as its request (0: its route decodes none)
+    deadline: float | None = None  # the client's, as its request's
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,8 @@ class Sample:
     tenant: str = ""  # the ticket's class: its answer length is learned per class
     priority: int = 0
     answers: int = 1  # the ticket's: one that decodes none teaches no answer length
+    deadline: float | None = None  # the ticket's: its answer's pace is judged against it
+    wait_s: float = 0.0  # the ticket's: how long it waited at the gateway before `sent_at`
 
 
 class BackendSnapshot(NamedTuple):

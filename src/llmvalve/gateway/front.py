@@ -393,19 +393,26 @@ class Front:
         released = phase is Phase.OPEN
         if released:
             self._release(ticket, outcome, now, "access_log")
+        client_left = bool(entry.flags & CLIENT_LEFT)
+        # an answer its client cut, if it carried a deadline, tells the limiter of the pace
+        # that deadline needed (core/deadline_pace.py); no other IGNORE says anything
+        cut = outcome is Outcome.IGNORE and client_left and ticket.deadline is not None
         sample = None
-        if outcome is not Outcome.IGNORE:
+        if outcome is not Outcome.IGNORE or cut:
             sample = Sample(entry.check_id, ticket.pool, outcome,
                             ttft_s=entry.ttft_s if entry.streamed else None,
                             duration_s=entry.upstream_s, prompt_tokens=ticket.prompt_tokens,
                             backend=ticket.backend, sent_at=ticket.admitted_at,
                             tenant=ticket.tenant, priority=ticket.priority,
-                            answers=ticket.answers)
+                            answers=ticket.answers, deadline=ticket.deadline,
+                            wait_s=ticket.wait_s)
             self.admission.observe(sample, now, ticket.epoch)
+            if cut:
+                sample = None  # nothing for the rest: a cancellation is no latency
         rerouted = entry.check_id in self._rerouted
         self._rerouted.discard(entry.check_id)
         return Joined(ticket, outcome, sample, self._class_name(ticket.priority), released,
-                      bool(entry.flags & CLIENT_LEFT), entry.ttft_s, rerouted)
+                      client_left, entry.ttft_s, rerouted)
 
     def reclaim(self, now: float) -> list[Ticket]:
         """Release (DROPPED) tickets past their pool's lease timeout."""

@@ -1,0 +1,151 @@
+"""The decode pace clients' deadlines need: the limiter's inter-token latency target, tightened
+while answers that carry a deadline reach it mid-answer.
+
+The policy's ITL target (`itlTarget`, by default 0.8 of the tightest class's TPOT objective)
+says how fast every answer must decode. A client that sends a deadline
+(`requests.deadlineHeader`) says something the TPOT objective does not: its whole answer must
+have ended by then. An answer of 300 tokens decoded at a TPOT of 0.1 s meets a TPOT objective
+of 0.3 s and misses a 20 s deadline; the client cancels it, and every token of it was decoding
+spent for nothing (`holdout-b62-p1-flood-agentloop-h100x2-gw3`: 772 P1 answers cut at their
+20 s deadlines while the pool decoded at 0.101 s a token, within the 0.12 s target; held at
+0.06 s, 68).
+
+So each answer that carries a deadline and got its first token is judged when its access-log
+entry comes: the share of the time its deadline left after the first token that its decoding
+took (`ratio`), or, cut by its client at the deadline, more than all of it (censored). Every
+`SPAN_S` of such answers is judged once every one of them has ended (their deadlines have
+passed: `horizon`):
+  * more than `TOLERATED` of them cut → the target falls to the pace that would have cut
+    `TOLERATED` of them: the pool's mean inter-token latency while they decoded, times 1 / the
+    (1 − TOLERATED) quantile of the ratios. Above 1 that quantile is censored; the ratios are
+    taken as log-normal, their median read from the answers that ended and their spread from
+    the share cut (what lies past 1 is then the normal's tail). At most half the pool's latency
+    in one step, and never below `FLOOR` of the policy's target;
+  * at most half of `TOLERATED` cut → the target rises back (to the pace those ratios allow,
+    at least 10 % a step), never above the policy's;
+  * no such answers for `LAPSE_S` → the policy's target again.
+A step waits for answers sent after it: those sent before were decoded at the old pace.
+Answers the client cancelled before its deadline, or before its first token, teach nothing of
+the pace (a stop button, a queue), nor do those that did not stream (no first token seen).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from statistics import NormalDist
+
+TOLERATED = 0.01  # of the deadline answers cut, and of the pool's decoding spent on them
+MIN_CUT = 3  # fewer answers cut in a span are noise, whatever their share
+SPAN_S = 5.0  # answers sent within this span are judged together
+MIN_JUDGED = 20  # ... once there are at least this many that carry a deadline
+FLOOR = 0.5  # the target never tightens below this fraction of the policy's
+LAPSE_S = 60.0  # with no answer that carries a deadline for this long, the policy's target
+CUT_SLACK_S = 1.0  # an answer cut this close to its deadline was cut by it (clocks, rounding)
+ALS_GRACE_S = 2.0  # an access-log entry may come this long after its answer ended
+RELAX = 1.1  # the step back up
+
+
+class DeadlinePace:
+    def __init__(self, base_s: float) -> None:
+        self.base_s = base_s  # the policy's target
+        self.target_s = base_s
+        self.horizon_s = 0.0  # the longest deadline seen, from sending: all sent ≥ this ago ended
+        self._changed_at = -math.inf
+        self._last_seen = -math.inf
+        # (sent at, decode time, ratio: None without a deadline, inf cut), sent after the
+        # last step; answers without a deadline only once one with a deadline has been seen
+        self._ended: list[tuple[float, float, float | None]] = []
+        self._oldest = math.inf  # the earliest sent of them
+        self._itl: deque[tuple[float, float]] = deque()  # (at, the pool's mean ITL)
+
+    def rebase(self, base_s: float) -> None:
+        """A reloaded policy's target: what was learned is relative to the old one."""
+        if base_s != self.base_s:
+            self.base_s = self.target_s = base_s
+            self._changed_at = -math.inf
+            self._keep(math.inf)
+
+    def on_answer(self, sent_at: float, first_token_s: float, duration_s: float,
+                  deadline: float | None, cut: bool = False, waited_s: float = 0.0) -> None:
+        """An answer ended (`cut`: its client left); times from its sending (after it
+        `waited_s` at the gateway), `deadline` absolute, all on the control plane's clock."""
+        if sent_at < self._changed_at or (deadline is None and not self.horizon_s):
+            return
+        first = sent_at + first_token_s
+        end = sent_at + duration_s
+        ratio = None
+        if deadline is not None:
+            left = deadline - first
+            if left < (deadline - sent_at + waited_s) / 2 or (
+                    cut and end < deadline - CUT_SLACK_S):
+                return  # the wait's miss more than the pace's, or a stop button
+            self._last_seen = end
+            self.horizon_s = max(self.horizon_s, deadline - sent_at)
+            ratio = math.inf if cut else (end - first) / left
+        elif cut:
+            return
+        self._ended.append((sent_at, end - first, ratio))
+        self._oldest = min(self._oldest, sent_at)
+
+    def on_itl(self, now: float, itl_s: float) -> None:
+        """The pool's mean inter-token latency at `now` (one reading per limiter window)."""
+        self._itl.append((now, itl_s))
+        keep = now - self.horizon_s - 2 * SPAN_S - ALS_GRACE_S
+        while self._itl and self._itl[0][0] < keep:
+            self._itl.popleft()
+
+    def judge(self, now: float) -> float:
+        """The target as of `now` (a step when a span of answers is complete)."""
+        if self.target_s != self.base_s and now - self._last_seen > LAPSE_S:
+            self._step(self.base_s, now)
+        complete = now - self.horizon_s - ALS_GRACE_S  # every answer sent by then has ended
+        if complete - self._oldest < SPAN_S:
+            return self.target_s
+        judged = [e for e in self._ended if e[0] <= complete]
+        ratios = sorted(r for _, _, r in judged if r is not None)
+        if len(ratios) < MIN_JUDGED:
+            self._keep(complete - LAPSE_S)  # sparse: judged over a longer span, up to this
+            return self.target_s
+        self._keep(complete)
+        itl = self._mean_itl(min(e[0] for e in judged))
+        cuts = sum(r == math.inf for r in ratios)
+        cut = cuts / len(ratios)
+        spent = sum(d for _, d, r in judged if r == math.inf) / max(
+            1e-9, sum(d for _, d, _ in judged))
+        if cut > TOLERATED and spent > TOLERATED and cuts >= MIN_CUT:
+            if itl is not None:
+                # the realized pace, or the target where the limit has not reached it yet
+                pace = min(itl, self.target_s) / min(_quantile(ratios, cut), 2.0)
+                self._step(max(FLOOR * self.base_s, min(self.target_s, pace)), now)
+        elif cut <= TOLERATED / 2 or spent <= TOLERATED / 2:
+            self._step(min(self.base_s, self.target_s * RELAX), now)
+        return self.target_s
+
+    def _keep(self, after: float) -> None:
+        """Forget the answers sent by `after`."""
+        self._ended = [e for e in self._ended if e[0] > after]
+        self._oldest = min((e[0] for e in self._ended), default=math.inf)
+
+    def _step(self, target_s: float, now: float) -> None:
+        if target_s != self.target_s:
+            self.target_s, self._changed_at = target_s, now
+            self._keep(math.inf)
+
+    def _mean_itl(self, since: float) -> float | None:
+        xs = [x for t, x in self._itl if t >= since]
+        return sum(xs) / len(xs) if xs else None
+
+
+def _quantile(ratios: list[float], cut: float) -> float:
+    """The (1 − TOLERATED) quantile of the ratios, `cut` of which (> TOLERATED) lie past 1,
+    unseen: log-normal, with the median of those seen and the spread the share cut implies.
+    Half or more cut: ∞ (the caller steps by its most)."""
+    if cut >= 0.5:
+        return math.inf
+    median = ratios[len(ratios) // 2]
+    if median <= 0:
+        return math.inf
+    normal = NormalDist()
+    sigma = -math.log(median) / normal.inv_cdf(1 - cut)
+    return math.exp(math.log(median) + sigma * normal.inv_cdf(1 - TOLERATED))
