@@ -249,7 +249,7 @@ class AdaptiveLimit:
     unit = "tokens"
 
     def __init__(self, policy: Policy, now: float = 0.0, replica_share: float = 1.0) -> None:
-        self._pace = DeadlinePace(0.0)
+        self.deadline_pace = DeadlinePace(0.0)
         self.reconfigure(policy)
         s = self.spec
         self.backends: dict[str, _Backend] = {}
@@ -293,8 +293,8 @@ class AdaptiveLimit:
         ratio, epoch) carries over."""
         self.spec: AdaptiveLimitSpec = policy.limiter.adaptive
         s = self.spec
-        self._pace.rebase(s.itl_target_s or min(q.slo.tpot_s for q in policy.queues) * 0.8)
-        self.itl_target_s = self._pace.target_s  # tighter while deadlines need it
+        self.deadline_pace.rebase(s.itl_target_s or min(q.slo.tpot_s for q in policy.queues) * 0.8)
+        self.itl_target_s = self.deadline_pace.target_s  # tighter while deadlines need it
         self.queue_target_s = s.queue_target_s or min(q.slo.ttft_s for q in policy.queues) / 4
         self._sat_cache: tuple[float, float, float] | None = None  # targets may have changed
         self._seq_cache: float | None = None
@@ -534,7 +534,7 @@ class AdaptiveLimit:
     def on_sample(self, sample: Sample, ticket_epoch: int, now: float) -> None:
         if (sample.outcome is not Outcome.DROPPED and sample.ttft_s is not None
                 and sample.sent_at is not None and sample.duration_s is not None):
-            self._pace.on_answer(sample.sent_at, sample.ttft_s, sample.duration_s,
+            self.deadline_pace.on_answer(sample.sent_at, sample.ttft_s, sample.duration_s,
                                  sample.deadline, cut=sample.outcome is Outcome.IGNORE,
                                  waited_s=sample.wait_s)
         if sample.outcome is not Outcome.SUCCESS or sample.ttft_s is None:
@@ -654,9 +654,9 @@ class AdaptiveLimit:
         share-weighted inter-token latency."""
         live = [b for b in self._live(now) if b.snap.itl_mean_s is not None]
         if live:
-            self._pace.on_itl(now, sum(w * b.snap.itl_mean_s for w, b in  # type: ignore[misc]
+            self.deadline_pace.on_itl(now, sum(w * b.snap.itl_mean_s for w, b in  # type: ignore[misc]
                                        zip(self._weights(live), live, strict=True)))
-        self.itl_target_s = self._pace.judge(now)
+        self.itl_target_s = self.deadline_pace.judge(now)
 
     def _step(self, now: float, inflight: float, r: float) -> None:
         """The control law (see the module's docstring)."""

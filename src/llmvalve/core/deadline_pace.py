@@ -12,21 +12,28 @@ spent for nothing (`holdout-b62-p1-flood-agentloop-h100x2-gw3`: 772 P1 answers c
 
 So each answer that carries a deadline and got its first token is judged when its access-log
 entry comes: the share of the time its deadline left after the first token that its decoding
-took (`ratio`), or, cut by its client at the deadline, more than all of it (censored). Every
-`SPAN_S` of such answers is judged once every one of them has ended (their deadlines have
-passed: `horizon`):
-  * more than `TOLERATED` of them cut → the target falls to the pace that would have cut
-    `TOLERATED` of them: the pool's mean inter-token latency while they decoded, times 1 / the
+took (`ratio`), or, cut by its client at the deadline, more than all of it (censored). Answers
+sent after at least `SPAN_S`, at least `MIN_JUDGED` of them, are judged together once every
+one of them has ended (the longest deadline seen has passed since: `horizon`):
+  * more than `TOLERATED` of them cut (at least `MIN_CUT`), and the cut ones' decoding more
+    than `TOLERATED` of all the pool's decoding in the span → the target falls to the pace
+    that would have cut `TOLERATED` of them: the pool's mean inter-token latency while they
+    decoded (or the target, where the limit had not brought it there yet), times 1 / the
     (1 − TOLERATED) quantile of the ratios. Above 1 that quantile is censored; the ratios are
     taken as log-normal, their median read from the answers that ended and their spread from
-    the share cut (what lies past 1 is then the normal's tail). At most half the pool's latency
-    in one step, and never below `FLOOR` of the policy's target;
-  * at most half of `TOLERATED` cut → the target rises back (to the pace those ratios allow,
-    at least 10 % a step), never above the policy's;
-  * no such answers for `LAPSE_S` → the policy's target again.
+    the share cut (what lies past 1 is then the normal's tail). At most half in one step,
+    and never below `FLOOR` of the policy's target. A small class whose long answers its
+    deadline cuts (a batch tenant's 120 s deadline over answers of up to 4,000 tokens) spends
+    little of the pool, and slowing everyone for it would cost more than it saves;
+  * at most half of `TOLERATED` cut, or their decoding at most half of it → the target rises
+    back by `RELAX`, never above the policy's;
+  * no answer that carries a deadline for `LAPSE_S` → the policy's target again.
 A step waits for answers sent after it: those sent before were decoded at the old pace.
-Answers the client cancelled before its deadline, or before its first token, teach nothing of
-the pace (a stop button, a queue), nor do those that did not stream (no first token seen).
+Teaching nothing of the pace: answers the client cancelled before its deadline (a stop
+button), those that did not stream (no first token seen), and those that had spent more than
+half their deadline waiting, at the gateway or for their first token — a P2 request sent
+with 3 s of its 60 s left is the queue's miss, not the decoding's
+(`holdout-b54-code-onoff-medium3-gw4-3x`).
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ LAPSE_S = 60.0  # with no answer that carries a deadline for this long, the poli
 CUT_SLACK_S = 1.0  # an answer cut this close to its deadline was cut by it (clocks, rounding)
 ALS_GRACE_S = 2.0  # an access-log entry may come this long after its answer ended
 RELAX = 1.1  # the step back up
+# A deadline further off than this is not judged: every judgement waits for the longest
+# deadline seen to pass, and keeps the answers sent since.
+MAX_DEADLINE_S = 300.0
 
 
 class DeadlinePace:
@@ -77,9 +87,9 @@ class DeadlinePace:
         ratio = None
         if deadline is not None:
             left = deadline - first
-            if left < (deadline - sent_at + waited_s) / 2 or (
-                    cut and end < deadline - CUT_SLACK_S):
-                return  # the wait's miss more than the pace's, or a stop button
+            if (left < (deadline - sent_at + waited_s) / 2 or deadline - sent_at > MAX_DEADLINE_S
+                    or (cut and end < deadline - CUT_SLACK_S)):
+                return  # the wait's miss more than the pace's, too far off, or a stop button
             self._last_seen = end
             self.horizon_s = max(self.horizon_s, deadline - sent_at)
             ratio = math.inf if cut else (end - first) / left
