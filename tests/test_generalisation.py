@@ -20,7 +20,8 @@ and others were traced and mended at a later stop (their entries below say so), 
 were judged again after its last change: these six are not unseen any more, nor are
 `holdout-b44-seqcap-longanswer-medium3-uneq`, `holdout-b45-code-tiny6-gw3-3x`,
 `holdout-b46-kvdrop-medium4` and `holdout-b46-calm-syncburst-small3`, mended at the stops that
-added them, `holdout-b56-slow3x-rolling-tiny8-gw3-1.5x`, traced for stop 63's change, and
+added them, `holdout-b56-slow3x-rolling-tiny8-gw3-1.5x`, traced for stop 63's change,
+`holdout-b62-p1-flood-agentloop-h100x2-gw3`, traced for stop 70's, and
 `holdout-calm-h100-short`, met since stop 44):
     LLMVALVE_ISSUE10_FULL=1 pytest tests/test_generalisation.py
 """
@@ -1223,7 +1224,14 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # Batch 62 (eight files written at stop 69 by a helper that had not read the controller,
     # judged as they stood at cda6b58 with `simulate --judge`): calm-eagerretry-small4-gw2,
     # heavytail-reasoning-stopbutton-small5-gw2-2.5x, seqcap-tpotguard-h100x3-seq48-gw2-2x and
-    # slow3x-four-of-medium5-gw3-retry-1.5x meet every target at seeds 1-3. Not traced:
+    # slow3x-four-of-medium5-gw3-retry-1.5x meet every target at seeds 1-3.
+    # p1-flood-agentloop-h100x2-gw3 (one tenant's agent loop flooding P1 at 10x its share on
+    # two H100s behind three replicas, the steady P1 tenants sending 20 s deadlines) read
+    # 0.870 / 0.847 / 0.861 of the best fixed limit: the pool decoded at 0.101 s a token,
+    # within the 0.12 s ITL target, and 772 P1 answers reached their deadline mid-answer at
+    # seed 2 (static:128: 0.059 s, 68). Met since stop 70, whose limiter tightens its ITL
+    # target while such answers are cut (core/deadline_pace.py): 0.962 / 0.960 / 0.956
+    # (seeds 4-6: 0.967 / 0.984 / 0.950). Not traced:
     # A Monday-morning ramp on two medium engines behind four replicas at 0.62-0.67x, P0 with
     # a 15 s client deadline: P0 0.922 / 0.884 / 0.928, every miss a request its client
     # cancelled at the deadline; `none` 0.930 / 0.901 / 0.932, and no fixed limit of the sweep
@@ -1244,18 +1252,6 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     "holdout-b62-code-inline-nextedit-small3-gw2-1x": ("seed 1: P0 attainment",
                                                        "seed 2: P0 attainment",
                                                        "seed 3: P0 attainment"),
-    # One tenant's agent loop flooding P1 at 10x its share on two H100s behind three replicas,
-    # the steady P1 tenants with 20 s deadlines: 0.870 / 0.847 / 0.861 of the best fixed limit
-    # (static:96-128), P0 1.000. Looked at (seed 2): adaptive holds about 690 requests in
-    # flight (KV 0.77, pressure about 1.0) and P1 decodes at a median TPOT of 0.101 s, within
-    # the 0.12 s ITL target; 772 P1 requests reach their clients' 20 s deadline mid-answer.
-    # static:128 (384 in all) decodes at 0.059 s and loses 68 so: 4,750 P1 requests met
-    # against 4,265, goodput 5,156 against 4,368 tok/s. With the policy's `itlTarget` at
-    # 0.06 s (0.08 s), adaptive serves 5,213 / 5,119 / 5,082 tok/s (4,805 / 4,754 / 4,772),
-    # about 0.99 of the best fixed limit, P0 1.000: the latency target is the lever here; the
-    # default (0.8 of the tightest TPOT) knows nothing of the clients' deadlines.
-    "holdout-b62-p1-flood-agentloop-h100x2-gw3": ("seed 1: adaptive", "seed 2: adaptive",
-                                                  "seed 3: adaptive"),
     # Batch 63 (eight files written at stop 69 by a second helper, judged the same way):
     # calm-rag-mixedcards-medium4-gw2, p1-flood-pulse20s-small6-gw3,
     # seqcap-medium4-halfkv-seq24-gw3-2x and slow3x-two-of-three-pools-gw2-1.5x meet every

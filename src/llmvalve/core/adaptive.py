@@ -22,9 +22,10 @@ reading, the largest of
       finish rate × its inter-token latency reads no queue (one H100 running 215 short chats
       at 150-180 requests/s shows 1-7 waiting at any scrape; read as a queue at target, they
       held the limit at a tenth of its KV through every burst: holdout-calm-h100-short);
-  * inter-token latency / itlTarget, averaged over `latencyWindow`, each scrape weighted by
-    the tokens it counts (a request's TPOT is a mean over seconds of decoding, over its
-    tokens: one scrape window with a long prefill chunk in it is not a breach); unknown
+  * inter-token latency / itlTarget (tighter while answers that carry a client deadline
+    reach it mid-answer: `core/deadline_pace.py`), averaged over `latencyWindow`, each scrape
+    weighted by the tokens it counts (a request's TPOT is a mean over seconds of decoding,
+    over its tokens: one scrape window with a long prefill chunk in it is not a breach); unknown
     until the average covers a whole window begun after the last decrease
     (a lone replica restarts it at its cut; one of several keeps it, and a cut still waits a
     whole window: its cut moves the engines by its share only, and restarting would make each
