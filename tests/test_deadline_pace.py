@@ -79,6 +79,14 @@ def test_a_small_class_cut_by_its_deadline_does_not_slow_the_pool():
     assert pace.target_s == 0.12
 
 
+def test_deadlines_no_pace_within_reach_would_meet_leave_the_target():
+    """Answers of a tenth of a second beside ones cut at 20 s: the cut are the length's tail,
+    not the pace's (halving the pace would still cut more than half of them)."""
+    pace = DeadlinePace(0.12)
+    settle(pace, feed(pace, 0.0, 100, cut_every=20, decode_s=0.1))
+    assert pace.target_s == 0.12
+
+
 def test_answers_that_spent_most_of_their_deadline_waiting_teach_nothing():
     """Sent with 5 s of their 20 left: the queue's miss, not the decoding's."""
     pace = DeadlinePace(0.12)

