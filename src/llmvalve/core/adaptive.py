@@ -294,7 +294,8 @@ class AdaptiveLimit:
         ratio, epoch) carries over."""
         self.spec: AdaptiveLimitSpec = policy.limiter.adaptive
         s = self.spec
-        self.deadline_pace.rebase(s.itl_target_s or min(q.slo.tpot_s for q in policy.queues) * 0.8)
+        base_itl = s.itl_target_s or min(q.slo.tpot_s for q in policy.queues) * 0.8
+        self.deadline_pace.rebase(base_itl)
         self.itl_target_s = self.deadline_pace.target_s  # tighter while deadlines need it
         self.queue_target_s = s.queue_target_s or min(q.slo.ttft_s for q in policy.queues) / 4
         self._sat_cache: tuple[float, float, float] | None = None  # targets may have changed
@@ -536,8 +537,8 @@ class AdaptiveLimit:
         if (sample.outcome is not Outcome.DROPPED and sample.ttft_s is not None
                 and sample.sent_at is not None and sample.duration_s is not None):
             self.deadline_pace.on_answer(sample.sent_at, sample.ttft_s, sample.duration_s,
-                                 sample.deadline, cut=sample.outcome is Outcome.IGNORE,
-                                 waited_s=sample.wait_s)
+                                         sample.deadline, cut=sample.outcome is Outcome.IGNORE,
+                                         waited_s=sample.wait_s)
         if sample.outcome is not Outcome.SUCCESS or sample.ttft_s is None:
             return
         if not 0.0 < sample.ttft_s < math.inf:  # (NaN too) not a time to first token: one
@@ -653,10 +654,14 @@ class AdaptiveLimit:
     def _judge_pace(self, now: float) -> None:
         """The ITL target clients' deadlines need (`core/deadline_pace.py`), from the pool's
         share-weighted inter-token latency."""
-        live = [b for b in self._live(now) if b.snap.itl_mean_s is not None]
+        live, itls = [], []
+        for b in self._live(now):
+            if b.snap.itl_mean_s is not None:  # one that decoded nothing in its window: none
+                live.append(b)
+                itls.append(b.snap.itl_mean_s)
         if live:
-            self.deadline_pace.on_itl(now, sum(w * b.snap.itl_mean_s for w, b in  # type: ignore[misc]
-                                       zip(self._weights(live), live, strict=True)))
+            weights = self._weights(live)
+            self.deadline_pace.on_itl(now, sum(w * x for w, x in zip(weights, itls, strict=True)))
         self.itl_target_s = self.deadline_pace.judge(now)
 
     def _step(self, now: float, inflight: float, r: float) -> None:

@@ -97,8 +97,6 @@ class DeadlinePace:
             self._last_seen = end
             self.horizon_s = max(self.horizon_s, deadline - sent_at)
             ratio = math.inf if cut else (end - first) / left
-        elif cut:
-            return
         self._ended.append((sent_at, end - first, ratio))
         self._oldest = min(self._oldest, sent_at)
 
