@@ -428,6 +428,13 @@ def test_access_log_entry_to_log_entry():
     assert got.ttft_s == 0.12 and got.upstream_s is None and got.streamed
     dc = entry_of(entry(200, downstream_connection_termination=True))
     assert dc is not None and dc.flags == {"DC"}
+    # A stream whose answer never ended (its client left at its deadline): no `upstream_ms`,
+    # so from sending it upstream to the stream's end, what the deadline pace reads
+    cut = entry(200, downstream_connection_termination=True)
+    cut.common_properties.duration.FromMilliseconds(20_250)
+    cut.common_properties.time_to_first_upstream_tx_byte.FromMilliseconds(250)
+    got = entry_of(cut)
+    assert got is not None and got.upstream_s == 20.0 and got.ttft_s == 0.12
     # Answered by the gateway itself (a denied check, a static fallback, a probe), or without
     # the id Envoy stamps: not a request that held a slot.
     assert entry_of(entry(429, cluster="", details="ext_authz_denied")) is None

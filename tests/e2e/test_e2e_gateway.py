@@ -89,6 +89,30 @@ def test_sdk_streams_read_to_their_end_are_answers_not_cancellations(e2e):
     assert metric(e2e, admitted) == admitted_before + 10  # the series read here exist
 
 
+def test_a_stream_cut_at_its_clients_deadline_is_logged_with_its_first_token(e2e):
+    """What the adaptive limit's deadline pace reads of an answer its client cut at its
+    deadline (core/deadline_pace.py): Envoy's entry says the client left (DC), and still
+    carries the backend's time to the first token of the stream and the time it ran."""
+    e2e.wait_idle()
+    stream = client(e2e).chat.completions.create(
+        **chat_body(4000, stream=True), extra_headers={"x-llmvalve-deadline-ms": "1500"},
+        extra_body={"ignore_eos": True})  # an answer that runs past it
+    started = time.monotonic()
+    for _chunk in stream:  # the client's own deadline: it stops reading and hangs up
+        if time.monotonic() - started > 1.5:
+            break
+    stream.close()
+    end = time.monotonic() + 10
+    while True:
+        entry = e2e.status()["gateway"]["last_access_log"]
+        if entry is not None and "DC" in entry["flags"]:
+            break
+        assert time.monotonic() < end, entry
+        time.sleep(0.1)
+    assert entry["streamed"] and entry["ttft_s"] is not None
+    assert 0 <= entry["ttft_s"] < 1.5 <= entry["upstream_s"] < 10
+
+
 def test_unknown_key_is_401_openai_style(e2e):
     with pytest.raises(openai.AuthenticationError) as info:
         client(e2e, key="sk-nobody").chat.completions.create(**chat_body(4))

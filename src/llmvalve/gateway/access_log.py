@@ -5,8 +5,10 @@ entry carries the request's `x-llmvalve-id` (Envoy's `%UNIQUE_ID%`, the id its c
 decided under), the status and response flags (→ the outcome, `core.outcomes`), the backend's
 time to first token from the `ttft_ms` custom tag
 (`%COMMON_DURATION(US_TX_BEG:US_RX_BODY_BEG:ms)%`: request sent → first body byte, i.e. the
-first token of a streamed answer), the upstream duration, and the response's content type
-(a first body byte is a first token only for a streamed answer). `Driver.logged` releases the
+first token of a streamed answer), the upstream duration (`upstream_ms`, to the backend's
+last byte; for a stream whose answer never ended, as when its client left at its deadline, the
+stream's `duration` less its time to the first byte sent upstream), and the response's content
+type (a first body byte is a first token only for a streamed answer). `Driver.logged` releases the
 request's slot with it and feeds the limiter. Entries of requests the gateway answered itself
 (a denied check, a static fallback) are counted and skipped; an entry whose id matches no
 admitted request is counted by the front and never used.
@@ -76,12 +78,19 @@ def entry_of(entry: accesslog_pb2.HTTPAccessLogEntry) -> LogEntry | None:
             or response.response_code_details.startswith("ext_authz")):
         return None
     tags = common.custom_tags
+    upstream_s = _ms_tag(tags, "upstream_ms")
+    if (upstream_s is None and common.HasField("duration")
+            and common.HasField("time_to_first_upstream_tx_byte")):
+        # the backend's answer never ended (the client left mid-stream: its deadline, say):
+        # from sending it upstream to the stream's end, as the simulator logs it
+        upstream_s = (common.duration.ToTimedelta()
+                      - common.time_to_first_upstream_tx_byte.ToTimedelta()).total_seconds()
     return LogEntry(
         check_id=check_id,
         status=response.response_code.value if response.HasField("response_code") else None,
         flags=flags_of(common.response_flags),
         ttft_s=_ms_tag(tags, "ttft_ms"),
-        upstream_s=_ms_tag(tags, "upstream_ms"),
+        upstream_s=upstream_s,
         streamed=response.response_headers.get("content-type", "").startswith(
             "text/event-stream"),
     )
