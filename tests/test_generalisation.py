@@ -12,7 +12,7 @@ run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json 
 computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
 fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
 busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (256: four written before the
+the held-out workloads of tests/data/holdout/ run when asked (272: four written before the
 controller's tuning, the rest after it, in batches by someone who had not read it, and judged
 as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
 and others were traced and mended at a later stop (their entries below say so), and
@@ -1273,6 +1273,59 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # Heavy-tailed answers at 2.5x on two H100s behind two replicas, P1 deadlines: 0.945 of
     # the best fixed limit (static:192) at seed 2.
     "holdout-b63-heavytail-deadline-h100x2-gw2-2.5x": ("seed 2: adaptive",),
+    # Batch 64 (eight files written at stop 70 by a helper that had not read the controller,
+    # every one with client deadlines on at least one class, judged as they stood with stop
+    # 70's controller): calm-voice-booking-bursty-tiny3-gw3, code-ghosttext-deadline-tiny2-
+    # kv16k-gw2-1x and seqcap-guardrail-h100x2-seq24-gw4-2x meet every target at seeds 1-3.
+    # Not traced:
+    # Do no harm on a workday ramp with stop-button cancellations on five medium engines at
+    # 0.59-0.74x: P1 0.982 / 0.989 against `none`'s 0.984 / 0.990 at seeds 1-2.
+    "holdout-b64-calm-workday-ramp-cancel-medium5": ("seed 1: P1 attainment",
+                                                     "seed 2: P1 attainment"),
+    # Pre-commit code waves at about 3x on four medium engines, IDE P0 with a 6 s deadline:
+    # P0 0.865-0.869 (27-35 cancelled at the deadline, 16-23 TPOT a seed), and 0.875 of the
+    # best fixed limit at seed 1. The best fixed limit keeping P0 is 0.63-0.85 of the best's.
+    "holdout-b64-code-precommit-medium4-gw2-3x": ("seed 1: adaptive", "seed 1: P0 attainment",
+                                                  "seed 2: P0 attainment",
+                                                  "seed 3: P0 attainment"),
+    # Heavy tails at 2.1-2.75x on four small engines behind four replicas: P0 0.984 at seed 3
+    # (one TTFT inside an engine); no fixed limit of the sweep keeps P0 at seeds 2-3.
+    "holdout-b64-heavytail-agent-report-deadlines-small4-gw4-2.5x": ("seed 3: P0 attainment",),
+    # An eval harness flooding P1 at 10x a team's share, retrying at once, on three medium
+    # engines behind four replicas; voice P0 with an 8 s deadline: P0 0.831-0.863, 51-61 a
+    # seed cancelled at the deadline (70-token answers: not traced where they waited). The
+    # best fixed limit keeping P0 (static:16) is 0.69-0.70 of the best's goodput.
+    "holdout-b64-p1-flood-retrying-harness-medium3-gw4": ("seed 1: P0 attainment",
+                                                          "seed 2: P0 attainment",
+                                                          "seed 3: P0 attainment"),
+    # All six small engines slowed 3x for 40 s at 1.5x, phone P0 with an 8 s deadline: P0
+    # 0.919-0.927, 9-10 a seed cancelled at it; no fixed limit of the sweep keeps P0.
+    "holdout-b64-slow3x-all-ivr-small6-gw3-1.5x": ("seed 1: P0 attainment",
+                                                   "seed 2: P0 attainment",
+                                                   "seed 3: P0 attainment"),
+    # Batch 65 (eight files written at stop 70 by a helper that had not read the controller,
+    # judged as they stood with stop 70's controller): calm-translation-ramp-medium3-gw3,
+    # heavytail-translation-medium4-gw2-2.5x, p1-flood-launchday-h100x3-gw4,
+    # seqcap-lora-medium3-seq12-gw4-2x and slow3x-chiller-small5-gw2-deadline-1.5x meet every
+    # target at seeds 1-3. Not traced:
+    # Do no harm after an outage on five tiny engines at 0.65-0.70x (support chat at about
+    # 1.1x capacity for 30 s): P1 0.975 / 0.920 / 0.951 against `none`'s 0.996 / 0.948 / 0.985.
+    "holdout-b65-calm-support-aftermath-tiny5": ("seed 1: P1 attainment",
+                                                 "seed 2: P1 attainment",
+                                                 "seed 3: P1 attainment"),
+    # Code completion with a LoRA per customer at 1x on three small engines (one an older card
+    # with less KV) behind three replicas: P0 0.955 / 0.973 / 0.947, TPOT beside prefill
+    # chunks and TTFT inside the engines; no fixed limit of the sweep keeps P0.
+    "holdout-b65-code-lora-mixedcards-small3-gw3-1x": ("seed 1: P0 attainment",
+                                                       "seed 2: P0 attainment",
+                                                       "seed 3: P0 attainment"),
+    # A live-coding workshop's waves of code completion at about 3x on four medium engines:
+    # 0.833 / 0.847 / 0.846 of the best fixed limit (static:48-64), P0 0.971 / 0.970 / 0.959,
+    # every P0 miss a TPOT (10-16 a seed). The best fixed limit keeping P0 is 0.73-0.80 of
+    # the best's goodput.
+    "holdout-b65-code-workshop-waves-medium4-3x": ("seed 1: adaptive", "seed 1: P0 attainment",
+                                                   "seed 2: adaptive", "seed 2: P0 attainment",
+                                                   "seed 3: adaptive", "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
