@@ -71,39 +71,21 @@ def test_the_step_is_at_most_half_and_never_below_the_floor():
     assert pace.target_s == deadline_pace.FLOOR * 0.12  # 0.1 / 2 = 0.05 is below it
 
 
-def test_a_small_class_cut_by_its_deadline_does_not_slow_the_pool():
-    """Its cut answers are a sliver of what the pool decodes: slowing everyone costs more."""
+@pytest.mark.parametrize("answers", [
+    # a small class: its cut answers are a sliver of what the pool decodes, and slowing
+    # everyone for them costs more
+    dict(cut_every=7, plain=20, plain_decode_s=20.0),
+    # answers of a tenth of a second beside ones cut at 20 s: the cut are the length's tail,
+    # not the pace's (halving the pace would still cut more than half of them)
+    dict(cut_every=20, decode_s=0.1),
+    # sent with 5 s of their 20 left: the queue's miss, not the decoding's
+    dict(cut_every=2, decode_s=2.0, waited_s=15.0),
+    dict(cut_every=2, cut_at=6.0),  # a stop button before the deadline
+    dict(n=20, cut_every=10),  # 2 of 20: 10 %, but two: noise
+], ids=["small-class", "length-tail", "waited", "stop-button", "too-few"])
+def test_cut_answers_no_pace_within_reach_would_save_leave_the_target(answers):
     pace = DeadlinePace(0.12)
-    last = feed(pace, 0.0, 100, cut_every=7, plain=20, plain_decode_s=20.0)
-    settle(pace, last)
-    assert pace.target_s == 0.12
-
-
-def test_deadlines_no_pace_within_reach_would_meet_leave_the_target():
-    """Answers of a tenth of a second beside ones cut at 20 s: the cut are the length's tail,
-    not the pace's (halving the pace would still cut more than half of them)."""
-    pace = DeadlinePace(0.12)
-    settle(pace, feed(pace, 0.0, 100, cut_every=20, decode_s=0.1))
-    assert pace.target_s == 0.12
-
-
-def test_answers_that_spent_most_of_their_deadline_waiting_teach_nothing():
-    """Sent with 5 s of their 20 left: the queue's miss, not the decoding's."""
-    pace = DeadlinePace(0.12)
-    last = feed(pace, 0.0, 100, cut_every=2, decode_s=2.0, waited_s=15.0)
-    settle(pace, last)
-    assert pace.target_s == 0.12
-
-
-def test_a_stop_button_before_the_deadline_teaches_nothing():
-    pace = DeadlinePace(0.12)
-    settle(pace, feed(pace, 0.0, 100, cut_every=2, cut_at=6.0))
-    assert pace.target_s == 0.12
-
-
-def test_too_few_cut_is_noise():
-    pace = DeadlinePace(0.12)
-    settle(pace, feed(pace, 0.0, 20, cut_every=10))  # 2 of 20: 10 %, but two
+    settle(pace, feed(pace, 0.0, answers.pop("n", 100), **answers))
     assert pace.target_s == 0.12
 
 
