@@ -110,6 +110,22 @@ def test_without_deadlines_nothing_is_kept_and_the_target_stays():
     assert not pace._ended
 
 
+def test_once_deadlines_stop_the_answers_without_one_are_not_kept_for_them():
+    """Beside deadline traffic the pool's other answers count (their share of its decoding);
+    after it, every answer the gateway logs is not held on its account."""
+    pace = DeadlinePace(0.12)
+    t = settle(pace, feed(pace, 0.0, 100, cut_every=0, plain=2))
+    for i in range(2000):  # 200 s of answers without a deadline
+        now = t + 0.1 * i
+        pace.on_answer(now, TTFT, 8.0, None)
+        pace.judge(now)
+    assert len(pace._ended) < 700  # at most LAPSE_S of them, then none
+    late = t + 200.0 + deadline_pace.LAPSE_S
+    pace.on_answer(late, TTFT, 8.0, None)
+    pace.judge(late)
+    assert not pace._ended
+
+
 def test_a_reloaded_target_starts_over():
     pace = DeadlinePace(0.12)
     settle(pace, feed(pace, 0.0, 100, cut_every=2))

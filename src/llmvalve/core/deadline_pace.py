@@ -46,6 +46,8 @@ import math
 from collections import deque
 from statistics import NormalDist
 
+from llmvalve.core.quantiles import percentile
+
 TOLERATED = 0.01  # of the deadline answers cut, and of the pool's decoding spent on them
 MIN_CUT = 3  # fewer answers cut in a span are noise, whatever their share
 SPAN_S = 5.0  # answers sent within this span are judged together
@@ -68,7 +70,8 @@ class DeadlinePace:
         self._changed_at = -math.inf
         self._last_seen = -math.inf
         # (sent at, decode time, ratio: None without a deadline, inf cut), sent after the
-        # last step; answers without a deadline only once one with a deadline has been seen
+        # last step; answers without a deadline only while some with one are seen (within
+        # LAPSE_S): once deadlines stop, the gateway's every answer is not kept on for them
         self._ended: list[tuple[float, float, float | None]] = []
         self._oldest = math.inf  # the earliest sent of them
         self._itl: deque[tuple[float, float]] = deque()  # (at, the pool's mean ITL)
@@ -84,7 +87,8 @@ class DeadlinePace:
                   deadline: float | None, cut: bool = False, waited_s: float = 0.0) -> None:
         """An answer ended (`cut`: its client left); times from its sending (after it
         `waited_s` at the gateway), `deadline` absolute, all on the control plane's clock."""
-        if sent_at < self._changed_at or (deadline is None and not self.horizon_s):
+        if sent_at < self._changed_at or (deadline is None
+                                          and sent_at - self._last_seen > LAPSE_S):
             return
         first = sent_at + first_token_s
         end = sent_at + duration_s
@@ -115,7 +119,7 @@ class DeadlinePace:
         if complete - self._oldest < SPAN_S:
             return self.target_s
         judged = [e for e in self._ended if e[0] <= complete]
-        ratios = sorted(r for _, _, r in judged if r is not None)
+        ratios = [r for _, _, r in judged if r is not None]
         if len(ratios) < MIN_JUDGED:
             self._keep(complete - LAPSE_S)  # sparse: judged over a longer span, up to this
             return self.target_s
@@ -163,7 +167,7 @@ def _fit(ratios: list[float], cut: float) -> tuple[float, float] | None:
     None when half or more were cut (the caller steps by its most)."""
     if cut >= 0.5:
         return None
-    median = ratios[len(ratios) // 2]
+    median = percentile(ratios, 0.5)
     if median <= 0:
         return None
     return math.log(median), -math.log(median) / _NORMAL.inv_cdf(1 - cut)
