@@ -263,6 +263,31 @@ def test_early_drop_uses_the_client_deadline():
     assert isinstance(a.submit(r("long", 1, deadline=2.0), 1.0), Queued)
 
 
+def test_early_drop_counts_what_a_retrys_earlier_attempts_spent():
+    """A retry (its client says it sent the request once before) was told to come back after
+    about the Retry-After its class's refusals get: it may wait the same share of what that
+    left of its objective. Where a first attempt is queued, it is refused; served, it would
+    be late and take the engine's time from one still in time."""
+    a = adm("static:4")
+    pool = a.pools["default"]
+    learn_residence(a, 1.0)
+    for i in range(4):  # 4 releases/s; P1 may wait 2 s of its 4 s objective
+        admit(a, r(f"busy{i}", 1), 1.0)
+    for i in range(8):
+        a.submit(r(f"q{i}", 1), 1.0)
+    refused = a.submit(r("q8", 1), 1.0)  # 9 / 4 s: come back in about 2.25 s
+    assert isinstance(refused, Reject)
+    assert pool.told_retry_after_s == {1: refused.retry_after_s}
+    for i in range(4, 8):
+        a.cancel(f"q{i}", 1.0)  # 4 left: an arrival would wait 5 / 4 s
+    # it spent about 2.25 s of 4: it may wait about 2 × 1.75 / 4 s < 5 / 4 s
+    again = a.submit(dataclasses.replace(r("again", 1), retries=1), 1.0)
+    assert isinstance(again, Reject) and again.reason is Reason.PREDICTED_WAIT
+    assert isinstance(a.submit(r("first", 1), 1.0), Queued)  # 5 / 4 s < 2 s
+    # a client that says nothing is a first attempt; one that says 0, too
+    assert isinstance(a.submit(dataclasses.replace(r("zero", 1), retries=0), 1.0), Queued)
+
+
 def test_early_drop_queues_while_the_wait_is_unknown():
     """Nothing has finished yet: the wait cannot be forecast, so it is not a reason to refuse;
     the queue timeout still bounds the wait."""

@@ -399,6 +399,11 @@ def test_header_hints():
     assert reading.deadline_ms({"d": "250"}, "d") == 250.0
     assert reading.deadline_ms({"d": "soon"}, "d") is None
     assert reading.deadline_ms({"d": "-1"}, "d") is None
+    # what the client says of its earlier attempts; nothing it cannot say changes anything
+    assert reading.retries({"n": "2"}, "n") == 2
+    assert [reading.retries({"n": v}, "n") for v in ("", "x", "-1", "1.5", "²")] == [0] * 5
+    assert reading.retries({"n": "123456"}, "n") == reading.MAX_RETRIES
+    assert reading.retries({"n": "2"}, "") == reading.retries({}, "n") == 0
     assert reading.content_length({"content-length": "x"}) == 0
 
 

@@ -164,7 +164,12 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # from the first attempt): 10 or 11 of ~120 at each seed, 0.924 / 0.917 / 0.901.
     # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
     # seeds 2 and 3 are met.
-    "holdout-rolling-upgrade": ("seed 1: P0 attainment",),
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): seeds 2-3 miss too (0.950 / 0.975): six and three P0 requests lost on the engines
+    # as they left (one before), their retries late.
+    "holdout-rolling-upgrade": ("seed 1: P0 attainment",
+                                "seed 2: P0 attainment",
+                                "seed 3: P0 attainment"),
     # held out (written at stop 25, judged as it stood): code completion on two H100s,
     # 4,000-token prompts and 40-token answers in bursts at ~3.7x; prefill binds and a step
     # with an 8,192-token chunk takes 0.29 s against P0's 0.15 s TPOT. Inter-token latency
@@ -193,7 +198,10 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # lost at the first two departures (20 and 50 s) and retried: 0.985 / 0.979 / 0.977.
     # Since stop 46 (the latency reading weighs each scrape by its tokens, not its time)
     # seed 1 is met.
-    "holdout-flap": ("seed 2: P0 attainment", "seed 3: P0 attainment"),
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): seed 1 misses too (0.977): six P0 requests lost on the flapping engine, their
+    # retries late.
+    "holdout-flap": ("seed 1: P0 attainment", "seed 2: P0 attainment", "seed 3: P0 attainment"),
     # held out (written at stop 25, judged as it stood: 0.931 / 0.966 / 0.992 of the best
     # fixed limit, P0 0.915 / 0.967 / 0.915; seed 1 0.948, P0 1.000 since a request waiting
     # for the limit counts as use): 8,000-15,500-token prompts on four medium engines at
@@ -343,8 +351,11 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # the tenant's mean time in flight): 0.87 at seed 3, but adaptive's goodput fell 1,009
     # -> 893 tok/s on average and the best fixed limit's too (it refused requests that would
     # have finished): not kept.
-    "holdout-b38-deadline-agents": ("seed 1: adaptive", "seed 1: P0 attainment",
-                                    "seed 2: P0 attainment", "seed 3: adaptive",
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): seed 1's goodput is met (1.037 of static:80); seed 3 reads 0.902 of static:64.
+    "holdout-b38-deadline-agents": ("seed 1: P0 attainment",
+                                    "seed 2: P0 attainment",
+                                    "seed 3: adaptive",
                                     "seed 3: P0 attainment"),
     # batch 38: do no harm with real-time SLOs (P0 500 ms / 40 ms) on two H100s behind two
     # replicas: adaptive keeps P0 at 0.987 / 0.992 / 0.994 where `none` leaves 0.900 / 0.937
@@ -376,7 +387,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # at seeds 2 and 3; that limit (static:128) preempts (207 at seed 2) and gives P0 up
     # (0.981), static:96 serves 1,200 tok/s against adaptive's 1,295 with P0 1.000: the
     # KV target trades the last 8 % of goodput for P0, as on holdout-longgen-kv.
-    "holdout-b38-maxtokens-overstated": ("seed 2: adaptive", "seed 3: adaptive"),
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): 0.948 / 0.948 / 0.969 of static:112-128 (fixed limits gained as much as adaptive).
+    "holdout-b38-maxtokens-overstated": ("seed 1: adaptive", "seed 2: adaptive"),
     # Batch 41 (eight files written at stop 36 by someone who had not read the controller,
     # judged as they stood, not tuned on; calm-rag-chat-3t, ramp-surge-small,
     # seqcap-tiny-requests and chat-vs-summarise-medium meet every target). Do no harm with
@@ -410,7 +423,8 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # at most at its in-flight peak over r or its share of the ceiling: seed 2 met (546,
     # the best fixed limit's), but over the 57 multi-replica runs P0 misses 81 -> 94
     # (holdout-flap seed 3 5 -> 12) and goodput -0.3 % (holdout-budgets-gw2 -4 %).
-    "holdout-b41-gw2-p1-flood-small": ("seed 2: adaptive",),
+    # holdout-b41-gw2-p1-flood-small meets every target at seeds 1-3 since stop 71 (a retry may wait
+    # only its share of what its earlier attempts left of its objective); its entry is gone.
     # batch 41: one of four medium engines slowed 2x for 30 s, then another leaving for
     # 20 s: every P0 miss (6 of 190 at seed 2, 2 of 176 at seed 3) is a request decoding on
     # the engine as it left at 75 s, retried (TTFT counted from the first attempt); without
@@ -448,7 +462,8 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # seed 2's P0 and seed 3's goodput are met, and seed 3's P0 misses (0.976): five
     # answers of 7-15 tokens decoded on one engine beside prefill chunks (TPOT 0.16-0.27
     # s), no gateway wait.
-    "holdout-b43-code-onoff-h100-1x": ("seed 3: P0 attainment",),
+    # holdout-b43-code-onoff-h100-1x meets every target at seeds 1-3 since stop 71 (a retry may wait
+    # only its share of what its earlier attempts left of its objective); its entry is gone.
     # The code family at 3x on four small engines: two of ~115 P0 prompts (3,792 and 2,558
     # tokens) prefilled behind others inside their engine, TTFT 2.98 and 2.45 s with no
     # gateway wait (the cause listed for code-bursty); its goodput is 1.05-1.08 of the best
@@ -459,7 +474,12 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # seed 1's P0 is met and seed 2's misses (0.975): a 3,792-token prompt prefilled
     # behind others (TTFT 2.17 s) and answers of 7 and 8 tokens beside prefill chunks
     # (TPOT 0.155 and 0.168 s).
-    "holdout-b43-code-onoff-small4-3x": ("seed 2: P0 attainment", "seed 3: adaptive"),
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): 0.953 / 0.906 / 0.988 of static:24 (fixed limits gained more than adaptive at seed
+    # 2), P0 0.966 / 0.975 / 0.991.
+    "holdout-b43-code-onoff-small4-3x": ("seed 1: P0 attainment",
+                                         "seed 2: adaptive",
+                                         "seed 2: P0 attainment"),
     # Both H100s slowed 3x for 40 s at 1.5x load. The best fixed limit, static:256, gives P0
     # up (0.838 at seed 2); against the best that keeps it (static:128, 2,656 tok/s) adaptive
     # reads 1.07. P0 0.932 / 0.941 / 0.911: prompts sent at once that wait 2.0-2.8 s inside
@@ -586,8 +606,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # TTFT (late P1 first tokens 177 -> 186, all the change after 130 s).
     # Since stop 51 (the engines' queue time observed when a request finishes, as vLLM does)
     # seed 3's goodput target is met again.
-    "holdout-b44-longprompt-minutes-small-uneq": ("seed 2: P0 attainment",
-                                                  "seed 3: P0 attainment"),
+    # holdout-b44-longprompt-minutes-small-uneq meets every target at seeds 1-3 since stop 71 (a
+    # retry may wait only its share of what its earlier attempts left of its objective); its entry
+    # is gone.
     # Since stop 51 (the engines' queue time observed when a request finishes, as vLLM does)
     # seed 3 reads 0.944 of the best fixed limit too: 1,570 -> 1,548 tok/s against the run
     # before, preemptions 13 -> 21 (the lagging queue time, as above), P1 met 2,553 -> 2,515.
@@ -604,7 +625,10 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # (while it had sent within 30 s) met seed 2 (1.000 / 1.000 / 0.979; two held: the
     # same) but cost the tiny engines' workloads 5-10 % of goodput (holdout-b43-seqcap-tiny2,
     # holdout-seqcap-small): not kept.
-    "holdout-b44-seqcap-longanswer-medium3-uneq": ("seed 2: P0 attainment",
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): P0 0.964 / 0.953 / 0.979 (seed 1: two TTFTs queued at the gateway).
+    "holdout-b44-seqcap-longanswer-medium3-uneq": ("seed 1: P0 attainment",
+                                                   "seed 2: P0 attainment",
                                                    "seed 3: P0 attainment"),
     # Batch 45 (eight files written at stop 42 from the issue's families by a helper that had
     # not read the controller, judged as they stood with `simulate --judge`): five met every
@@ -659,7 +683,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # beside prefill chunks (TPOT 0.188 s), none with a gateway wait of more than 0.2 s.
     # Since stop 47 (early drop refuses only past the whole TTFT objective while the offered
     # load is calm) seed 3 is met.
-    "holdout-b42-code-onoff-small-1x": ("seed 1: P0 attainment", "seed 2: P0 attainment"),
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): seed 1's P0 is met (1.000).
+    "holdout-b42-code-onoff-small-1x": ("seed 2: P0 attainment",),
     # Do no harm with cancellations (30 % of clients leave after 2-8 s): two or three P1
     # requests of ~260 a seed finish just after their client left under adaptive and just
     # before under `none` (e.g. e2e 2.84 s under `none`, cancelled under adaptive, same
@@ -709,8 +735,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # seed 2 misses as well (0.980): seven requests sent at 62-68 s were decoding on the
     # engine that fails at 70 s, and their retries' first tokens came at 70.2-70.5 s (TTFT
     # 2.9-8.2 s from arrival, no gateway wait): the place no admission decision reaches.
-    "holdout-b47-outage-rejoin-retry-medium4-gw2": ("seed 2: P0 attainment",
-                                                    "seed 3: P0 attainment"),
+    # holdout-b47-outage-rejoin-retry-medium4-gw2 meets every target at seeds 1-3 since stop 71 (a
+    # retry may wait only its share of what its earlier attempts left of its objective); its entry
+    # is gone.
     # Batch 48 (eight files written at stop 54 by a helper who had not read the controller,
     # judged as they stood at dccb945; five met every target).
     # Do no harm with the engines scraped every 5 s (holdout-b48-calm-stale-signals-medium3-
@@ -818,7 +845,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # inside an engine (TTFT 2.5 and 4.5 s, no gateway wait).
     # Since stop 63 (below half its KV ceiling, an engine sent nothing since the last cut cuts the
     # limit no further): seed 1 reads 1.001 of static:12.
-    "holdout-b50-flood-evalharness-small3-gw2-2x": ("seed 3: P0 attainment",),
+    # holdout-b50-flood-evalharness-small3-gw2-2x meets every target at seeds 1-3 since stop 71 (a
+    # retry may wait only its share of what its earlier attempts left of its objective); its entry
+    # is gone.
     # Code completion with repository context at 2.5x on two medium engines behind two
     # replicas: seed 3's one P0 miss is a 5,964-token prompt prefilled behind others inside
     # an engine (TTFT 6.0 s, no gateway wait).
@@ -857,7 +886,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # queued to time out at 15 s (313 against static:24's 143 at seed 1) and retried too late.
     # Counting requests against the sequences: 1.004 / 0.943 / 0.945 of static:32, level with
     # static:24 (2,710 against 2,755 tok/s at seed 2); static:32's 4 % over it is the refill.
-    "holdout-b51-seqcap-h100x2-moderation": ("seed 2: adaptive", "seed 3: adaptive"),
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): 0.931 / 0.980 / 0.977 of static:32.
+    "holdout-b51-seqcap-h100x2-moderation": ("seed 1: adaptive",),
     # Two of four small engines 2.5x slower from 40 to 100 s, P0 sending a 30 s deadline:
     # seed 2's four P0 misses are clients that left at their deadline (every P0 request that
     # completed met its SLO, none waited at the gateway); seed 3 P0 0.985. Not traced further.
@@ -882,7 +913,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # KV 0.3-0.5) 0.871 / 0.892 / 0.902, P0 1.000 at each seed.
     # Since stop 63 (below half its KV ceiling, an engine sent nothing since the last cut cuts the
     # limit no further): seeds 1 and 2 read 0.999 and 1.023 of the best fixed limit, seed 3 0.9498.
-    "holdout-b52-heavytail-tiny8-gw2-2.5x": ("seed 3: adaptive",),
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): 0.978 / 0.936 / 0.954 of static:24.
+    "holdout-b52-heavytail-tiny8-gw2-2.5x": ("seed 2: adaptive",),
     # One of two H100s leaves at 50 s and rejoins at 80 s, P1 retrying at once: P0 0.959 /
     # 0.972 / 0.944. Traced at seed 1: twelve P0 streams dropped with the leaving engine and
     # two prefilled behind the refill at its return (TTFT 2.5 s).
@@ -932,7 +965,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # (holdout-b53-heavytail-small7-gw2-2.5x).
     # Five of six small engines slowed 3x for 45 s: seed 2 reads 0.905 of static:96, which
     # gives P0 up (0.949); against the best fixed limit that keeps P0 (static:64), 1.015.
-    "holdout-b53-slow3x-five-of-small6-1.5x": ("seed 2: adaptive",),
+    # holdout-b53-slow3x-five-of-small6-1.5x meets every target at seeds 1-3 since stop 71 (a retry
+    # may wait only its share of what its earlier attempts left of its objective); its entry is
+    # gone.
     # Batch 54 (eight files written at stop 61 by a helper who had not read the controller,
     # judged as they stood at a84edad; four met every target at seeds 1-3).
     # Do no harm with impatient users: at seed 3 one more P1 request than under `none` is
@@ -944,6 +979,10 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # of the best's goodput.
     "holdout-b54-code-onoff-medium3-gw4-3x": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                                               "seed 3: P0 attainment"),
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): all four small engines slowed 3x behind two replicas: P0 0.988 at seed 3, one
+    # TPOT; no fixed limit of the sweep keeps P0.
+    "holdout-b54-fleet-slow3x-small4-gw2": ("seed 3: P0 attainment",),
     # Code completion at ~1.1-1.25x on six small engines: 0.955 / 0.888 / 0.934 of the best
     # fixed limit, P0 0.987 / 0.986 / 0.964. At seed 2 adaptive preempts (229 against
     # static:6's none, which keeps P0 at 1.000 and serves 335 tok/s against 301) and refuses
@@ -967,14 +1006,16 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # run P0 misses 1,331 -> 1,365.
     # Since stop 63 (below half its KV ceiling, an engine sent nothing since the last cut cuts the
     # limit no further): seeds 2 and 3 read 0.983 and 0.981 of static:8; P0 0.974 / 0.973 / 0.978.
-    "holdout-b54-code-onoff-small6-gw3-1x": ("seed 1: P0 attainment", "seed 2: P0 attainment",
-                                             "seed 3: P0 attainment"),
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): P0 0.994 / 0.980 / 0.993.
+    "holdout-b54-code-onoff-small6-gw3-1x": ("seed 2: P0 attainment",),
     # One P1 tenant at 10x on eight tiny engines behind four replicas: 0.921 / 0.909 / 0.907
     # of static:16, which gives P0 up at seed 2 (0.979, 970 preemptions against adaptive's
     # 244); against the best fixed limit that keeps P0 (static:12), 0.95 / 0.94 / 0.93.
     # Since stop 63 (below half its KV ceiling, an engine sent nothing since the last cut cuts the
     # limit no further): seeds 1 and 3 read 0.979 and 0.955 of static:16, seed 2 0.940.
-    "holdout-b54-p1-flood-tiny8-gw4": ("seed 2: adaptive",),
+    # holdout-b54-p1-flood-tiny8-gw4 meets every target at seeds 1-3 since stop 71 (a retry may wait
+    # only its share of what its earlier attempts left of its objective); its entry is gone.
     # Batch 55 (eight files written at stop 62 by a helper that had not read the controller,
     # judged as they stood at c2c9073 with `simulate --judge`): three met every target at
     # seeds 1-3 (code-onoff-medium4-kvsplit-1x, heavytail-medium2-gw4-2.5x,
@@ -1018,8 +1059,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # static:96, which gives P0 up (0.918 at seed 1: 25 answers decoded too slowly on the
     # slowed engines); against the best fixed limit keeping P0 (static:64 at seeds 1-2,
     # static:48 at seed 3), 1.00-1.11.
-    "holdout-b55-slow3x-two-of-medium3-gw2-1.5x": ("seed 1: adaptive", "seed 2: adaptive",
-                                                   "seed 3: adaptive"),
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): 0.951 / 0.959 / 0.946 of static:96.
+    "holdout-b55-slow3x-two-of-medium3-gw2-1.5x": ("seed 3: adaptive",),
     # Code completion on eight small engines behind four replicas at 3x (batch 49, met every target
     # as written). Since stop 63 (below half its KV ceiling, an engine sent nothing since the last
     # cut cuts the limit no further): seed 3's P0 reads 0.989, three prompts late inside the
@@ -1059,7 +1101,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # beside two decoders) while the other seven drained; each window's cut for it (to 0.9 of
     # in-flight) took the three replicas' limits together from 30,000 to 7,000 tokens in six
     # seconds. Since stop 63 0.957 / 0.942 / 0.953.
-    "holdout-b56-slow3x-rolling-tiny8-gw3-1.5x": ("seed 2: adaptive",),
+    # holdout-b56-slow3x-rolling-tiny8-gw3-1.5x meets every target at seeds 1-3 since stop 71 (a
+    # retry may wait only its share of what its earlier attempts left of its objective); its entry
+    # is gone.
     # Batch 57 (eight files written at stop 64 by a helper that had not read the controller, judged
     # as they stood at 8fbdd73 with `simulate --judge`): four met every target at seeds 1-3
     # (calm-steady-tiny5-gw3, heavytail-h100x2-gw3-2.5x, p1-flood-10x-small6 and
@@ -1074,9 +1118,11 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # static:8 (1,454 against 1,544) and serves more of them in time (369 against 346), but the P1
     # queue it keeps at the gateway holds P2 back past its queue timeout (350 P2 dropped against
     # 285; 91 met their SLO against 150).
-    "holdout-b57-code-minutes-small3-gw2-3x": ("seed 1: adaptive", "seed 1: P0 attainment",
-                                               "seed 2: adaptive", "seed 2: P0 attainment",
-                                               "seed 3: P0 attainment"),
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): 0.948 / 0.996 / 0.981 of static:8, P0 0.987 / 0.973 / 1.000.
+    "holdout-b57-code-minutes-small3-gw2-3x": ("seed 1: adaptive",
+                                               "seed 1: P0 attainment",
+                                               "seed 2: P0 attainment"),
     # Code completion on six medium engines behind three replicas at about 1x: P0 0.974 / 0.987 /
     # 0.984, every miss `tpot` (12 / 6 / 7): short answers decoded in steps shared with prefill
     # chunks. Adaptive reads 0.98-0.99 of the best fixed limit (static:64); the best that keeps P0
@@ -1117,9 +1163,11 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # here, but goodput -2.2 % over every ordinary run; for replicas of several only, stop 67,
     # 14 P0 targets met and 13 goodput and do-no-harm targets lost over the 109 held-out files
     # with several replicas; docs/design.md, "The control law").
-    "holdout-b58-code-cron-minutes-small2-gw3-3x": ("seed 1: adaptive", "seed 1: P0 attainment",
-                                                    "seed 2: adaptive", "seed 2: P0 attainment",
-                                                    "seed 3: adaptive", "seed 3: P0 attainment"),
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): goodput met: 0.972 / 0.989 / 1.000 of static:3-4; P0 0.978 / 0.965 / 0.977.
+    "holdout-b58-code-cron-minutes-small2-gw3-3x": ("seed 1: P0 attainment",
+                                                    "seed 2: P0 attainment",
+                                                    "seed 3: P0 attainment"),
     # Code completion whose prompts grow from ~1,600 to ~2,700 tokens at 90 s, five small
     # engines at 1x: seed 1's P0 0.989, one request inside an engine and one TPOT. Not traced.
     "holdout-b58-code-ctxshift-small5-1x": ("seed 1: P0 attainment",),
@@ -1272,7 +1320,9 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
                                                 "seed 3: P0 attainment"),
     # Heavy-tailed answers at 2.5x on two H100s behind two replicas, P1 deadlines: 0.945 of
     # the best fixed limit (static:192) at seed 2.
-    "holdout-b63-heavytail-deadline-h100x2-gw2-2.5x": ("seed 2: adaptive",),
+    # holdout-b63-heavytail-deadline-h100x2-gw2-2.5x meets every target at seeds 1-3 since stop 71
+    # (a retry may wait only its share of what its earlier attempts left of its objective); its
+    # entry is gone.
     # Batch 64 (eight files written at stop 70 by a helper that had not read the controller,
     # every one with client deadlines on at least one class, judged as they stood with stop
     # 70's controller): calm-voice-booking-bursty-tiny3-gw3, code-ghosttext-deadline-tiny2-
@@ -1285,7 +1335,12 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # Pre-commit code waves at about 3x on four medium engines, IDE P0 with a 6 s deadline:
     # P0 0.865-0.869 (27-35 cancelled at the deadline, 16-23 TPOT a seed), and 0.875 of the
     # best fixed limit at seed 1. The best fixed limit keeping P0 is 0.63-0.85 of the best's.
-    "holdout-b64-code-precommit-medium4-gw2-3x": ("seed 1: adaptive", "seed 1: P0 attainment",
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): 0.852 / 0.873 / 1.010 of static:48 (fixed limits gained more), P0 0.906 / 0.890 /
+    # 0.870.
+    "holdout-b64-code-precommit-medium4-gw2-3x": ("seed 1: adaptive",
+                                                  "seed 1: P0 attainment",
+                                                  "seed 2: adaptive",
                                                   "seed 2: P0 attainment",
                                                   "seed 3: P0 attainment"),
     # Heavy tails at 2.1-2.75x on four small engines behind four replicas: P0 0.984 at seed 3
@@ -1323,9 +1378,14 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 0.833 / 0.847 / 0.846 of the best fixed limit (static:48-64), P0 0.971 / 0.970 / 0.959,
     # every P0 miss a TPOT (10-16 a seed). The best fixed limit keeping P0 is 0.73-0.80 of
     # the best's goodput.
-    "holdout-b65-code-workshop-waves-medium4-3x": ("seed 1: adaptive", "seed 1: P0 attainment",
-                                                   "seed 2: adaptive", "seed 2: P0 attainment",
-                                                   "seed 3: adaptive", "seed 3: P0 attainment"),
+    # Since stop 71 (a retry may wait only its share of what its earlier attempts left of its
+    # objective): adaptive's goodput 391-400 -> 634-659 tok/s, 0.922 / 1.007 / 0.940 of static:96
+    # (which gained as much: the rule is the queue's), P0 0.966 / 0.953 / 0.944.
+    "holdout-b65-code-workshop-waves-medium4-3x": ("seed 1: adaptive",
+                                                   "seed 1: P0 attainment",
+                                                   "seed 2: P0 attainment",
+                                                   "seed 3: adaptive",
+                                                   "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"

@@ -235,6 +235,7 @@ requests:
   priorityHeader: X-Priority
   featureHeader: x-feature
   deadlineHeader: x-deadline
+  retryCountHeader: X-Retry-Count
   modelHeader: X-Model
   bodyInspection: true
   maxBodyBytes: 1024
@@ -270,7 +271,7 @@ failureModeAllow: true
     )
     assert (p.retry_after.min_s, p.retry_after.max_s, p.retry_after.jitter) == (2, 30, 0.1)
     assert p.requests == RequestSpec("x-priority", "x-feature", "x-deadline", "x-model", True,
-                                     1024, 128, 3.5)
+                                     1024, 128, 3.5, retry_count_header="x-retry-count")
     assert p.failure_mode_allow is True
 
 

@@ -392,6 +392,26 @@ def test_a_class_deadline_is_sent_on_each_attempt_and_kept():
     assert "deadline" in error_of(BASE + "    deadline: soon\n")
 
 
+def test_a_retrying_client_says_how_many_attempts_came_before():
+    """Clients that back off over the server's Retry-After (`jitter`, as the OpenAI and
+    Anthropic SDKs do) send each retry's count in the policy's retry-count header, as those
+    SDKs do; clients that send again at once (`immediate`, a loop of the caller's) do not,
+    and `countHeader` says otherwise for either."""
+    policy = default_policy()
+
+    def sent(retry: str, attempt: int) -> str | None:
+        job = generate(parse_scenario(BASE + f"    retry: {retry}\n", "t.yaml"), 1.0, 1)[0]
+        return check_of(job, "c", policy, True, 0.0, attempt).headers.get(
+            "x-stainless-retry-count")
+
+    assert [sent("{mode: jitter}", n) for n in (0, 2)] == ["0", "2"]
+    assert sent("{mode: immediate}", 1) is None
+    assert sent("{mode: jitter, countHeader: false}", 1) is None
+    assert sent("{mode: immediate, countHeader: true}", 1) == "1"
+    assert sent("{mode: none}", 0) is None
+    assert "retries nothing" in error_of(BASE + "    retry: {countHeader: true}\n")
+
+
 def test_ramp_times_must_not_go_back():
     text = BASE.replace("rate: 1.0", "rate: {ramp: [[10s, 1], [5s, 2]]}")
     assert "classes[0].rate.ramp[1]: times must increase" in error_of(text)

@@ -20,7 +20,16 @@ import time
 import aiohttp
 import openai
 import pytest
-from e2e_support import E2E, HERE, P0_KEY, cancel_all, chat_body, headers, hold_slots
+from e2e_support import (
+    E2E,
+    HERE,
+    P0_KEY,
+    cancel_all,
+    chat_body,
+    headers,
+    hold_slots,
+    metric,
+)
 
 from llmvalve.processes import envoy_binary, http_get
 from llmvalve.stack import Stack, StackConfig
@@ -98,13 +107,21 @@ def budget_429(exc: openai.RateLimitError, reason: str) -> dict[str, str]:
     return dict(h)
 
 
+RETRIED = "llmvalve_retried_decisions_total"
+
+
 def retry_succeeds(e2e: E2E, key: str, max_tokens: int, retry_after_ms: int) -> None:
-    """The SDK's own retry (max_retries=2) gets through after waiting what it was told."""
+    """The SDK's own retry (max_retries=2) gets through after waiting what it was told, and
+    says it is a retry: the SDK's x-stainless-retry-count reaches the control plane through
+    Envoy (requests.retryCountHeader), which counts it (the 429 before it was a first
+    attempt)."""
+    retried = metric(e2e, RETRIED)
     t0 = time.monotonic()
     raw = ask(sdk(e2e, key, retries=2), max_tokens)
     elapsed_ms = (time.monotonic() - t0) * 1000
     assert raw.http_response.status_code == 200
     assert raw.retries_taken == 1  # one 429, one wait, then served
+    assert metric(e2e, RETRIED) == retried + 1
     assert 0.5 * retry_after_ms <= elapsed_ms <= retry_after_ms + 3000, (elapsed_ms,
                                                                          retry_after_ms)
 

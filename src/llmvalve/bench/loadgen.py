@@ -66,6 +66,8 @@ class Target:
     default_key: str | None = None
     priority_header: str = "x-llmvalve-priority"
     model_header: str = "x-llmvalve-model"  # sent with a job's own model (several pools)
+    # sent with each attempt's count by a class whose retries say it (as the simulator's)
+    retry_count_header: str = "x-stainless-retry-count"
     sim_headers: bool = True  # x-sim-prompt-tokens / x-sim-output-tokens for sim backends
     connect_timeout_s: float = 10.0
 
@@ -272,6 +274,8 @@ class LoadGenerator:
                    t.priority_header: str(job.priority)}
         if job.model:
             headers[t.model_header] = job.model
+        if job.cls.retry.count_header and t.retry_count_header:
+            headers[t.retry_count_header] = str(st.attempt)
         key = t.keys.get(job.tenant, t.default_key)
         if key:
             headers["authorization"] = f"Bearer {key}"

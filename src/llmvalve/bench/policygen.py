@@ -149,6 +149,7 @@ def policy_dict(policy: Policy) -> dict:
             "priorityHeader": policy.requests.priority_header,
             "featureHeader": policy.requests.feature_header,
             "deadlineHeader": policy.requests.deadline_header,
+            "retryCountHeader": policy.requests.retry_count_header,
             "modelHeader": policy.requests.model_header,
             **({} if policy.requests.body_inspection is None
                else {"bodyInspection": policy.requests.body_inspection}),

@@ -363,6 +363,7 @@ def run_mode(sc: Scenario, mode: str, opts: BenchOptions, progress: Progress,
         target = Target(stack.gateway_url, model=profile.model, keys=keys,
                         priority_header=policy.requests.priority_header,
                         model_header=policy.requests.model_header,
+                        retry_count_header=policy.requests.retry_count_header,
                         replicas=tuple(s.gateway_url for s in stacks) if len(stacks) > 1
                         else ())
         gen = LoadGenerator(jobs, target, time_scale=x, duration_s=sc.duration_s,

@@ -64,6 +64,9 @@ class Pool:
     pushed_out: list[Reject] = field(default_factory=list)  # for the next poll()
     answers: AnswerLengths = field(default_factory=AnswerLengths)  # what answers cost
     samples: int = 0  # access-log samples received
+    # The Retry-After each class's refusals were told, a running mean: about how long each
+    # earlier attempt of a retried request of the class waited before it came back.
+    told_retry_after_s: dict[int, float] = field(default_factory=dict)
     # The largest request the shared limit kept waiting at the last dispatch (0: none): a
     # limit with a request waiting for it is in use, whatever is in flight.
     waiting_for_limit: float = 0.0

@@ -53,6 +53,7 @@ class RequestInfo:
     pool: str = "default"
     model: str | None = None  # the OpenAI `model` it names (per-model budgets)
     answers: int = 1  # answers it decodes (`n` per prompt), each up to max_tokens; 0: none
+    retries: int = 0  # the times its client says it sent it before (requests.retryCountHeader)
     # the hash of the API key it came with (None: anonymous, or the simulator's): a reload
     # that removes that key refuses it while it waits
     key_hash: str | None = field(default=None, repr=False)

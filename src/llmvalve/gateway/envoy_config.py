@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from llmvalve.core.policy import Policy
+from llmvalve.core.policy import Policy, RequestSpec
 from llmvalve.core.policy.requests import ENVOY_BUFFER_BYTES, SET_BY_LLMVALVE
 
 Endpoint = tuple[str, int]
@@ -93,8 +93,9 @@ class EnvoyParams:
     # Proxies of yours in front of Envoy that append to x-forwarded-for (0: clients connect
     # to Envoy directly, or through a load balancer that does not)
     xff_trusted_hops: int = 0
-    # Request header names the policy reads that do not start with x-llmvalve-.
-    extra_headers: tuple[str, ...] = ()
+    # Request header names the policy reads that do not start with x-llmvalve- (the default
+    # policy's: the SDKs' retry count)
+    extra_headers: tuple[str, ...] = (RequestSpec().retry_count_header,)
     # The policy's class header: the control plane sets it, clamped, on the upstream request.
     priority_header: str = "x-llmvalve-priority"
     note: str = COMPOSE_NOTE
@@ -116,7 +117,8 @@ def policy_params(policy: Policy) -> dict:
         check_timeout_s=check_timeout,
         # a request held for its whole queue timeout is not ended by the idle timer first
         idle_timeout_s=max(EnvoyParams.idle_timeout_s, check_timeout + CHECK_MARGIN_S),
-        extra_headers=(r.priority_header, r.feature_header, r.deadline_header, r.model_header),
+        extra_headers=tuple(h for h in (r.priority_header, r.feature_header, r.deadline_header,
+                                        r.retry_count_header, r.model_header) if h),
         priority_header=r.priority_header,
     )
 
@@ -182,9 +184,11 @@ def envoy_read_changes(old: Policy, new: Policy) -> list[str]:
     if max(q.timeout_s for q in new.queues) > max(q.timeout_s for q in old.queues):
         out.append("the longest queue timeout raised (Envoy's check timeout)")
     for key, attr in (("priorityHeader", "priority_header"), ("featureHeader", "feature_header"),
-                      ("deadlineHeader", "deadline_header"), ("modelHeader", "model_header")):
+                      ("deadlineHeader", "deadline_header"),
+                      ("retryCountHeader", "retry_count_header"), ("modelHeader", "model_header")):
         header = getattr(new.requests, attr)
-        if header != getattr(old.requests, attr) and not header.startswith("x-llmvalve-"):
+        if (header != getattr(old.requests, attr) and header
+                and not header.startswith("x-llmvalve-")):
             out.append(f"requests.{key} (a header Envoy must pass to the check)")
     if new.pools[0].cluster != old.pools[0].cluster:
         out.append("the first pool's cluster (Envoy's default route and /health)")

@@ -138,6 +138,7 @@ class Record:
     tenant: str = ""
     wait_s: float = 0.0
     retry_after_s: float | None = None
+    retried: bool = False  # its client said it had sent it before (requests.retryCountHeader)
 
 
 @dataclass(frozen=True)
@@ -310,6 +311,7 @@ class Front:
             request_id=check.check_id, tenant=classified.tenant, priority=classified.priority,
             cost_tokens=0.0, prompt_tokens=est.prompt_tokens, max_tokens=est.max_tokens,
             answers=est.answers,
+            retries=request_facts.retries(headers, spec.retry_count_header),
             deadline=None if deadline_ms is None else now + deadline_ms / 1000.0,
             feature=headers.get(spec.feature_header), pool=pool.name, model=model,
             key_hash=classified.key_hash)
@@ -483,8 +485,12 @@ class Front:
     def _verdict(self, waiting: _Waiting, decision: Admit | Reject, now: float,
                  queued: bool) -> Go | Answer:
         if isinstance(decision, Admit):
-            return self._go(waiting, decision.ticket, decision.wait_s, now, waiting.model)
-        return self._rejected(waiting, decision, now, queued)
+            verdict = self._go(waiting, decision.ticket, decision.wait_s, now, waiting.model)
+        else:
+            verdict = self._rejected(waiting, decision, now, queued)
+        if waiting.info.retries:
+            verdict = replace(verdict, record=replace(verdict.record, retried=True))
+        return verdict
 
     def _go(self, waiting: _Waiting, ticket: Ticket, wait_s: float, now: float,
             model: str | None, extra: Headers = ()) -> Go:

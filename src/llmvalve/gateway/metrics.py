@@ -56,6 +56,10 @@ class GatewayMetrics:
         # pod that had decided nothing had no series, so the HPA's decision rate read as
         # missing on an idle fleet, and it never scaled down.
         self.decisions.labels("unknown_path", "", "", "unknown_path")
+        self.retried = Counter(
+            "llmvalve_retried_decisions", "Admission decisions on requests whose client said "
+            "it had sent them before (requests.retryCountHeader)", ["decision", "class"],
+            registry=r)
         self.retry_after = Histogram(
             "llmvalve_retry_after_seconds", "Retry-After handed out with 429/503 answers",
             ["class", "reason"], buckets=RETRY_AFTER_BUCKETS, registry=r)
@@ -128,6 +132,8 @@ class GatewayMetrics:
         self._child(self.decisions, decision, klass, self.tenants(record.tenant),
                     record.reason).inc()
         self.counts[(klass, decision)] += 1
+        if record.retried:
+            self._child(self.retried, decision, klass).inc()
         if record.retry_after_s is not None:
             self._child(self.retry_after, klass, record.reason).observe(record.retry_after_s)
         if decision == "over_budget":

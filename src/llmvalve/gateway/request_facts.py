@@ -284,6 +284,20 @@ def deadline_ms(headers: Mapping[str, str], name: str) -> float | None:
     return ms if math.isfinite(ms) and ms >= 0 else None
 
 
+MAX_RETRIES = 100  # a larger count is read as this: past a few, every retry reads as spent
+
+
+def retries(headers: Mapping[str, str], name: str) -> int:
+    """The times the client says it sent this request before (0 when it says nothing or
+    nothing readable: a count the gateway cannot read changes nothing)."""
+    value = headers.get(name) if name else None
+    try:
+        count = int(value) if value is not None and value.strip().isascii() else 0
+    except ValueError:
+        return 0
+    return min(max(count, 0), MAX_RETRIES)
+
+
 def backend_addresses(policy: Policy) -> dict[str, str]:
     """Backend name → "IP:PORT" of its API, taken from its metrics URL (vLLM, SGLang and
     TensorRT-LLM serve /metrics on the API port). Host names are left out here: Envoy's

@@ -270,7 +270,12 @@ classes:
                                             # after a refusal or a drop, up to maxAttempts
                                             # retries; jitter waits the server's Retry-After
                                             # (if any) plus a uniform draw in
-                                            # [0, min(cap, base × 2^retry)]; immediate: at once
+                                            # [0, min(cap, base × 2^retry)]; immediate: at once.
+                                            # countHeader: each attempt sends its count in the
+                                            # policy's retry-count header (x-stainless-retry-
+                                            # count), as the OpenAI and Anthropic SDKs do;
+                                            # default true for jitter (an SDK's back-off),
+                                            # false for immediate (a caller's own loop)
   - name: ramped
     priority: 1
     rate: {ramp: [[0s, 1], [60s, 10], [60s, 2]]}  # linear between points; a repeated time jumps

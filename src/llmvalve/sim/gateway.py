@@ -55,7 +55,9 @@ def keyed_tenants(policy: Policy, wanted: dict[str, int], key: Callable[[str], s
     return dataclasses.replace(policy, tenants=tuple(tenants), anonymous=None)
 
 
-def check_of(job: Job, check_id: str, policy: Policy, stream: bool, now: float) -> Check:
+def check_of(job: Job, check_id: str, policy: Policy, stream: bool, now: float,
+             attempt: int = 0) -> Check:
+    """The check Envoy sends for attempt `attempt` (0: the first) of `job`."""
     spec = policy.requests
     text_bytes = round(job.prompt_tokens * spec.bytes_per_token)
     headers = {"authorization": f"Bearer {KEY_PREFIX}{job.tenant}",
@@ -66,6 +68,8 @@ def check_of(job: Job, check_id: str, policy: Policy, stream: bool, now: float) 
         headers[spec.model_header] = model
     if job.deadline_at_s is not None:  # the time left, in whole milliseconds
         headers[spec.deadline_header] = str(max(0, round((job.deadline_at_s - now) * 1000)))
+    if job.cls.retry.count_header and spec.retry_count_header:
+        headers[spec.retry_count_header] = str(attempt)
     body = None
     if policy.inspects_bodies:
         doc = {"model": model or "sim", "stream": stream,

@@ -223,7 +223,8 @@ class Simulation:
         st.gateway = g.index
         st.req_id = f"{job.job_id}.{st.attempt}"
         self.by_req[st.req_id] = st
-        check = sim_gateway.check_of(job, st.req_id, self.policy, job.cls.stream, now)
+        check = sim_gateway.check_of(job, st.req_id, self.policy, job.cls.stream, now,
+                                     st.attempt)
         verdict = g.front.check(check, now)
         if isinstance(verdict, Wait):
             st.status = "queued"

@@ -32,6 +32,10 @@ class RetrySpec:
     max_attempts: int = 3
     base_s: float = 1.0
     cap_s: float = 30.0
+    # each retry says how many attempts came before it, in the policy's retry-count header
+    # (the OpenAI and Anthropic SDKs send x-stainless-retry-count); default: jitter clients
+    # do (an SDK's back-off), immediate ones do not (a loop that sends again)
+    count_header: bool = False
 
 
 @dataclass(frozen=True)

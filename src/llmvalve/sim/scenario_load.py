@@ -423,13 +423,14 @@ def _trace_tenants(c: _Ctx, node: Node | None, field: str
 
 
 def _retry(c: _Ctx, node: Node | None, field: str) -> RetrySpec:
-    r = c.r.fields(node, field, ("mode", "maxAttempts", "base", "cap"))
+    r = c.r.fields(node, field, ("mode", "maxAttempts", "base", "cap", "countHeader"))
     mode_node = r.get("mode")
     mode = (c.r.choice(mode_node, r.field("mode"), RETRY_MODES, "retry mode")
             if mode_node is not None else None)
     spec = RetrySpec(mode or "none", r.integer("maxAttempts", 3, ge=1, le=MAX_ATTEMPTS),
-                     r.duration("base", 1.0), r.duration("cap", 30.0))
-    tuned = [k for k in ("maxAttempts", "base", "cap") if r.has(k)]
+                     r.duration("base", 1.0), r.duration("cap", 30.0),
+                     r.boolean("countHeader", mode == "jitter"))
+    tuned = [k for k in ("maxAttempts", "base", "cap", "countHeader") if r.has(k)]
     paced = [k for k in ("base", "cap") if r.has(k)]
     if spec.mode == "none" and tuned:
         c.r.error(r.key_node(tuned[0]), r.field(tuned[0]),

@@ -47,16 +47,21 @@ def read_retry_after(top: NodeFields) -> RetryAfterSpec:
 
 
 def read_requests(top: NodeFields) -> RequestSpec:
-    f = top.sub("requests", ("priorityHeader", "featureHeader", "deadlineHeader", "modelHeader",
-                             "bodyInspection", "maxBodyBytes", "defaultMaxTokens",
-                             "bytesPerToken", "tokensPerMediaPart", "paths"))
+    f = top.sub("requests", ("priorityHeader", "featureHeader", "deadlineHeader",
+                             "retryCountHeader", "modelHeader", "bodyInspection", "maxBodyBytes",
+                             "defaultMaxTokens", "bytesPerToken", "tokensPerMediaPart", "paths"))
     d = RequestSpec()
     headers = {}
     for key, default in (("priorityHeader", d.priority_header),
                          ("featureHeader", d.feature_header),
                          ("deadlineHeader", d.deadline_header),
+                         ("retryCountHeader", d.retry_count_header),
                          ("modelHeader", d.model_header)):
-        value = f.string(key, default).strip().lower()
+        optional = key == "retryCountHeader"  # "" reads none
+        value = f.string(key, default, nonempty=not optional).strip().lower()
+        if optional and not value:
+            headers[key] = value
+            continue
         if not _HEADER_RE.fullmatch(value):
             f.r.error(f.get(key), f.field(key), f"{value!r} is not a valid HTTP header name")
             value = default
@@ -72,6 +77,7 @@ def read_requests(top: NodeFields) -> RequestSpec:
         priority_header=headers["priorityHeader"],
         feature_header=headers["featureHeader"],
         deadline_header=headers["deadlineHeader"],
+        retry_count_header=headers["retryCountHeader"],
         model_header=headers["modelHeader"],
         body_inspection=(f.boolean("bodyInspection", False)
                          if f.get("bodyInspection") is not None else None),

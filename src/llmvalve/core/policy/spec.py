@@ -293,6 +293,9 @@ class RequestSpec:
     # The routes a client may reach: [METHOD ]PATH, the path exact or a prefix ending in `*`;
     # ("*",) passes every request.
     paths: tuple[str, ...] = INFERENCE_PATHS
+    # how many times the client has sent this request before (the OpenAI and Anthropic SDKs
+    # send it on every attempt); "" reads none
+    retry_count_header: str = "x-stainless-retry-count"
 
     def methods(self, path: str) -> frozenset[str]:
         """The methods on which a request for `path` (its query aside, one trailing slash
