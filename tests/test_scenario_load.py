@@ -14,7 +14,7 @@ import pytest
 from llmvalve.sim import workload
 from llmvalve.sim.gateway import check_of
 from llmvalve.sim.runner import default_policy
-from llmvalve.sim.scenario import ScenarioError, load_scenario
+from llmvalve.sim.scenario import RetrySpec, ScenarioError, load_scenario
 from llmvalve.sim.scenario_load import MAX_REQUESTS, parse_scenario
 from llmvalve.sim.workload import MAX_TRACE_BYTES, MAX_TRACE_ROWS, generate, on_off_schedule
 
@@ -410,6 +410,8 @@ def test_a_retrying_client_says_how_many_attempts_came_before():
     assert sent("{mode: immediate, countHeader: true}", 1) == "1"
     assert sent("{mode: none}", 0) is None
     assert "retries nothing" in error_of(BASE + "    retry: {countHeader: true}\n")
+    # a class built in code, as the load generator's tests build them, defaults alike
+    assert RetrySpec("jitter").sends_count and not RetrySpec("immediate").sends_count
 
 
 def test_ramp_times_must_not_go_back():

@@ -274,7 +274,7 @@ class LoadGenerator:
                    t.priority_header: str(job.priority)}
         if job.model:
             headers[t.model_header] = job.model
-        if job.cls.retry.count_header and t.retry_count_header:
+        if job.cls.retry.sends_count and t.retry_count_header:
             headers[t.retry_count_header] = str(st.attempt)
         key = t.keys.get(job.tenant, t.default_key)
         if key:

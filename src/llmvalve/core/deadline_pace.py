@@ -134,9 +134,9 @@ class DeadlinePace:
                 # the realized pace, or the target where the limit has not reached it yet
                 now_pace = min(itl, self.target_s)
                 fit = _fit(ratios, cut)
-                aim = now_pace / 2 if fit is None else now_pace / math.exp(
+                quantile = math.inf if fit is None else math.exp(
                     fit[0] + fit[1] * _NORMAL.inv_cdf(1 - TOLERATED))
-                pace = max(FLOOR * self.base_s, min(self.target_s, max(aim, now_pace / 2)))
+                pace = max(FLOOR * self.base_s, min(self.target_s, now_pace / min(quantile, 2.0)))
                 if fit is None or _cut_at(fit, pace / itl) <= cut / 2:
                     self._step(pace, now)
         elif cut <= TOLERATED / 2 or spent <= TOLERATED / 2:

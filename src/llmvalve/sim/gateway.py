@@ -68,7 +68,7 @@ def check_of(job: Job, check_id: str, policy: Policy, stream: bool, now: float,
         headers[spec.model_header] = model
     if job.deadline_at_s is not None:  # the time left, in whole milliseconds
         headers[spec.deadline_header] = str(max(0, round((job.deadline_at_s - now) * 1000)))
-    if job.cls.retry.count_header and spec.retry_count_header:
+    if job.cls.retry.sends_count and spec.retry_count_header:
         headers[spec.retry_count_header] = str(attempt)
     body = None
     if policy.inspects_bodies:

@@ -32,10 +32,15 @@ class RetrySpec:
     max_attempts: int = 3
     base_s: float = 1.0
     cap_s: float = 30.0
-    # each retry says how many attempts came before it, in the policy's retry-count header
-    # (the OpenAI and Anthropic SDKs send x-stainless-retry-count); default: jitter clients
-    # do (an SDK's back-off), immediate ones do not (a loop that sends again)
-    count_header: bool = False
+    # each attempt says how many came before it, in the policy's retry-count header (the
+    # OpenAI and Anthropic SDKs send x-stainless-retry-count); None: `sends_count`'s default
+    count_header: bool | None = None
+
+    @property
+    def sends_count(self) -> bool:
+        """Jitter clients do (an SDK's back-off), immediate ones do not (a caller's loop that
+        sends again), unless `count_header` says otherwise."""
+        return self.mode == "jitter" if self.count_header is None else self.count_header
 
 
 @dataclass(frozen=True)

@@ -429,7 +429,7 @@ def _retry(c: _Ctx, node: Node | None, field: str) -> RetrySpec:
             if mode_node is not None else None)
     spec = RetrySpec(mode or "none", r.integer("maxAttempts", 3, ge=1, le=MAX_ATTEMPTS),
                      r.duration("base", 1.0), r.duration("cap", 30.0),
-                     r.boolean("countHeader", mode == "jitter"))
+                     r.boolean("countHeader", False) if r.has("countHeader") else None)
     tuned = [k for k in ("maxAttempts", "base", "cap", "countHeader") if r.has(k)]
     paced = [k for k in ("base", "cap") if r.has(k)]
     if spec.mode == "none" and tuned:
