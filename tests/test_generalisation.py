@@ -1358,6 +1358,37 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
                                                    "seed 2: P0 attainment",
                                                    "seed 3: adaptive",
                                                    "seed 3: P0 attainment"),
+    # Batch 66 (eight files written at stop 72 by a helper that had not read the controller,
+    # judged as they stood with stop 71's controller): calm-trace-5tenants-small5-gw3,
+    # heavytail-research-agents-medium7-3x, p1-flood-cron-sawtooth-small4-gw3 and
+    # seqcap-stated-small5-seq6-ramp-2x meet every target at seeds 1-3; adaptive's goodput is
+    # 0.96-1.06 of the best fixed limit in all eight.
+    # Code completion in waves at about 3x on three tiny engines behind three replicas: P0
+    # 0.969 at seed 2, four prompts prefilled behind others' in the engines; no fixed limit of
+    # the sweep keeps P0 at seeds 1-2.
+    "holdout-b66-code-hackathon-ramp-tiny3-gw3-3x": ("seed 2: P0 attainment",),
+    # Code completion in work blocks at about 1x on two H100s behind four replicas: P0 0.913 /
+    # 0.931 / 0.948, every miss a TPOT (45 / 36 / 27): short answers decoded beside prefill
+    # chunks, as b56's H100 files. No fixed limit of the sweep keeps P0 at seeds 1-2; at seed
+    # 3 static:8 does, at 0.963 of the best's goodput.
+    "holdout-b66-code-monorepo-h100x2-gw4-1x": ("seed 1: P0 attainment",
+                                                "seed 2: P0 attainment",
+                                                "seed 3: P0 attainment"),
+    # Clients that retry every way at about 1.8x on four medium engines, P0 sending a 6 s
+    # deadline over answers of ~120 tokens (up to 600): P0 0.372 / 0.427 / 0.403, 279-319 a
+    # seed cut at the deadline at a decode pace of 0.05-0.08 s a token. No fixed limit of the
+    # sweep keeps P0: static:8 comes nearest (0.929 at seed 1, at 0.23 of the best's goodput),
+    # static:96 (the best) reads 0.354. The deadline pace does not step for it: its floor (half
+    # the policy's ITL target, 0.06 s) would still cut most of them. What would meet it is P0
+    # decoded faster than the rest (an engine that runs a small batch), not a pool-wide pace.
+    "holdout-b66-retry-mix-p0deadline-medium4-gw2-1.8x": ("seed 1: P0 attainment",
+                                                          "seed 2: P0 attainment",
+                                                          "seed 3: P0 attainment"),
+    # Half of six small engines slowed 2.5x at about 1.5x, one of them leaving at 75 s: P0
+    # 0.969 / 0.980 at seeds 1-2, six and four P0 requests decoding on the engine as it left
+    # (placed there while its inter-token latency read within the ITL target).
+    "holdout-b66-slow2.5x-half-then-crash-small6-gw2-1.5x": ("seed 1: P0 attainment",
+                                                             "seed 2: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
