@@ -303,16 +303,18 @@ def test_each_target_is_judged_only_where_the_scenario_expects_it():
 
 
 def test_the_judge_says_what_to_try_for_how_the_top_class_was_late():
-    """A miss of the top class inside the engines or on its TPOT is out of the limit's reach:
-    the judge names the engine setting an operator can try, once per kind over every seed
-    and draw, and the docs it points to say it. Nothing where the top class met its target
-    or its scenario does not hold it to one, nor for other kinds of lateness."""
+    """A miss of the top class inside the engines, on its TPOT or cut by its clients is out
+    of the limit's reach: the judge names what an operator can try, once per kind over every
+    seed and draw, and the docs it points to say it. Nothing where the top class met its
+    target or its scenario does not hold it to one, nor for other kinds of lateness."""
     from llmvalve.sim.targets import HINTS, hints
 
-    def seed(p0: float, **late: int) -> dict:
+    def seed(p0: float, cancelled: int = 0, **late: int) -> dict:
         r = _judged(1.0, 1.0, {"0": p0, "1": 0.9}, {"0": 1.0, "1": 0.95})
-        r["controllers"]["adaptive"]["classes"]["0"]["late"] = {
-            "ttft_retried": 0, "ttft_queued": 0, "ttft_backend": 0, "tpot": 0, **late}
+        top = r["controllers"]["adaptive"]["classes"]["0"]
+        top["late"] = {"ttft_retried": 0, "ttft_queued": 0, "ttft_backend": 0, "tpot": 0,
+                       **late}
+        top["cancelled"] = cancelled
         return r
 
     sc = replace(load_scenario("steady"), extra={"p0WithinShare": True, "doNoHarm": True})
@@ -324,8 +326,13 @@ def test_the_judge_says_what_to_try_for_how_the_top_class_was_late():
     assert hints(sc, {"1": seed(0.995, tpot=1)}) == []  # met: a TPOT miss is within 0.99
     assert hints(replace(sc, extra={"doNoHarm": True}), both) == []
     assert hints(sc, {"1": seed(0.98, ttft_queued=2, ttft_retried=1)}) == []
+    assert hints(sc, {"1": seed(0.6, cancelled=300, tpot=1)}) == [HINTS["tpot"],
+                                                                  HINTS["cancelled"]]
+    assert hints(sc, {"1": seed(0.995, cancelled=1)}) == []
     docs = Path(__file__).parent.parent / "docs"
-    assert "**If P0 misses its TPOT on short answers.**" in (docs / "deployment.md").read_text()
+    deployment = (docs / "deployment.md").read_text()
+    assert "**If P0 misses its TPOT on short answers.**" in deployment
+    assert "**If P0's answers are cut at their deadline.**" in deployment
     assert "| `maxNumSeqs` (of the pool) |" in (docs / "policy.md").read_text()
     assert all("### Engine priority" in (docs / page).read_text()
                for page in ("policy.md", "scenarios.md"))

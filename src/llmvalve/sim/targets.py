@@ -25,7 +25,8 @@ NO_HARM_GOODPUT = 0.98  # low load (expect.doNoHarm): adaptive ≥ 0.98 × none,
 JUDGED = ("none", "adaptive")  # the runs each seed needs, besides the oracle sweep
 
 # What an operator can try where P0 misses in a way the gateway's limit does not reach, by how
-# its requests were late (sim/report.py `late`): the judge prints each that applies.
+# its requests were late (sim/report.py `late`) or cut by their clients (`cancelled`): the
+# judge prints each that applies.
 HINTS = {
     "tpot": "P0 answers decoded slower than their TPOT objective, most often short ones in "
             "steps shared with other requests' prefill chunks: smaller chunks on the engines "
@@ -38,6 +39,11 @@ HINTS = {
                     "docs/policy.md, measured in docs/scenarios.md); where the engines' "
                     "--max-num-seqs binds before their KV cache, state it in the policy too "
                     "(pools[].maxNumSeqs)",
+    "cancelled": "P0 answers were cut by their clients before they ended: where a deadline cut "
+                 "them (their length at the pool's decode pace runs past it), no limit the "
+                 "pool shares keeps both P0 and the goodput; P0 on engines of its own does, "
+                 "at a price (docs/deployment.md, \"If P0's answers are cut at their "
+                 "deadline\"); a client's stop button no gateway reaches",
 }
 
 
@@ -129,12 +135,13 @@ def report(sc: Scenario, runs: dict[str, dict], found: list[str]) -> str:
 
 def hints(sc: Scenario, *judged: dict[str, dict]) -> list[str]:
     """What an operator can try (`HINTS`), once for each way the top class's requests were
-    late where it missed its target, over every seed of each of `judged` (`runs` as
+    late or cut where it missed its target, over every seed of each of `judged` (`runs` as
     `misses` takes them, one per timing draw)."""
     late = set()
     for runs in judged:
         for r in runs.values():
             top = _top_missed(sc, r["controllers"]["adaptive"])
             if top is not None:
-                late |= {k for k, n in top[1].get("late", {}).items() if n}
+                counts = {**top[1].get("late", {}), "cancelled": top[1].get("cancelled", 0)}
+                late |= {k for k, n in counts.items() if n}
     return [hint for kind, hint in HINTS.items() if kind in late]
