@@ -349,6 +349,8 @@ CANCELS = ("name: p0-cancels\nduration: 20s\nbackends: {count: 1, profile: small
 def test_judge_prints_the_targets_missed_and_exits_1(tmp_path):
     """Clients that cancel most P0 requests: no controller meets P0's 0.99, and the judge
     says so at each seed."""
+    from llmvalve.sim.targets import HINTS
+
     f = tmp_path / "cancels.yaml"
     f.write_text(CANCELS)
     cmd = [sys.executable, "-m", "llmvalve.cli", "simulate", "--scenario", str(f), "--judge"]
@@ -379,7 +381,9 @@ def test_judge_prints_the_targets_missed_and_exits_1(tmp_path):
     assert out.returncode == 1 and judged[:5] == [
         lines[0], "timing draw 0 (the fixed grid):", lines[1], missed[0], "timing draw 1:"]
     assert judged[5].startswith("seed 1: ") and judged[6].startswith("missed: seed 1: P0")
-    assert judged[7:] == ["targets missed at 2 of 2 timing draws (0, 1)"]
+    # and what to try for answers their clients cut, once over both draws
+    assert judged[7:] == ["targets missed at 2 of 2 timing draws (0, 1)",
+                          f"try: {HINTS['cancelled']}"]
     # a list of draws is for the judge
     out = subprocess.run([*cmd[:-1], "--timing-draw", "0,1"], capture_output=True, text=True)
     assert out.returncode == 2 and "a list with --judge" in out.stderr, out.stderr

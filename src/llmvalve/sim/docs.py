@@ -398,8 +398,9 @@ written (a file that does not load stops it before anything runs), and ends with
 met every target and how many targets were missed. Where the best fixed limit by goodput
 gives P0 up, it names the best that keeps it, or says that none of the sweep does: there the
 two targets conflict for every fixed limit. Where the top class was late inside the engines
-or on its TPOT, out of the limit's reach, a `try:` line names the engine setting to try and
-the page that measures it (`hints` in the JSON). tests/test_generalisation.py judges every
+or on its TPOT, or its answers were cut by their clients, out of the limit's reach, a `try:`
+line names what to try (an engine setting, P0 on engines of its own) and the page that
+measures it (`hints` in the JSON). tests/test_generalisation.py judges every
 built-in so (`fleet`, 64 engines, only with `LLMVALVE_ISSUE10_FULL=1`).
 
 The judge runs on the simulator's fixed grid: each gateway's scrapes at a fixed phase, the
