@@ -197,7 +197,8 @@ pools: [{{name: main, backends: [{{name: a, metricsUrl: "{url}/a/metrics"}},
 
 async def test_models_lists_a_model_once_under_the_pool_it_goes_to(monkeypatch):
     """Found by a client review: the catch-all pool's backends also served a model another
-    pool lists, and /v1/models listed it twice (a request for it goes to that pool)."""
+    pool lists, and /v1/models listed it twice (a request for it goes to that pool). A pool
+    that takes some classes (`priorities`) serves the same models again: not listed."""
     async def listing(url: str) -> list[dict]:
         return [{"id": "big", "object": "model"}, {"id": "tiny", "object": "model"}]
 
@@ -207,6 +208,8 @@ queues: [{priority: 0, name: top, maxQueueSize: 1, timeout: 1s, dropPolicy: tail
 pools:
   - {name: main, backends: [{name: a, metricsUrl: "http://10.0.0.1:8000/metrics"}]}
   - {name: small, models: [tiny], backends: [{name: b, metricsUrl: "http://10.0.0.2:8000/metrics"}]}
+  - {name: lane, cluster: lane, priorities: [0],
+     backends: [{name: c, metricsUrl: "http://10.0.0.3:8000/metrics"}]}
 """)
     clock = [1000.0]
     authz = AuthzHttp(SimpleNamespace(policy=policy),  # type: ignore[arg-type]

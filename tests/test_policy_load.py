@@ -135,6 +135,47 @@ features:
     assert p.pool_for_model(p.features[0].fallback.model).name == "main"
 
 
+CARVED = """queues:
+  - {priority: 0, name: rt, maxQueueSize: 10, timeout: 8s, dropPolicy: tail}
+  - {priority: 1, name: batch, maxQueueSize: 10, timeout: 8s, dropPolicy: tail}
+pools:
+  - {name: shared}
+  - {name: small, models: [tiny]}
+  - {name: lane, cluster: lane, priorities: [0]}
+"""
+
+
+def test_a_pool_with_priorities_takes_its_classes_out_of_the_model_s_pool():
+    p = load_policy(CARVED)
+    for model in ("big", "tiny", None):
+        assert p.pool_for_model(model, 0).name == "lane"
+    assert [p.pool_for_model(m, 1).name for m in ("big", "tiny", None)] == [
+        "shared", "small", "shared"]
+    assert p.pool_for_model("big").name == "shared"  # a class-blind check: the model's pool
+    assert p.models() == ("tiny",)
+    only_tiny = load_policy(CARVED.replace("priorities: [0]", "models: [tiny], priorities: [0]"))
+    assert [only_tiny.pool_for_model(m, 0).name for m in ("big", "tiny")] == ["shared", "lane"]
+
+
+@pytest.mark.parametrize("edit, field, message", [
+    (("priorities: [0]", "priorities: [0, 5]"), "pools[2].priorities[1]",
+     "no queue has priority 5 (queues: 0, 1)"),
+    (("priorities: [0]", "priorities: [0, 0]"), "pools[2].priorities[1]", "duplicate priority 0"),
+    (("  - {name: lane, cluster: lane, priorities: [0]}\n",
+      "  - {name: lane, cluster: lane, priorities: [0]}\n"
+      "  - {name: lane2, cluster: lane2, priorities: [1, 0]}\n"),
+     "pools[3].priorities", "P0 is already taken by pool 'lane'"),
+    (("  - {name: shared}\n", "  - {name: shared, priorities: [1]}\n"), "pools[0].priorities",
+     "the first pool takes requests that name no model and Envoy's default route"),
+    (("  - {name: shared}\n", "  - {name: shared, models: [big]}\n"
+      "  - {name: only, cluster: only, models: [other], priorities: [1]}\n"),
+     "pools[1].models", "'other' is served by no pool for every class"),
+])
+def test_pool_priorities_errors_name_the_field(edit, field, message):
+    issues = errors_of(CARVED.replace(*edit))
+    assert [(i.field, message in i.message) for i in issues] == [(field, True)], issues
+
+
 def test_multi_document_manifest_picks_the_configmap():
     cm = (DATA / "seed-policy-configmap.yaml").read_text()
     other = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: gw}\n"

@@ -174,7 +174,7 @@ def test_retries_that_say_so_are_judged_by_what_their_first_attempt_left(seed):
 def test_p0_on_engines_of_its_own_ends_the_answers_its_deadline_cut_in_a_shared_pool():
     """A P0 deadline (6 s over answers of ~120 tokens) that the shared pool's decode pace
     runs past at any limit that keeps its goodput: P0 0.37 there at seed 1. With one of the
-    four engines a pool of its own (its model served by it alone) P0 reads 0.92 for 0.92 of
+    four engines a pool that takes P0 alone (`pools[].priorities`) P0 reads 0.92 for 0.92 of
     the goodput (docs/deployment.md quotes seeds 1-3)."""
     data = Path(__file__).parent / "data"
     shared = load_scenario(str(data / "holdout" /

@@ -83,6 +83,41 @@ def test_each_request_is_served_by_its_models_pool():
     assert served == {("m-big", "big"), ("m-little", "little")}
 
 
+CARVED = """\
+name: t
+duration: 20s
+policy:
+  queues:
+    - {priority: 0, name: top, maxQueueSize: 50, timeout: 8s, dropPolicy: tail}
+    - {priority: 1, name: rest, maxQueueSize: 50, timeout: 8s, dropPolicy: tail}
+  pools:
+    - {name: shared}
+    - {name: lane, cluster: lane, priorities: [0]}
+pools:
+  - name: shared
+    backends: {count: 2, profile: small}
+  - name: lane
+    backends: {count: 1, profile: small}
+classes:
+  - {name: chat, priority: 0, rate: 1.0}
+  - {name: side, priority: 1, rate: 2.0}
+"""
+
+
+def test_a_pool_with_priorities_serves_its_classes_and_no_other():
+    """The policy's `priorities` carve P0 out of the pool every model goes to: the simulated
+    gateway (the production Front) sends each class to its pool, and the classes name no
+    model."""
+    sc = parse_scenario(CARVED, "t.yaml")
+    run = run_one(sc, "adaptive")
+    pools = sc.backend_pools(sc.policy)
+    served = {(st.job.priority, pools[st.backend].name) for st in run.jobs if st.backend >= 0}
+    assert served == {(0, "lane"), (1, "shared")}
+    # without the policy's carve-out, two pools that list no models are one too many
+    plain = CARVED.replace("    - {name: lane, cluster: lane, priorities: [0]}\n", "")
+    assert "at most one pool may list no models" in error_of(plain)
+
+
 @pytest.fixture(scope="module")
 def two_pool() -> dict[int, dict]:
     sc = load_scenario("two-pool")

@@ -153,7 +153,8 @@ class AuthzHttp:
             if self._models is not None and now - self._models[0] < MODELS_TTL_S:
                 return self._models[1]
             created = self._created
-            pools = self.driver.policy.pools
+            # a pool carved out for some classes serves its models' pool's models again
+            pools = [p for p in self.driver.policy.pools if not p.priorities]
             asked = await asyncio.gather(*(
                 asyncio.gather(*(backend_models(b.metrics_url) for b in pool.backends
                                  if b.metrics_url and not pool.models))

@@ -284,7 +284,7 @@ class Front:
                 f"large is not read: name the model in the {spec.model_header} header")
             return Answer(check.check_id, reply, Record("bad_request", klass, "body_too_large",
                                                         classified.tenant))
-        pool = policy.pool_for_model(model)
+        pool = policy.pool_for_model(model, classified.priority)
         if pool is None:
             return Answer(check.check_id, replies.model_not_found(model or ""),
                           Record("model_not_found", klass, "model_not_found",

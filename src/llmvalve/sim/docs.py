@@ -308,7 +308,10 @@ classes:
 Backends are numbered across the pools in their order (here `large`'s are 0 and 1, `compact`'s
 is 2); capacity events use those numbers. The results keep their meaning over all pools
 (goodput, per-class attainment) and gain `pools.NAME`: that pool's goodput, throughput and, per
-class, the outcome counts and attainment of the requests that asked for its models.
+class, the outcome counts and attainment of the requests that asked for its models. A pool the
+scenario's policy gives `priorities` (docs/policy.md) takes those classes' requests for its
+models, or for every model when it lists none; it may repeat another pool's models, and the
+classes need not name one (tests/data/scenario-p0-pool-of-its-own.yaml).
 
 Rates: a number (constant), a list of `[time, req/s]` steps, `{ramp: [...]}` (the rate runs in
 a straight line from point to point, the last rate holds to the end; give a time twice for a

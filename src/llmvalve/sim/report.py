@@ -128,13 +128,14 @@ def summarize(run: RunResult, policy: Policy) -> dict:
 
 
 def by_pool(run: RunResult, policy: Policy) -> dict[str, dict]:
-    """Per pool (the one serving the model a request asked for): goodput, throughput and each
-    class's outcome counts and SLO attainment, as the whole run's figures are counted."""
+    """Per pool (the one serving the model a request asked for, at its class): goodput,
+    throughput and each class's outcome counts and SLO attainment, as the whole run's figures
+    are counted."""
     out: dict[str, dict] = {
         p.name: {"models": list(p.models), "goodput_tok_s": 0.0, "throughput_tok_s": 0.0,
                  "classes": {}} for p in policy.pools}
     for s in run.jobs:
-        pool = policy.pool_for_model(s.job.model)
+        pool = policy.pool_for_model(s.job.model, s.job.priority)
         if pool is None:
             continue
         q = policy.queue(s.job.priority)

@@ -17,9 +17,11 @@ POOL_KEYS = ("name", "models", "backends")
 
 
 def parse_pools(c, node: Node, backend_keys: tuple[str, ...],  # type: ignore[no-untyped-def]
-                profile: Callable) -> tuple[PoolDef, ...]:
+                profile: Callable, carved: frozenset[str] = frozenset()) -> tuple[PoolDef, ...]:
     """`pools: [{name, models: [...], backends: {count, profile, ...}}, ...]`; `profile` reads
-    a backends mapping's profile and its overrides (scenario_load._profile)."""
+    a backends mapping's profile and its overrides (scenario_load._profile). `carved`: pools
+    the scenario's policy gives `priorities` (they serve other pools' models to some classes,
+    core/policy/pools.py)."""
     out: list[PoolDef] = []
     seen_models: dict[str, str] = {}
     for i, item in enumerate(c.r.seq(node, "pools") or []):
@@ -38,10 +40,11 @@ def parse_pools(c, node: Node, backend_keys: tuple[str, ...],  # type: ignore[no
             model = c.r.string(m, f"{f.field('models')}[{j}]")
             if model is None:
                 continue
-            if model in seen_models:
+            if model in seen_models and name not in carved:
                 c.r.error(m, f"{f.field('models')}[{j}]", f"model {model!r} is already "
                           f"served by pool {seen_models[model]!r}")
-            seen_models[model] = name or path
+            elif name not in carved:
+                seen_models[model] = name or path
             models.append(model)
         b = f.sub("backends", backend_keys)
         count = b.integer("count", 2, ge=1)
@@ -50,7 +53,7 @@ def parse_pools(c, node: Node, backend_keys: tuple[str, ...],  # type: ignore[no
             out.append(PoolDef(name, tuple(models), count, prof, overrides))
     if node is not None and not out and not c.r.issues:
         c.r.error(node, "pools", "no pools")
-    catch_all = [p.name for p in out if not p.models]
+    catch_all = [p.name for p in out if not p.models and p.name not in carved]
     if len(catch_all) > 1:
         c.r.error(node, "pools", f"at most one pool may list no models (it serves every model "
                   f"no other pool names); {', '.join(catch_all)} list none")
@@ -69,7 +72,9 @@ def read_pools(c, top, policy: Policy | None, backend_keys: tuple[str, ...],  # 
                       "give each its backends (pools[].backends), or the others have none")
         return (), policy
     before = len(c.r.issues)
-    pools = parse_pools(c, node, backend_keys, profile)
+    carved = frozenset(p.name for p in (policy.pools if policy is not None else ())
+                       if p.priorities)
+    pools = parse_pools(c, node, backend_keys, profile, carved)
     if len(c.r.issues) > before:  # reported; the classes' models are not checked against it
         pools = ()
     if top.has("backends"):
@@ -96,16 +101,18 @@ def with_pools(policy: Policy, pools: tuple[PoolDef, ...]) -> Policy:
 
 
 def check_models(c, class_nodes: list[Node], policy: Policy) -> None:  # type: ignore[no-untyped-def]
-    """Every class's `model` is served by a pool; with several pools every class names one."""
+    """Every class's `model` is served by a pool; with several pools (for every class) every
+    class names one."""
+    everyone = [p for p in policy.pools if not p.priorities]
     served = "; ".join(f"{p.name}: {', '.join(p.models) or 'any other model'}"
-                       for p in policy.pools)
+                       for p in everyone)
     for i, node in enumerate(class_nodes):
         if not isinstance(node, MappingNode):
             continue
         entry = next(((k, v) for k, v in node.value if k.value == "model"), None)
         field = f"classes[{i}].model"
         if entry is None:
-            if len(policy.pools) > 1:
+            if len(everyone) > 1:
                 c.r.error(node, field, f"missing: with several pools each class asks for a "
                           f"model ({served})")
             continue

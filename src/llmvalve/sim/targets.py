@@ -41,9 +41,10 @@ HINTS = {
                     "(pools[].maxNumSeqs)",
     "cancelled": "P0 answers were cut by their clients before they ended: where a deadline cut "
                  "them (their length at the pool's decode pace runs past it), no limit the "
-                 "pool shares keeps both P0 and the goodput; P0 on engines of its own does, "
-                 "at a price (docs/deployment.md, \"If P0's answers are cut at their "
-                 "deadline\"); a client's stop button no gateway reaches",
+                 "pool shares keeps both P0 and the goodput; P0 on engines of its own "
+                 "(a pool with `priorities: [0]`) does, at a price (docs/deployment.md, \"If "
+                 "P0's answers are cut at their deadline\"); a client's stop button no "
+                 "gateway reaches",
 }
 
 

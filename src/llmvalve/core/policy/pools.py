@@ -1,13 +1,18 @@
-"""The `pools` section: backend pools by model.
+"""The `pools` section: backend pools by model, and by class within a model.
 
 Absent, it is one default pool. A request's `model` chooses its pool; with several pools every
-pool but one must list its `models`, and a model is served by one pool only. A pool lists its
-backends (name, metricsUrl, an optional kvCapacityTokens and maxNumSeqs) and carries its
-breaker, scrape timing and lease timeout.
+pool but one must list its `models`, and a model is served by one pool only. A pool that lists
+`priorities` is carved out of those: it takes the requests of its classes for the models it
+lists (for every model, listing none), engines of their own for a class whose answers a shared
+pool decodes too slowly (docs/deployment.md). It is not a model's pool for the other classes,
+and no two of them take one class for one model. A pool lists its backends (name, metricsUrl,
+an optional kvCapacityTokens and maxNumSeqs) and carries its breaker, scrape timing and lease
+timeout.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from ipaddress import ip_address
 from urllib.parse import urlsplit
@@ -33,14 +38,15 @@ from llmvalve.core.policy.spec import (
 ENGINES = ("vllm", "trtllm", "sglang")
 POOL_KEYS = ("name", "cluster", "engine", "backends", "scrapeInterval", "scrapeTimeout",
              "breaker", "leaseTimeout", "models", "enginePriority", "kvCapacityTokens",
-             "maxNumSeqs")
+             "maxNumSeqs", "priorities")
 BACKEND_KEYS = ("name", "metricsUrl", "kvCapacityTokens", "maxNumSeqs")
 _LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")  # one DNS label
 MIN_SCRAPE_INTERVAL_S = 0.01  # below it, a scrape loop loads the engines it watches
 MAX_NUM_SEQS = 1_000_000  # far above any engine's --max-num-seqs (vLLM's default: 256-1,024)
 
 
-def read_pools(top: NodeFields) -> tuple[PoolSpec, ...]:
+def read_pools(top: NodeFields, priorities: tuple[int, ...] = ()) -> tuple[PoolSpec, ...]:
+    """The pools; `priorities`, the queues' (what `pools[].priorities` may name)."""
     r = top.r
     node = top.get("pools")
     if node is None:
@@ -55,13 +61,61 @@ def read_pools(top: NodeFields) -> tuple[PoolSpec, ...]:
     seen: set[str] = set()
     served: dict[str, str] = {}
     backends = _BackendNames()
+    carved: dict[tuple[str, int], str] = {}  # (model, "" for any; priority) → pool
+    carved_models: list[tuple[NodeFields, tuple[str, ...]]] = []
     for i, item in enumerate(items):
-        pools.append(_pool(r.fields(item, join("pools", i), POOL_KEYS, required=True),
-                           item, seen, served, backends))
-    if len(pools) > 1 and sum(1 for p in pools if not p.models) > 1:
+        f = r.fields(item, join("pools", i), POOL_KEYS, required=True)
+        classes = _priorities(f, priorities)
+        pool = _pool(f, item, seen, {} if classes else served, backends)
+        pools.append(dataclasses.replace(pool, priorities=classes))
+        if classes:
+            carved_models.append((f, pool.models))
+        for model in pool.models or ("",):
+            for p in classes:
+                other = carved.setdefault((model, p), pool.name)
+                if other != pool.name:
+                    r.error(f.get("priorities"), f.field("priorities"),
+                            f"P{p} is already taken by pool {other!r}"
+                            + (f" for model {model!r}" if model else ""))
+    everyone = [p for p in pools if not p.priorities]
+    if len(everyone) > 1 and sum(1 for p in everyone if not p.models) > 1:
         r.error(node, "pools", "with several pools, every pool but one must list its `models` "
                 "(a request is sent to the pool that serves its model)")
+    if pools[0].priorities:
+        r.error(node, "pools[0].priorities", "the first pool takes requests that name no model "
+                "and Envoy's default route: it serves every class")
+    if not any(not p.models for p in everyone):  # without a catch-all, each is listed
+        for f, models in carved_models:
+            lone = [m for m in models if m not in served]
+            if lone:
+                r.error(f.get("models"), f.field("models"), f"{shown(lone[0])} is served by no "
+                        "pool for every class: a pool with `priorities` takes its classes out "
+                        "of the pool that serves the model")
     return tuple(pools)
+
+
+def _priorities(f: NodeFields, known: tuple[int, ...]) -> tuple[int, ...]:
+    """`priorities`: distinct queue priorities (empty: every class)."""
+    node = f.get("priorities")
+    if node is None:
+        return ()
+    out: list[int] = []
+    field = f.field("priorities")
+    items = f.r.seq(node, field)
+    if items == []:
+        f.r.error(node, field, "must list at least one priority (omit it for every class)")
+    for j, item in enumerate(items or []):
+        value = f.r.integer(item, join(field, j))
+        if value is None:
+            continue
+        if known and value not in known:
+            f.r.error(item, join(field, j), f"no queue has priority {value} (queues: "
+                      f"{', '.join(map(str, known))})")
+        elif value in out:
+            f.r.error(item, join(field, j), f"duplicate priority {value}")
+        else:
+            out.append(value)
+    return tuple(out)
 
 
 class _BackendNames:

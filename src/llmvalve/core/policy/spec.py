@@ -133,6 +133,10 @@ class PoolSpec:
     # The models this pool serves (the OpenAI `model` of a request). Empty: any model that no
     # other pool names.
     models: tuple[str, ...] = ()
+    # The classes (by priority) this pool alone takes for its models (empty models: for every
+    # model), carved out of the pool that serves those models for everyone: engines of their
+    # own for a class. Empty: every class, by model.
+    priorities: tuple[int, ...] = ()
     engine: str = "vllm"  # vllm | trtllm | sglang: documents it (the scraper reads every name)
     backends: tuple[BackendSpec, ...] = ()
     scrape_interval_s: float = 0.5
@@ -358,26 +362,32 @@ class Policy:
         return None
 
     def pool_serving(self, model: str) -> PoolSpec | None:
-        """The pool that lists `model`."""
+        """The pool that lists `model` for every class."""
         for p in self.pools:
-            if model in p.models:
+            if model in p.models and not p.priorities:
                 return p
         return None
 
-    def pool_for_model(self, model: str | None) -> PoolSpec | None:
-        """Where a request for `model` goes: the pool that lists it, else the one pool that
+    def pool_for_model(self, model: str | None, priority: int | None = None) -> PoolSpec | None:
+        """Where a request for `model` goes: a pool that takes its class (`priority`) for
+        that model (`pools[].priorities`); else the pool that lists it, else the one pool that
         lists no models (the catch-all); a request that names no model goes to the first
-        pool. None: no pool serves it (404)."""
+        pool. None: no pool serves it (404), for any class."""
         if model is None:
-            return self.pools[0]
-        named = self.pool_serving(model)
-        if named is not None:
-            return named
-        catch_all = [p for p in self.pools if not p.models]
-        return catch_all[0] if len(catch_all) == 1 else None
+            home: PoolSpec | None = self.pools[0]
+        else:
+            home = self.pool_serving(model)
+            if home is None:
+                catch_all = [p for p in self.pools if not p.models and not p.priorities]
+                home = catch_all[0] if len(catch_all) == 1 else None
+        if priority is not None and home is not None:
+            for p in self.pools:
+                if priority in p.priorities and (not p.models or model in p.models):
+                    return p
+        return home
 
     def models(self) -> tuple[str, ...]:
-        return tuple(m for p in self.pools for m in p.models)
+        return tuple(m for p in self.pools if not p.priorities for m in p.models)
 
     @functools.cached_property
     def _tenants_by_name(self) -> dict[str, TenantSpec]:
