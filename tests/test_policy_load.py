@@ -153,6 +153,9 @@ def test_a_pool_with_priorities_takes_its_classes_out_of_the_model_s_pool():
         "shared", "small", "shared"]
     assert p.pool_for_model("big").name == "shared"  # a class-blind check: the model's pool
     assert p.models() == ("tiny",)
+    assert p.model_picks_pool  # shared and small: by model
+    lane_only = load_policy(CARVED.replace("  - {name: small, models: [tiny]}\n", ""))
+    assert not lane_only.model_picks_pool  # a body too large to read keeps its pool
     only_tiny = load_policy(CARVED.replace("priorities: [0]", "models: [tiny], priorities: [0]"))
     assert [only_tiny.pool_for_model(m, 0).name for m in ("big", "tiny")] == ["shared", "lane"]
 
@@ -165,6 +168,10 @@ def test_a_pool_with_priorities_takes_its_classes_out_of_the_model_s_pool():
       "  - {name: lane, cluster: lane, priorities: [0]}\n"
       "  - {name: lane2, cluster: lane2, priorities: [1, 0]}\n"),
      "pools[3].priorities", "P0 is already taken by pool 'lane'"),
+    (("  - {name: lane, cluster: lane, priorities: [0]}\n",
+      "  - {name: lane, cluster: lane, priorities: [0]}\n"
+      "  - {name: lane2, cluster: lane2, models: [tiny], priorities: [0]}\n"),
+     "pools[3].priorities", "P0 is already taken by pool 'lane' for a model this pool serves"),
     (("  - {name: shared}\n", "  - {name: shared, priorities: [1]}\n"), "pools[0].priorities",
      "the first pool takes requests that name no model and Envoy's default route"),
     (("  - {name: shared}\n", "  - {name: shared, models: [big]}\n"

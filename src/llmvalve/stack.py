@@ -142,7 +142,8 @@ class Stack:
 
     def start_backends(self) -> None:
         """The first pool's backends (`backends` × `profile`), one `tiny` backend for each
-        other pool, and the `fallback-model` backend of a re-route to a bare cluster."""
+        other pool (one of `profile` for a pool of some classes: it serves the same model),
+        and the `fallback-model` backend of a re-route to a bare cluster."""
         c = self.config
         policy = self._policy()
         pools = policy.pools
@@ -150,7 +151,8 @@ class Stack:
                                                            pools[0].engine_priority)[0]
                    for i in range(c.backends)}
         for pool in pools[1:]:
-            pending[(pool.name, 0)] = self._start_backend(f"{pool.name}-0", "tiny",
+            profile = c.profile if pool.priorities else "tiny"
+            pending[(pool.name, 0)] = self._start_backend(f"{pool.name}-0", profile,
                                                           pool.engine_priority)[0]
         bare = set(policy.reroute_clusters()) - {p.cluster for p in pools}
         if c.fallback_backend and bare:

@@ -275,7 +275,7 @@ class Front:
                 classified.tenant))
         model = (facts.model if facts is not None and facts.model
                  else headers.get(spec.model_header) or None)
-        if (model is None and check.body and not whole and len(policy.pools) > 1
+        if (model is None and check.body and not whole and policy.model_picks_pool
                 and policy.inspects_bodies):
             # the pool is chosen by the model: a body cut at maxBodyBytes went to the first
             # pool whatever it asked for (engines that do not serve it answer 404)

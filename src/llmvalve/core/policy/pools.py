@@ -61,22 +61,22 @@ def read_pools(top: NodeFields, priorities: tuple[int, ...] = ()) -> tuple[PoolS
     seen: set[str] = set()
     served: dict[str, str] = {}
     backends = _BackendNames()
-    carved: dict[tuple[str, int], str] = {}  # (model, "" for any; priority) → pool
     carved_models: list[tuple[NodeFields, tuple[str, ...]]] = []
     for i, item in enumerate(items):
         f = r.fields(item, join("pools", i), POOL_KEYS, required=True)
         classes = _priorities(f, priorities)
         pool = _pool(f, item, seen, {} if classes else served, backends)
-        pools.append(dataclasses.replace(pool, priorities=classes))
+        pool = dataclasses.replace(pool, priorities=classes)
+        for other in pools:  # one class, one model: one pool (no models: every model)
+            shared = set(classes) & set(other.priorities)
+            if shared and (not pool.models or not other.models
+                           or set(pool.models) & set(other.models)):
+                r.error(f.get("priorities"), f.field("priorities"),
+                        f"P{min(shared)} is already taken by pool {other.name!r} for a model "
+                        "this pool serves")
+        pools.append(pool)
         if classes:
             carved_models.append((f, pool.models))
-        for model in pool.models or ("",):
-            for p in classes:
-                other = carved.setdefault((model, p), pool.name)
-                if other != pool.name:
-                    r.error(f.get("priorities"), f.field("priorities"),
-                            f"P{p} is already taken by pool {other!r}"
-                            + (f" for model {model!r}" if model else ""))
     everyone = [p for p in pools if not p.priorities]
     if len(everyone) > 1 and sum(1 for p in everyone if not p.models) > 1:
         r.error(node, "pools", "with several pools, every pool but one must list its `models` "

@@ -355,6 +355,13 @@ class Policy:
             return self.requests.body_inspection
         return len(self.pools) > 1 or any(t.model_bound for t in self.tenants)
 
+    @functools.cached_property
+    def model_picks_pool(self) -> bool:
+        """Whether a request's model can change its pool: several pools for every class, or a
+        pool of some classes that lists its models (one that lists none takes every model)."""
+        return (sum(1 for p in self.pools if not p.priorities) > 1
+                or any(p.priorities and p.models for p in self.pools))
+
     def pool(self, name: str) -> PoolSpec | None:
         for p in self.pools:
             if p.name == name:
