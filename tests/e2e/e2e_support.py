@@ -41,6 +41,12 @@ def get_json(url: str, timeout_s: float = 2.0) -> dict:
     return json.loads(body)
 
 
+def received(e2e, pool: str) -> int:
+    """Requests the simulated backends of `pool` received (their /admin/stats)."""
+    return sum(get_json(f"http://127.0.0.1:{port}/admin/stats")["requests_received"]
+               for _, port in e2e.stack.pool_backends[pool])
+
+
 def metric(e2e, name: str) -> float:
     """The sum of the admin /metrics samples whose line begins with `name`."""
     _, body = http_get(e2e.stack.admin_url + "/metrics", 2.0)

@@ -5,16 +5,11 @@ same model, and /v1/models lists that model once."""
 from __future__ import annotations
 
 import pytest
-from e2e_support import HERE, P0_KEY, P2_KEY, client, get_json
+from e2e_support import HERE, P0_KEY, P2_KEY, client, received
 
 pytestmark = pytest.mark.e2e
 POLICY = HERE / "policy-class-pool.yaml"
 BACKENDS = 2
-
-
-def received(e2e, pool: str) -> int:
-    return sum(get_json(f"http://127.0.0.1:{port}/admin/stats")["requests_received"]
-               for _, port in e2e.stack.pool_backends[pool])
 
 
 def test_each_class_is_served_by_its_pool(e2e):

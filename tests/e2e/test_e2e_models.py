@@ -18,19 +18,14 @@ from e2e_support import (
     cancel_all,
     chat_body,
     client,
-    get_json,
     headers,
     hold_slots,
+    received,
 )
 
 pytestmark = pytest.mark.e2e
 POLICY = HERE / "policy-models.yaml"
 BACKENDS = 2
-
-
-def received(e2e, pool: str) -> int:
-    return sum(get_json(f"http://127.0.0.1:{port}/admin/stats")["requests_received"]
-               for _, port in e2e.stack.pool_backends[pool])
 
 
 def ask(e2e, model: str, key: str = P0_KEY, **extra):
