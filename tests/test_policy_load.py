@@ -152,7 +152,6 @@ def test_a_pool_with_priorities_takes_its_classes_out_of_the_model_s_pool():
     assert [p.pool_for_model(m, 1).name for m in ("big", "tiny", None)] == [
         "shared", "small", "shared"]
     assert p.pool_for_model("big").name == "shared"  # a class-blind check: the model's pool
-    assert p.models() == ("tiny",)
     assert p.model_picks_pool  # shared and small: by model
     lane_only = load_policy(CARVED.replace("  - {name: small, models: [tiny]}\n", ""))
     assert not lane_only.model_picks_pool  # a body too large to read keeps its pool
@@ -172,8 +171,11 @@ def test_a_pool_with_priorities_takes_its_classes_out_of_the_model_s_pool():
       "  - {name: lane, cluster: lane, priorities: [0]}\n"
       "  - {name: lane2, cluster: lane2, models: [tiny], priorities: [0]}\n"),
      "pools[3].priorities", "P0 is already taken by pool 'lane' for a model this pool serves"),
-    (("  - {name: shared}\n", "  - {name: shared, priorities: [1]}\n"), "pools[0].priorities",
+    (("  - {name: shared}\n", "  - {name: shared, cluster: shared, priorities: [1]}\n"),
+     "pools[0].priorities",
      "the first pool takes requests that name no model and Envoy's default route"),
+    (("{name: lane, cluster: lane,", "{name: lane,"), "pools[2].cluster",
+     "a pool with `priorities` needs a cluster of its own ('llm_backends' is another pool's)"),
     (("  - {name: shared}\n", "  - {name: shared, models: [big]}\n"
       "  - {name: only, cluster: only, models: [other], priorities: [1]}\n"),
      "pools[1].models", "'other' is served by no pool for every class"),

@@ -154,7 +154,7 @@ class AuthzHttp:
                 return self._models[1]
             created = self._created
             # a pool carved out for some classes serves its models' pool's models again
-            pools = [p for p in self.driver.policy.pools if not p.priorities]
+            pools = self.driver.policy.shared_pools
             asked = await asyncio.gather(*(
                 asyncio.gather(*(backend_models(b.metrics_url) for b in pool.backends
                                  if b.metrics_url and not pool.models))

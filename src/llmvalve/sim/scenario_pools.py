@@ -40,11 +40,11 @@ def parse_pools(c, node: Node, backend_keys: tuple[str, ...],  # type: ignore[no
             model = c.r.string(m, f"{f.field('models')}[{j}]")
             if model is None:
                 continue
-            if model in seen_models and name not in carved:
-                c.r.error(m, f"{f.field('models')}[{j}]", f"model {model!r} is already "
-                          f"served by pool {seen_models[model]!r}")
-            elif name not in carved:
-                seen_models[model] = name or path
+            if name not in carved:  # a pool of some classes repeats another's models
+                if model in seen_models:
+                    c.r.error(m, f"{f.field('models')}[{j}]", f"model {model!r} is already "
+                              f"served by pool {seen_models[model]!r}")
+                seen_models.setdefault(model, name or path)
             models.append(model)
         b = f.sub("backends", backend_keys)
         count = b.integer("count", 2, ge=1)
@@ -103,7 +103,7 @@ def with_pools(policy: Policy, pools: tuple[PoolDef, ...]) -> Policy:
 def check_models(c, class_nodes: list[Node], policy: Policy) -> None:  # type: ignore[no-untyped-def]
     """Every class's `model` is served by a pool; with several pools (for every class) every
     class names one."""
-    everyone = [p for p in policy.pools if not p.priorities]
+    everyone = policy.shared_pools
     served = "; ".join(f"{p.name}: {', '.join(p.models) or 'any other model'}"
                        for p in everyone)
     for i, node in enumerate(class_nodes):

@@ -74,6 +74,14 @@ def read_pools(top: NodeFields, priorities: tuple[int, ...] = ()) -> tuple[PoolS
                 r.error(f.get("priorities"), f.field("priorities"),
                         f"P{min(shared)} is already taken by pool {other.name!r} for a model "
                         "this pool serves")
+        if classes and i == 0:
+            r.error(f.get("priorities"), f.field("priorities"), "the first pool takes requests "
+                    "that name no model and Envoy's default route: it serves every class")
+        if classes and any(other.cluster == pool.cluster for other in pools):
+            # Envoy routes there when a pick has no address: a shared cluster would send the
+            # class back to the shared engines
+            r.error(f.get("cluster") or item, f.field("cluster"), "a pool with `priorities` "
+                    f"needs a cluster of its own ({pool.cluster!r} is another pool's)")
         pools.append(pool)
         if classes:
             carved_models.append((f, pool.models))
@@ -81,9 +89,6 @@ def read_pools(top: NodeFields, priorities: tuple[int, ...] = ()) -> tuple[PoolS
     if len(everyone) > 1 and sum(1 for p in everyone if not p.models) > 1:
         r.error(node, "pools", "with several pools, every pool but one must list its `models` "
                 "(a request is sent to the pool that serves its model)")
-    if pools[0].priorities:
-        r.error(node, "pools[0].priorities", "the first pool takes requests that name no model "
-                "and Envoy's default route: it serves every class")
     if not any(not p.models for p in everyone):  # without a catch-all, each is listed
         for f, models in carved_models:
             lone = [m for m in models if m not in served]

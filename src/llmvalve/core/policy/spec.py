@@ -356,10 +356,15 @@ class Policy:
         return len(self.pools) > 1 or any(t.model_bound for t in self.tenants)
 
     @functools.cached_property
+    def shared_pools(self) -> tuple[PoolSpec, ...]:
+        """The pools that serve every class (all but those that list `priorities`)."""
+        return tuple(p for p in self.pools if not p.priorities)
+
+    @functools.cached_property
     def model_picks_pool(self) -> bool:
         """Whether a request's model can change its pool: several pools for every class, or a
         pool of some classes that lists its models (one that lists none takes every model)."""
-        return (sum(1 for p in self.pools if not p.priorities) > 1
+        return (len(self.shared_pools) > 1
                 or any(p.priorities and p.models for p in self.pools))
 
     def pool(self, name: str) -> PoolSpec | None:
@@ -370,8 +375,8 @@ class Policy:
 
     def pool_serving(self, model: str) -> PoolSpec | None:
         """The pool that lists `model` for every class."""
-        for p in self.pools:
-            if model in p.models and not p.priorities:
+        for p in self.shared_pools:
+            if model in p.models:
                 return p
         return None
 
@@ -385,16 +390,13 @@ class Policy:
         else:
             home = self.pool_serving(model)
             if home is None:
-                catch_all = [p for p in self.pools if not p.models and not p.priorities]
+                catch_all = [p for p in self.shared_pools if not p.models]
                 home = catch_all[0] if len(catch_all) == 1 else None
         if priority is not None and home is not None:
             for p in self.pools:
                 if priority in p.priorities and (not p.models or model in p.models):
                     return p
         return home
-
-    def models(self) -> tuple[str, ...]:
-        return tuple(m for p in self.pools if not p.priorities for m in p.models)
 
     @functools.cached_property
     def _tenants_by_name(self) -> dict[str, TenantSpec]:
