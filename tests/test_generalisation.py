@@ -9,15 +9,15 @@ cause): the scenario must miss exactly those (reported as xfail), nothing else.
 
 `make test` runs every built-in of ordinary size: each seed costs a `none` and an `adaptive`
 run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json when that was
-computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten
-fixed limits runs here too (two to four minutes for all of them on a 2-core machine, both cores
-busy). The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and
-the held-out workloads of tests/data/holdout/ run when asked (272: four written before the
-controller's tuning, the rest after it, in batches by someone who had not read it, and judged
-as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`, `holdout-calm-tails-gw3`
-and others were traced and mended at a later stop (their entries below say so), and
-`holdout-gw2-agents`, `holdout-gw3-small-code` and `holdout-gw6-medium`, written at that stop,
-were judged again after its last change: these six are not unseen any more, nor are
+computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten fixed
+limits runs here too (two to four minutes for all of them on a 2-core machine, both cores busy).
+The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and the
+held-out workloads of tests/data/holdout/ run when asked (288, docs/held-out.md: four written
+before the controller's tuning, the rest after it, in batches by someone who had not read it,
+and judged as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`,
+`holdout-calm-tails-gw3` and others were traced and mended at a later stop (their entries below
+say so), and `holdout-gw2-agents`, `holdout-gw3-small-code` and `holdout-gw6-medium`, written at
+that stop, were judged again after its last change: these six are not unseen any more, nor are
 `holdout-b44-seqcap-longanswer-medium3-uneq`, `holdout-b45-code-tiny6-gw3-3x`,
 `holdout-b46-kvdrop-medium4` and `holdout-b46-calm-syncburst-small3`, mended at the stops that
 added them, `holdout-b56-slow3x-rolling-tiny8-gw3-1.5x`, traced for stop 63's change,
@@ -1389,6 +1389,36 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # (placed there while its inter-token latency read within the ITL target).
     "holdout-b66-slow2.5x-half-then-crash-small6-gw2-1.5x": ("seed 1: P0 attainment",
                                                              "seed 2: P0 attainment"),
+    # Batch 67 (eight files written at stop 73 by a helper that had not read the controller,
+    # judged as they stood with stop 72's controller): calm-cityhall-6t-h100-gw2,
+    # code-classroom-squeeze-small3-mbt1k-gw4-3x, heavytail-legal-redline-medium3-gw2-2.5x,
+    # p1-flood-overstated-maxtokens-medium2-gw2 and seqcap-unequal-h100x2-seq16-gw3-2x meet
+    # every target at seeds 1-3; adaptive's goodput is 0.95-1.07 of the best fixed limit in
+    # all eight but one cell (below).
+    # Code completion in out-of-phase typing flickers at about 1x on five small engines with
+    # priority scheduling: P0 0.955 / 0.966 / 0.935, every miss a TPOT (8 / 7 / 14): short
+    # answers decoded beside prefill chunks, as b56's and b66's code files. static:8 keeps P0
+    # at seeds 1-2 at 0.966 / 0.983 of the best's goodput; no fixed limit of the sweep at 3.
+    "holdout-b67-code-keystroke-flicker-small5-gw2-prio-1x": ("seed 1: P0 attainment",
+                                                              "seed 2: P0 attainment",
+                                                              "seed 3: P0 attainment"),
+    # Kiosks, shelf labels, leaflets and a price job retrying every way at about 1.9x on six
+    # tiny engines: adaptive 0.950 / 0.962 / 0.903 of static:24, which loses P0 (0.965 at seed
+    # 3); static:16 keeps P0 at 0.948 / 0.953 / 0.940 of it. P0 is met at every seed (0.997-
+    # 1.000). Traced at seed 3 (means over 10-170 s): adaptive runs the engines at KV 0.70
+    # with 28 sequences running and 0.5 waiting, static:16 at 0.73 / 29 / 1.8, static:24 at
+    # 0.88 / 35 / 11 (its preemptions 1,807 against 599: cheap to recompute on prompts of
+    # 350-700 tokens) for 8 % more throughput. The KV target's trade (docs/design.md); P1 and
+    # P2 are cut by their clients' deadlines and timeouts in either. At timing draw 1 adaptive
+    # reads 0.917-0.947 at seeds 1-3.
+    "holdout-b67-deadline-retry-kiosk-tiny6-gw2-2x": ("seed 3: adaptive",),
+    # Two of five medium engines slowed 3x and a third 2x, which then leaves and returns, at
+    # about 1.5x: P0 0.986 / 0.980 / 0.989, 3 / 5 / 3 requests decoding on the engine as it
+    # left and 2 / 3 / 1 TPOTs. static:48 keeps P0 at seeds 1 and 3 at 0.936 / 0.929 of the
+    # best's goodput, static:24 at seed 2 at 0.660.
+    "holdout-b67-slow-noisy-cotenant-drain-medium5-gw3-1.5x": ("seed 1: P0 attainment",
+                                                               "seed 2: P0 attainment",
+                                                               "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"

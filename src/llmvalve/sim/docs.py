@@ -94,7 +94,7 @@ targets: the workloads of `tests/data/holdout/` (all but four written after its 
 as they stood — each file's description says when).
 `LLMVALVE_ISSUE10_FULL=1 pytest tests/test_generalisation.py` runs
 them at seeds 1–3; its `KNOWN_MISSES` lists every target still missed, here and there, with the
-traced cause.
+traced cause; docs/held-out.md gives the counts and what the recent batches missed.
 Batch 38 (nine `holdout-b38-*` files, written at stop 34) found a family the
 controller does not handle: clients with a hard timeout they do not send
 (`holdout-b38-deadline-agents`: tool-calling steps abandoned at 15 s, queued or mid-stream;
