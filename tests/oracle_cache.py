@@ -1,5 +1,7 @@
-"""The best fixed limit of each ordinary built-in at seeds 1-3, kept with a key of the source it
-was computed from, so that `make test` judges `adaptive` without running the oracle sweep again.
+"""The best fixed limit of each ordinary built-in at seeds 1-3, and what `none` gave there (its
+goodput and each class's SLO attainment: the figures the targets compare `adaptive` with), kept
+with a key of the source they were computed from, so that `make test` judges `adaptive` without
+running the oracle sweep or `none` again.
 
 The sweep is nine of the eleven runs of each seed (tests/test_generalisation.py), and its result
 changes only when the package does: the key is a hash of every file of `llmvalve` but the docs
@@ -43,9 +45,9 @@ def source_key() -> str:
     return digest.hexdigest()
 
 
-def best_fixed(name: str, seeds: list[int]) -> dict[str, float] | None:
-    """{seed: the best fixed limit's goodput (`none` included)} when the cache was computed
-    from this source, else None."""
+def cached(name: str, seeds: list[int]) -> dict[str, dict] | None:
+    """{seed: {"fixed": the best fixed limit's goodput (`none` included), "none": `none`'s
+    goodput and classes}} when the cache was computed from this source, else None."""
     if not PATH.exists():
         return None
     data = json.loads(PATH.read_text())
@@ -55,12 +57,20 @@ def best_fixed(name: str, seeds: list[int]) -> dict[str, float] | None:
     return {str(s): entry[str(s)] for s in seeds}
 
 
+def none_summary(result: dict) -> dict:
+    """What the targets read of a `none` run (sim/targets.py `misses`)."""
+    return {"goodput_tok_s": result["goodput_tok_s"],
+            "classes": {p: {"slo_attainment": c["slo_attainment"]}
+                        for p, c in result["classes"].items()}}
+
+
 def refresh(names: list[str], seeds: list[int]) -> None:
     scenarios = {}
     for name in names:
         res, _ = simulate_seeds(load_scenario(name), ["none"], seeds, oracle=True,
                                 hindsight=False)
-        scenarios[name] = {s: r["oracles"]["fixed"]["goodput_tok_s"]
+        scenarios[name] = {s: {"fixed": r["oracles"]["fixed"]["goodput_tok_s"],
+                               "none": none_summary(r["controllers"]["none"])}
                            for s, r in res["seeds"]["runs"].items()}
         print(name, scenarios[name], flush=True)
     PATH.write_text(json.dumps({"key": source_key(), "scenarios": scenarios}, indent=1) + "\n")

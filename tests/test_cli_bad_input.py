@@ -111,7 +111,7 @@ def run(args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess:
     (["status", "--grpc", "[::1"], 2),
 ])
 def test_a_bad_value_is_one_line_and_exit_2(args, code, capsys):
-    # in this process, as `llmvalve` runs it (cli.main), not in a child each: 85 interpreters
+    # in this process, as `llmvalve` runs it (cli.main), not in a child each: 79 interpreters
     # started and imported took half a minute of the suite; a traceback here is an exception
     # out of main, and the child's own path is tested below
     try:

@@ -7,14 +7,14 @@ baseline (`OLD_BASELINE`).
 A target a scenario still misses is listed in `KNOWN_MISSES` (by seed and target, with its
 cause): the scenario must miss exactly those (reported as xfail), nothing else.
 
-`make test` runs every built-in of ordinary size: each seed costs a `none` and an `adaptive`
-run, and the best fixed limit's goodput comes from tests/data/oracle-cache.json when that was
-computed from this source (tests/oracle_cache.py); otherwise the oracle sweep of about ten fixed
-limits runs here too (two to four minutes for all of them on a 2-core machine, both cores busy).
-The fleet-scale built-in (64 backends, about two minutes per seed with its sweep) and the
-held-out workloads of tests/data/holdout/ run when asked (288, docs/held-out.md: four written
-before the controller's tuning, the rest after it, in batches by someone who had not read it,
-and judged as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`,
+`make test` runs every built-in of ordinary size: each seed costs an `adaptive` run, and the
+best fixed limit's goodput and what `none` gave come from tests/data/oracle-cache.json when that
+was computed from this source (tests/oracle_cache.py); otherwise `none` and the oracle sweep of
+about ten fixed limits run here too (two to four minutes for all of them on a 2-core machine,
+both cores busy). The fleet-scale built-in (64 backends, about two minutes per seed with its
+sweep) and the held-out workloads of tests/data/holdout/ run when asked (288, docs/held-out.md:
+four written before the controller's tuning, the rest after it, in batches by someone who had
+not read it, and judged as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`,
 `holdout-calm-tails-gw3` and others were traced and mended at a later stop (their entries below
 say so), and `holdout-gw2-agents`, `holdout-gw3-small-code` and `holdout-gw6-medium`, written at
 that stop, were judged again after its last change: these six are not unseen any more, nor are
@@ -1428,18 +1428,19 @@ ON_REQUEST = pytest.mark.skipif(not FULL, reason="set LLMVALVE_ISSUE10_FULL=1 to
 
 def judged_runs(sc: Scenario, seeds: list[int]) -> dict[str, dict]:
     """Per seed, `none` and `adaptive` with their ratios to the oracles, as
-    `simulate --oracle` reports them. The best fixed limit's goodput comes from
-    tests/oracle_cache.py when it was computed from this source, else from the sweep run
-    here (nine of each seed's eleven runs)."""
-    fixed = oracle_cache.best_fixed(sc.name, seeds)
-    if fixed is None:
+    `simulate --oracle` reports them. The best fixed limit's goodput and what `none` gave
+    come from tests/oracle_cache.py when it was computed from this source (only `adaptive`
+    runs here), else from the sweep run here (nine of each seed's eleven runs)."""
+    cache = oracle_cache.cached(sc.name, seeds)
+    if cache is None:
         res, _ = simulate_seeds(sc, list(targets.JUDGED), seeds, oracle=True, hindsight=False)
         return res["seeds"]["runs"]
     runs = {}
     for seed in seeds:
-        r, _ = simulate(sc, list(targets.JUDGED), seed)
-        oracles = {"fixed": {"goodput_tok_s": fixed[str(seed)]},
-                   "none": {"goodput_tok_s": r["controllers"]["none"]["goodput_tok_s"]}}
+        r, _ = simulate(sc, ["adaptive"], seed)
+        none = r["controllers"]["none"] = cache[str(seed)]["none"]
+        oracles = {"fixed": {"goodput_tok_s": cache[str(seed)]["fixed"]},
+                   "none": {"goodput_tok_s": none["goodput_tok_s"]}}
         r["vs_oracle"] = {c: ratios(v["goodput_tok_s"], oracles)
                           for c, v in r["controllers"].items()}
         runs[str(seed)] = r
@@ -1522,12 +1523,15 @@ def test_a_simulation_never_imports_the_docs_generators():
 
 
 def test_the_oracle_cache_is_what_the_sweep_gives():
-    """The cached best fixed limit is the sweep's own result at this source (one cheap
-    built-in, one seed)."""
-    if oracle_cache.best_fixed("calm-steady", [1]) is None:
+    """The cached best fixed limit is the sweep's own result at this source, and the cached
+    `none` what `none` gives run alone, as the judgement would run it (one cheap built-in,
+    one seed)."""
+    cache = oracle_cache.cached("calm-steady", [1])
+    if cache is None:
         pytest.skip("tests/data/oracle-cache.json is stale: the judgement runs the sweep itself "
                     "(refresh it: python tests/oracle_cache.py)")
-    res, _ = simulate_seeds(load_scenario("calm-steady"), ["none"], [1], oracle=True,
-                            hindsight=False)
-    assert oracle_cache.best_fixed("calm-steady", [1]) == {
-        "1": res["oracles"]["fixed"]["goodput_tok_s"]}
+    sc = load_scenario("calm-steady")
+    res, _ = simulate_seeds(sc, ["none"], [1], oracle=True, hindsight=False)
+    alone, _ = simulate(sc, ["none"], 1)
+    assert cache["1"]["fixed"] == res["oracles"]["fixed"]["goodput_tok_s"]
+    assert cache["1"]["none"] == oracle_cache.none_summary(alone["controllers"]["none"])
