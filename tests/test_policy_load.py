@@ -176,6 +176,11 @@ def test_a_pool_with_priorities_takes_its_classes_out_of_the_model_s_pool():
      "the first pool takes requests that name no model and Envoy's default route"),
     (("{name: lane, cluster: lane,", "{name: lane,"), "pools[2].cluster",
      "a pool with `priorities` needs a cluster of its own ('llm_backends' is another pool's)"),
+    # whichever comes first (a pool listed after it was not checked)
+    (("  - {name: lane, cluster: lane, priorities: [0]}\n",
+      "  - {name: lane, cluster: lane, priorities: [0]}\n"
+      "  - {name: more, cluster: lane, models: [huge]}\n"), "pools[2].cluster",
+     "needs a cluster of its own ('lane' is another pool's)"),
     (("  - {name: shared}\n", "  - {name: shared, models: [big]}\n"
       "  - {name: only, cluster: only, models: [other], priorities: [1]}\n"),
      "pools[1].models", "'other' is served by no pool for every class"),

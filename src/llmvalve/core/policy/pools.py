@@ -61,7 +61,7 @@ def read_pools(top: NodeFields, priorities: tuple[int, ...] = ()) -> tuple[PoolS
     seen: set[str] = set()
     served: dict[str, str] = {}
     backends = _BackendNames()
-    carved_models: list[tuple[NodeFields, tuple[str, ...]]] = []
+    carved: list[tuple[NodeFields, Node, PoolSpec]] = []
     for i, item in enumerate(items):
         f = r.fields(item, join("pools", i), POOL_KEYS, required=True)
         classes = _priorities(f, priorities)
@@ -77,25 +77,25 @@ def read_pools(top: NodeFields, priorities: tuple[int, ...] = ()) -> tuple[PoolS
         if classes and i == 0:
             r.error(f.get("priorities"), f.field("priorities"), "the first pool takes requests "
                     "that name no model and Envoy's default route: it serves every class")
-        if classes and any(other.cluster == pool.cluster for other in pools):
-            # Envoy routes there when a pick has no address: a shared cluster would send the
-            # class back to the shared engines
-            r.error(f.get("cluster") or item, f.field("cluster"), "a pool with `priorities` "
-                    f"needs a cluster of its own ({pool.cluster!r} is another pool's)")
         pools.append(pool)
         if classes:
-            carved_models.append((f, pool.models))
+            carved.append((f, item, pool))
     everyone = [p for p in pools if not p.priorities]
     if len(everyone) > 1 and sum(1 for p in everyone if not p.models) > 1:
         r.error(node, "pools", "with several pools, every pool but one must list its `models` "
                 "(a request is sent to the pool that serves its model)")
-    if not any(not p.models for p in everyone):  # without a catch-all, each is listed
-        for f, models in carved_models:
-            lone = [m for m in models if m not in served]
-            if lone:
-                r.error(f.get("models"), f.field("models"), f"{shown(lone[0])} is served by no "
-                        "pool for every class: a pool with `priorities` takes its classes out "
-                        "of the pool that serves the model")
+    catch_all = any(not p.models for p in everyone)  # without one, each model is listed
+    for f, item, pool in carved:
+        if any(other.cluster == pool.cluster for other in pools if other is not pool):
+            # Envoy routes there when a pick has no address: a shared cluster would send the
+            # class back to the shared engines
+            r.error(f.get("cluster") or item, f.field("cluster"), "a pool with `priorities` "
+                    f"needs a cluster of its own ({pool.cluster!r} is another pool's)")
+        lone = [] if catch_all else [m for m in pool.models if m not in served]
+        if lone:
+            r.error(f.get("models"), f.field("models"), f"{shown(lone[0])} is served by no "
+                    "pool for every class: a pool with `priorities` takes its classes out "
+                    "of the pool that serves the model")
     return tuple(pools)
 
 

@@ -364,8 +364,7 @@ class Policy:
     def model_picks_pool(self) -> bool:
         """Whether a request's model can change its pool: several pools for every class, or a
         pool of some classes that lists its models (one that lists none takes every model)."""
-        return (len(self.shared_pools) > 1
-                or any(p.priorities and p.models for p in self.pools))
+        return len(self.shared_pools) > 1 or any(p.models for p in self._carved_pools)
 
     def pool(self, name: str) -> PoolSpec | None:
         for p in self.pools:
@@ -388,15 +387,22 @@ class Policy:
         if model is None:
             home: PoolSpec | None = self.pools[0]
         else:
-            home = self.pool_serving(model)
-            if home is None:
-                catch_all = [p for p in self.shared_pools if not p.models]
-                home = catch_all[0] if len(catch_all) == 1 else None
+            home = self.pool_serving(model) or self._catch_all
         if priority is not None and home is not None:
-            for p in self.pools:
+            for p in self._carved_pools:
                 if priority in p.priorities and (not p.models or model in p.models):
                     return p
         return home
+
+    @functools.cached_property
+    def _catch_all(self) -> PoolSpec | None:
+        """The one pool for every class that lists no models (none if several do)."""
+        listing_none = [p for p in self.shared_pools if not p.models]
+        return listing_none[0] if len(listing_none) == 1 else None
+
+    @functools.cached_property
+    def _carved_pools(self) -> tuple[PoolSpec, ...]:
+        return tuple(p for p in self.pools if p.priorities)
 
     @functools.cached_property
     def _tenants_by_name(self) -> dict[str, TenantSpec]:
