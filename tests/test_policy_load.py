@@ -157,12 +157,19 @@ def test_a_pool_with_priorities_takes_its_classes_out_of_the_model_s_pool():
     assert not lane_only.model_picks_pool  # a body too large to read keeps its pool
     only_tiny = load_policy(CARVED.replace("priorities: [0]", "models: [tiny], priorities: [0]"))
     assert [only_tiny.pool_for_model(m, 0).name for m in ("big", "tiny")] == ["shared", "lane"]
+    # a priority is written as elsewhere in the policy: 0, "P0" or the queue's name
+    for written in ("P0", "rt"):
+        named = load_policy(CARVED.replace("priorities: [0]", f"priorities: [{written}]"))
+        assert named.pool_for_model("big", 0).name == "lane"
 
 
 @pytest.mark.parametrize("edit, field, message", [
     (("priorities: [0]", "priorities: [0, 5]"), "pools[2].priorities[1]",
-     "no queue has priority 5 (queues: 0, 1)"),
-    (("priorities: [0]", "priorities: [0, 0]"), "pools[2].priorities[1]", "duplicate priority 0"),
+     "no queue has priority 5; queues: 0 (rt), 1 (batch)"),
+    (("priorities: [0]", "priorities: [P0, rt]"), "pools[2].priorities[1]",
+     "duplicate priority 0"),
+    (("priorities: [0]", "priorities: [urgent]"), "pools[2].priorities[0]",
+     "'urgent' is not a queue priority or name"),
     (("  - {name: lane, cluster: lane, priorities: [0]}\n",
       "  - {name: lane, cluster: lane, priorities: [0]}\n"
       "  - {name: lane2, cluster: lane2, priorities: [1, 0]}\n"),

@@ -78,7 +78,7 @@ def _policy_of(root: Node, policy_text: str, r: NodeReader, source: str,
     queues = finish_queues(r, drafts, top.key_node("queues"))
     queues_ok = queues_ok and bool(queues)
     scheduler = read_scheduler(top)
-    pools = read_pools(top, tuple(q.priority for q in queues))
+    pools = read_pools(top, queues, queues_ok)
     limiter = read_limiter(top, pools)
     tenant_drafts = read_tenants(top, queues, queues_ok, pools)
     anonymous = read_anonymous(top, queues, queues_ok, tenant_drafts)

@@ -28,11 +28,13 @@ from llmvalve.core.policy.nodes import (
     read_names,
     shown,
 )
+from llmvalve.core.policy.queues import priority_ref
 from llmvalve.core.policy.spec import (
     MAX_KV_CAPACITY_TOKENS,
     BackendSpec,
     BreakerSpec,
     PoolSpec,
+    QueueSpec,
 )
 
 ENGINES = ("vllm", "trtllm", "sglang")
@@ -45,8 +47,10 @@ MIN_SCRAPE_INTERVAL_S = 0.01  # below it, a scrape loop loads the engines it wat
 MAX_NUM_SEQS = 1_000_000  # far above any engine's --max-num-seqs (vLLM's default: 256-1,024)
 
 
-def read_pools(top: NodeFields, priorities: tuple[int, ...] = ()) -> tuple[PoolSpec, ...]:
-    """The pools; `priorities`, the queues' (what `pools[].priorities` may name)."""
+def read_pools(top: NodeFields, queues: tuple[QueueSpec, ...] = (),
+               queues_ok: bool = False) -> tuple[PoolSpec, ...]:
+    """The pools; `queues`, what `pools[].priorities` may name (`queues_ok`: all were read,
+    as for `priority_ref`)."""
     r = top.r
     node = top.get("pools")
     if node is None:
@@ -64,8 +68,11 @@ def read_pools(top: NodeFields, priorities: tuple[int, ...] = ()) -> tuple[PoolS
     carved: list[tuple[NodeFields, Node, PoolSpec]] = []
     for i, item in enumerate(items):
         f = r.fields(item, join("pools", i), POOL_KEYS, required=True)
-        classes = _priorities(f, priorities)
-        pool = _pool(f, item, seen, {} if classes else served, backends)
+        carves = f.get("priorities") is not None
+        classes = _priorities(f, queues, queues_ok)
+        pool = _pool(f, item, seen, {} if carves else served, backends)
+        if carves and not classes:
+            continue  # its priorities' errors are said: not a pool for every class either
         pool = dataclasses.replace(pool, priorities=classes)
         for other in pools:  # one class, one model: one pool (no models: every model)
             shared = set(classes) & set(other.priorities)
@@ -99,8 +106,9 @@ def read_pools(top: NodeFields, priorities: tuple[int, ...] = ()) -> tuple[PoolS
     return tuple(pools)
 
 
-def _priorities(f: NodeFields, known: tuple[int, ...]) -> tuple[int, ...]:
-    """`priorities`: distinct queue priorities (empty: every class)."""
+def _priorities(f: NodeFields, queues: tuple[QueueSpec, ...], queues_ok: bool) -> tuple[int, ...]:
+    """`priorities`: distinct queue priorities, each written as 1, "P1" or a queue name
+    (empty: every class)."""
     node = f.get("priorities")
     if node is None:
         return ()
@@ -110,13 +118,10 @@ def _priorities(f: NodeFields, known: tuple[int, ...]) -> tuple[int, ...]:
     if items == []:
         f.r.error(node, field, "must list at least one priority (omit it for every class)")
     for j, item in enumerate(items or []):
-        value = f.r.integer(item, join(field, j))
+        value = priority_ref(f.r, item, join(field, j), queues, queues_ok)
         if value is None:
             continue
-        if known and value not in known:
-            f.r.error(item, join(field, j), f"no queue has priority {value} (queues: "
-                      f"{', '.join(map(str, known))})")
-        elif value in out:
+        if value in out:
             f.r.error(item, join(field, j), f"duplicate priority {value}")
         else:
             out.append(value)
