@@ -12,7 +12,7 @@ best fixed limit's goodput and what `none` gave come from tests/data/oracle-cach
 was computed from this source (tests/oracle_cache.py); otherwise `none` and the oracle sweep of
 about ten fixed limits run here too (two to four minutes for all of them on a 2-core machine,
 both cores busy). The fleet-scale built-in (64 backends, about two minutes per seed with its
-sweep) and the held-out workloads of tests/data/holdout/ run when asked (288, docs/held-out.md:
+sweep) and the held-out workloads of tests/data/holdout/ run when asked (296, docs/held-out.md:
 four written before the controller's tuning, the rest after it, in batches by someone who had
 not read it, and judged as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`,
 `holdout-calm-tails-gw3` and others were traced and mended at a later stop (their entries below
@@ -1419,6 +1419,27 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     "holdout-b67-slow-noisy-cotenant-drain-medium5-gw3-1.5x": ("seed 1: P0 attainment",
                                                                "seed 2: P0 attainment",
                                                                "seed 3: P0 attainment"),
+    # Batch 68 (stop 74). Code completion at about 3x on two medium engines with a 2,048-token
+    # step budget, four replicas, P0 and P1 only: adaptive 0.916 / 0.952 / 0.883 of
+    # static:16 / 16 / 12. Traced at seed 3: the engines are prefill-bound (each step carries
+    # one prompt's chunk), so one or two requests wait in each engine at any moment; the limit
+    # reads that as a queue over its target (waitingTarget 1) and holds about 35 requests in
+    # flight where static:12 holds 48, whose larger decode batch rides the same prefill steps
+    # (throughput 326 against 356 tokens/s; P0 1.000 under both). Judging the engines' queue
+    # by its queue time instead (docs/design.md, stop 74) lost P0 on 59 runs of the grid.
+    "holdout-b68-code-assessment-cohorts-medium2-mbt2k-gw4-3x": ("seed 1: adaptive",
+                                                                 "seed 3: adaptive"),
+    # An airline's storm day on four small engines: P0 replays the conversation trace (answers
+    # of 250-350 tokens) under a 20 s client deadline, and 30-33 P0 answers a seed are cut by
+    # it; no fixed limit of the sweep keeps P0 (the deadline cuts family).
+    "holdout-b68-deadline-irops-trace-small4-gw3-2x": ("seed 1: P0 attainment",
+                                                       "seed 2: P0 attainment",
+                                                       "seed 3: P0 attainment"),
+    # Seven medium engines capped at 10 sequences (not stated in the policy): at seed 1 four
+    # P0 requests sent at 7-9 s waited 2.1-3.3 s inside engines that had filled their
+    # sequences before any scrape showed the cap binding (as the built-in seq-cap; stating
+    # maxNumSeqs is the remedy, docs/policy.md), one more queued at the gateway.
+    "holdout-b68-seqcap-telco-care-medium7-seq10-gw1-2x": ("seed 1: P0 attainment",),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
@@ -1508,6 +1529,22 @@ def test_held_out_workloads_meet_issue_10_targets(path):
 def test_every_built_in_is_judged():
     assert sorted(ORDINARY + FLEET) == builtin_names()
     assert len(list(HOLDOUT.glob("*.yaml"))) >= 2
+
+
+def test_the_held_out_counts_in_the_docs_match_known_misses():
+    """README and docs/held-out.md give the held-out counts at seeds 1-3: files, those that
+    meet every target, the target cells missed and the files in `KNOWN_MISSES` (stop 73's
+    docs said 269 cells where `KNOWN_MISSES` listed 265)."""
+    files = {p.stem for p in HOLDOUT.glob("*.yaml")}
+    listed = {k: v for k, v in KNOWN_MISSES.items() if k in files}
+    cells = sum(len(v) for v in listed.values())
+    claim = (f"At seeds 1–3, {len(files) - len(listed)} meet every target and {cells} target "
+             f"cells are missed; the other {len(listed)}")
+    root = Path(__file__).parent.parent
+    for doc in ("README.md", "docs/held-out.md"):
+        text = " ".join((root / doc).read_text().split())
+        assert claim in text, f"{doc}: {claim!r}"
+        assert f"{len(files)} held-out workloads" in text or f"{len(files)} files." in text, doc
 
 
 def test_a_simulation_never_imports_the_docs_generators():
