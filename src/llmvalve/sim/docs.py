@@ -415,8 +415,9 @@ fixed limits run under the same draw). With `--judge`, `--timing-draw` also take
 each draw's figures under `draws`), and the report ends with at how many draws targets were
 missed (a folder's summary also counts, at each draw alone, the scenarios that met every
 target). The controller was tuned on the grid, and its built-in P0 targets hold there by one
-or two requests. Judged at draws 0–2 (stop 65), the 23 ordinary built-ins at seeds 1–3 missed
-5, 8 and 9 targets, and 19, 17 and 16 of them met every target. Every miss was a P0 cell
+or two requests. Judged at draws 0–2 (stop 65, and again at stop 74 with the same counts), the
+23 ordinary built-ins at seeds 1–3 missed 5, 8 and 9 targets, and 19, 17 and 16 of them met
+every target. Every miss was a P0 cell
 missed by one to five requests, or `calm-steady`'s P1 (do no harm); no goodput target was
 missed at any draw, and which seeds missed moved with the draw. Only `seq-cap` s2 was missed at
 all three. For example, `llmvalve simulate --judge --scenario code-bursty-3x --timing-draw 0,3`
