@@ -120,6 +120,7 @@ def test_a_bad_value_is_one_line_and_exit_2(args, code, capsys):
         returned = exc.code
     err = capsys.readouterr().err
     assert returned == code, err
+    assert "Traceback" not in err  # nothing caught and printed whole on the way out
     assert "--" in err.strip().splitlines()[-1]  # it names the flag
 
 

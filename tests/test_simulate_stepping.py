@@ -1,7 +1,8 @@
 """Event-driven stepping gives the per-step reference's results on every built-in scenario:
 goodput and each class's SLO attainment within 1 %, without admission control (overload:
 preemptions, the exact fallback path) and with `adaptive`. Each is compared over its first
-100 s at most (every built-in's events fall within them; the longer ones repeat their shape),
+100 s at most (every built-in's events fall within them; after them the longer ones run on
+as before, steady or in the same on/off shape, or ramp down the way they came up: `calm-ramp`),
 `fleet` over its first 3 s, `adaptive` only (its full per-step run takes a minute)."""
 
 from __future__ import annotations
