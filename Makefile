@@ -18,10 +18,13 @@ install: $(STAMP)
 up: $(STAMP)
 	$(BIN)/llmvalve up $(if $(POLICY),--policy $(POLICY))
 
+# Two pytest workers (pytest-xdist), a test file each at a time (a module's stack is started
+# once): alone the suite keeps one core busy about three quarters of the time (real Envoy,
+# backends and waits scaled in wall time), so a second worker fills the idle part.
 test: $(STAMP) browser
 	$(BIN)/ruff check src tests
 	$(BIN)/python protos/generate.py --check
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
 
 # The dashboard test renders the page in headless Chromium: install Debian's where we can
 # (root and apt); never fail here — without it that one test is skipped and says why.
