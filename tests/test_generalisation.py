@@ -12,7 +12,7 @@ best fixed limit's goodput and what `none` gave come from tests/data/oracle-cach
 was computed from this source (tests/oracle_cache.py); otherwise `none` and the oracle sweep of
 about ten fixed limits run here too (two to four minutes for all of them on a 2-core machine,
 both cores busy). The fleet-scale built-in (64 backends, about two minutes per seed with its
-sweep) and the held-out workloads of tests/data/holdout/ run when asked (296, docs/held-out.md:
+sweep) and the held-out workloads of tests/data/holdout/ run when asked (304, docs/held-out.md:
 four written before the controller's tuning, the rest after it, in batches by someone who had
 not read it, and judged as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`,
 `holdout-calm-tails-gw3` and others were traced and mended at a later stop (their entries below
@@ -1440,6 +1440,36 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # sequences before any scrape showed the cap binding (as the built-in seq-cap; stating
     # maxNumSeqs is the remedy, docs/policy.md), one more queued at the gateway.
     "holdout-b68-seqcap-telco-care-medium7-seq10-gw1-2x": ("seed 1: P0 attainment",),
+    # Batch 69 (stop 75). A library's one medium engine behind three replicas, calm (0.66-0.70)
+    # with short P1 pushes: 5 / 1 / 11 P1 requests refused for their forecast wait in the
+    # pushes (seed 3 at 70-75 s) where `none` serves them (P1 0.984 / 0.997 / 0.938 against
+    # 1.000 / 1.000 / 0.963); goodput 0.996-1.033 of `none`'s.
+    "holdout-b69-calm-library-thesisweek-medium1-gw3": ("seed 1: P1 attainment",
+                                                        "seed 2: P1 attainment",
+                                                        "seed 3: P1 attainment"),
+    # Code completion at about 3x on four H100s behind three replicas: P0 0.977 / 0.987 /
+    # 0.987, 13 / 8 / 7 TPOTs, all answers of 3-19 tokens decoded in steps that carry other
+    # prompts' 8,192-token chunks (the short answers' TPOT family; static:48 keeps P0 at seed 1,
+    # static:32 at seed 2 at 0.950 of the best's goodput).
+    "holdout-b69-code-migrationday-h100x4-gw3-3x": ("seed 1: P0 attainment",
+                                                    "seed 2: P0 attainment",
+                                                    "seed 3: P0 attainment"),
+    # Two small engines capped at five sequences behind four replicas (2.5 sequences each):
+    # P0 0.29-0.47, its requests waiting at their replica for one of its own sequences to end
+    # (2 s TTFT); no fixed limit of the sweep keeps P0, and engines run by priority do not
+    # either (0.458 at seed 1). Batch 58's H100 file, smaller.
+    "holdout-b69-seqcap-discharge-letters-small2-seq5-gw4-2x": ("seed 1: P0 attainment",
+                                                                "seed 2: P0 attainment",
+                                                                "seed 3: P0 attainment"),
+    # Two of three H100s slowed 2x then 4x in turn under about 1.5x, one replica: P0 0.871 /
+    # 0.849 / 0.847 (TPOT and TTFT inside the slowed engines). Traced at seed 1: the picker
+    # reads an engine slow from its last scrape's ITL, which swings 0.06-0.6 s between scrapes
+    # with and without an 8,192-token prefill step, so P0 went to the engine slowed 2x whenever
+    # its last scrape read fast and it had no queue. static:256 keeps P0 at 0.91-0.93 of
+    # static:512's goodput (docs/design.md, stop 75).
+    "holdout-b69-slow2x-4x-irqstorm-h100x3-gw1-1.5x": ("seed 1: P0 attainment",
+                                                       "seed 2: P0 attainment",
+                                                       "seed 3: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
@@ -1521,6 +1551,7 @@ def test_fleet_scale_meets_issue_10_targets(name):
 
 @ON_REQUEST
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # four H100s at 3x with their sweep took over 300 s on a busy machine
 @pytest.mark.parametrize("path", sorted(HOLDOUT.glob("*.yaml")), ids=lambda p: p.stem)
 def test_held_out_workloads_meet_issue_10_targets(path):
     judge(path.stem, misses(str(path)))
