@@ -18,9 +18,9 @@ install: $(STAMP)
 up: $(STAMP)
 	$(BIN)/llmvalve up $(if $(POLICY),--policy $(POLICY))
 
-# Two pytest workers (pytest-xdist), a test file each at a time (a module's stack is started
-# once): alone the suite keeps one core busy about three quarters of the time (real Envoy,
-# backends and waits scaled in wall time), so a second worker fills the idle part.
+# Two pytest workers (pytest-xdist), each running whole test files (an e2e module's stack is
+# started once): alone the suite keeps one core busy about three quarters of the time (real
+# Envoy, backends and waits scaled in wall time), so a second worker fills the idle part.
 test: $(STAMP) browser
 	$(BIN)/ruff check src tests
 	$(BIN)/python protos/generate.py --check
