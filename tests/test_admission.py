@@ -758,3 +758,25 @@ def test_an_override_lapses_for_an_arrival_before_the_next_poll():
     admit(a, r("c"), 6.0)  # past its end, before any poll: the limit of 4 again
     with pytest.raises(ValueError, match="in the future"):
         a.set_override("default", 1.0, until=math.nan, now=0.0)
+
+
+def test_one_of_several_replicas_rounds_its_sequences_down_below_the_top_class():
+    """Four replicas on two engines capped at five sequences each: each replica's share is
+    2.5. Rounded up, the four let in 12 for 10 and lower classes waited in every engine's
+    queue, with P0 behind them or held at its replica for one of its own few sequences to end
+    (`holdout-b69-seqcap-discharge-letters-small2-seq5-gw4-2x`: P0 0.29-0.47). Below the top
+    class a replica holds its share rounded down; the top class goes on to the engines. A lone
+    replica holds every class to the caps' sum."""
+    p = dataclasses.replace(policy(), pools=(PoolSpec(
+        backends=(BackendSpec("b0", ""), BackendSpec("b1", "")), max_num_seqs=5,
+        lease_timeout_s=10.0),))
+
+    def admitted(replica_share: float) -> tuple[int, bool]:
+        a = Admission(p, random.Random(7), controller="adaptive", replica_share=replica_share)
+        for name in ("b0", "b1"):
+            a.on_snapshot("default", BackendSnapshot(name, 0.0, kv_capacity_tokens=1e5), 0.0)
+        lower = sum(isinstance(a.submit(r(f"p1-{i}", 1, 10.0), 0.0), Admit) for i in range(12))
+        return lower, isinstance(a.submit(r("p0", 0, 10.0), 0.0), Admit)
+
+    assert admitted(0.25) == (2, True)
+    assert admitted(1.0) == (10, False)

@@ -88,11 +88,12 @@ together, and proportional steps alone would keep whatever split they fell into.
 Where sequences bind before KV (an engine seen, `SEQ_CAP_HITS` times, running as many as it
 ever ran with requests waiting and KV to spare; or stated by the policy, `maxNumSeqs`, from
 its first scrape on, until the engine is seen running more), `max_requests` counts them: every
-class may have in flight what the engines run (one of R replicas: 1/R of it), and the picker
-sends each request to an engine with a sequence free (`seq_cap`). Nothing queues inside an
-engine: a P0 request waits at the gateway for the first sequence that ends (one of R replicas:
-of its share), not inside one engine for its next (with 12-sequence engines decoding 400-token
-answers that took 2-6 s).
+class may have in flight what the engines run (one of R replicas: 1/R of it, rounded down
+below the top class, which is not held by it: core/admission.py `_sequence_free`), and the
+picker sends each request to an engine with a sequence free (`seq_cap`). No lower class queues
+inside an engine; a lone replica's P0 request waits at the gateway for the first sequence that
+ends, not inside one engine for its next (with 12-sequence engines decoding 400-token answers
+that took 2-6 s).
 `saturation()` (σ, the fast gate the admission uses to stop lower classes first) is the same
 share-weighted fill without the latency terms, a stale or failing backend counting 1.5.
 After a decrease by the control law the epoch advances: access-log samples of requests
@@ -343,14 +344,16 @@ class AdaptiveLimit:
     def max_requests(self) -> float:
         """Sequences counted where they bind before KV: when every live backend's cap is known
         (`_Backend.seq_cap`: seen binding, or stated), the requests they run at once (∞
-        otherwise). It grows if a backend is seen running more. No class queues in the engines,
-        the top class neither: it waits at the gateway for the first sequence to end anywhere in
-        the pool (of its share, one of R replicas), where queued in one engine it waited for
-        that engine's next (the top class was let in up to waitingTarget more per engine before:
+        otherwise). It grows if a backend is seen running more. A lone replica holds every
+        class to it, the top class too: it waits at the gateway for the first sequence to end
+        anywhere in the pool, where queued in one engine it waited for that engine's next (the
+        top class was let in up to waitingTarget more per engine before:
         `holdout-b44-seqcap-longanswer-medium3-uneq`, P0 0.82-0.89, 0.98-1.00 since). One of R
         replicas (`replica_share` 1/R) counts its share of them: the others send alike, and two
         replicas that each let in what the engines run made them queue half as many again, P0
-        among them (TTFT 2-2.8 s behind the cap of two H100s, holdout-seqcap-h100-gw2)."""
+        among them (TTFT 2-2.8 s behind the cap of two H100s, holdout-seqcap-h100-gw2). How
+        the admission rounds that share, and why its top class is not held by it, is
+        core/admission.py `_sequence_free`."""
         if self._seq_cache is None:  # it changes only with a scrape
             live = [b for b in self.backends.values() if b.snap.ok]
             caps = [b.seq_cap for b in live]

@@ -13,8 +13,8 @@ may be in flight), a `Picker` (which backend) and the in-flight account. A reque
                                                  `Picker.can_start`),
 the fast gate lets its class through (backends' saturation σ ≥ 1: the lowest class stops;
 σ ≥ 1.25: only the highest may start new work), the engines can run it where sequences bind
-(`Limit.max_requests`: no class queues inside an engine, the picker sends each request to
-one with a sequence free), and, below the top
+(`Limit.max_requests`: no class below the top queues inside an engine, the picker sends
+each request to one with a sequence free; `_sequence_free`), and, below the top
 class, some engine has less than a quarter of the top class's TTFT objective of prompts
 still to prefill and KV below the target, or every engine is at the KV target
 (`Picker.prefill_room`). The highest class is bounded by the hard cap rather than by L
@@ -182,7 +182,7 @@ class Admission:
         if not self._gate_allows(pool, priority, now):
             return False
         top = self._ranks[priority] == 0
-        if pool.tickets and len(pool.tickets) >= pool.limit.max_requests():
+        if pool.tickets and not self._sequence_free(len(pool.tickets), pool, top):
             return False  # the engines run no more at once: it would queue there
         if not top and not pool.picker.prefill_room(now):
             return False  # no engine has both prefill room and KV to spare for it
@@ -205,6 +205,27 @@ class Admission:
             return within_share and pool.inflight + cost <= L
         return within_share and (pool.inflight + cost <= pool.limit.hard_cap(reserved=True)
                                  or (top and pool.picker.can_start(now, cost)))
+
+    def _sequence_free(self, held: int, pool: Pool, top: bool) -> bool:
+        """One more request may start in the engines where their sequence caps bind
+        (`Limit.max_requests`, this replica's share of the caps' sum). One of R replicas
+        holds its share rounded down (at least one) below the top class, for the shares
+        rounded up overfill the engines: four replicas on two engines capped at five
+        sequences each let in three where 2.5 was theirs, 12 for 10, and two requests waited
+        in each engine's queue all along. The top class, one of several replicas, is not held
+        here: it would wait at the gateway for one of its own replica's few sequences to
+        end (P0 TTFT 2 s; 0.29-0.47 of P0 in time, holdout-b69-seqcap-discharge-letters),
+        where in an engine it waits only for that engine's next, behind other top-class
+        requests (the lower classes leave the rounding's sequences free). Its reserved share
+        and the hard cap still bound it. A lone replica holds every class to the sum: its
+        top class queued in one engine waited for that engine's next sequence, where at the
+        gateway it takes the first to end anywhere in the pool."""
+        seats = pool.limit.max_requests()
+        if seats == math.inf:
+            return True
+        if self.replica_share >= 1.0:
+            return held < seats
+        return top or held + 1 <= max(1.0, seats)
 
     def may_wait_s(self, priority: int, calm: bool = False) -> float:
         """How long a request of the class may wait in the queue and still be useful: its
