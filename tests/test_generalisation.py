@@ -784,12 +784,6 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # Since stop 63 (below half its KV ceiling, an engine sent nothing since the last cut cuts the
     # limit no further): seed 3 reads 0.982 of static:32; every target is met
     # (holdout-b49-slow3x-three-of-tiny8-gw2).
-    # Engines capped at 10 sequences behind three replicas (met every target as written).
-    # Since stop 57 (the sequence cap counted after two scrapes, not three) seed 2's P0
-    # reads 0.9899, two of 199 missed in the first seconds (t = 3.7 and 4.1 s), each sent
-    # to an engine that had just filled its sequences (TTFT 2.4 and 2.5 s, 0.6-0.9 s of it
-    # at the gateway): the first seconds of seq-cap, above.
-    "holdout-b49-seqcap-medium3-gw3": ("seed 2: P0 attainment",),
     # Do no harm with 24 P1 tenants, eight of them in independent bursts, on four small
     # engines (mean load 0.63-0.71x, but overlapping bursts overload the pool for tens of
     # seconds): `none` runs ~110 requests with 40 waiting in the engines and 74 preemptions at
@@ -1152,17 +1146,14 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # none keeps it at seed 3. Not traced.
     "holdout-b58-p1-flood-ragchat-small4-gw4": ("seed 1: P0 attainment", "seed 2: P0 attainment",
                                                 "seed 3: P0 attainment"),
-    # Three H100s capped at 6 sequences behind four replicas, 2x: P0 0.788 / 0.803 / 0.775, most
-    # misses waits at the gateway (24-28 `ttft_queued`); no fixed limit keeps P0 either. Each
-    # replica lets in its quarter of the 18 sequences (4.5), and its P0 waits for one of its own
-    # to end, not the pool's (seed 1: median wait 0.58 s, 90th percentile 1.85 s, TTFT objective
-    # 2 s). Measured, not kept: P0 past the cap where the picker sees a free sequence, 0.84 /
-    # 0.83 / 0.81 here but over the 18 sequence-cap workloads P0 targets missed 8 -> 11 and P0
-    # misses 28 -> 38; P0 past the cap always, 0.84 / 0.92 / 0.85 here. A stated cap
-    # (`maxNumSeqs: 6`) does not help: 0.760 / 0.819 / 0.803.
+    # Three H100s capped at 6 sequences behind four replicas, 2x: P0 0.788 / 0.803 / 0.775
+    # until stop 76, waiting at their replica for one of its own 4.5 sequences to end; no fixed
+    # limit keeps P0. Since the shares are rounded down below P0 and P0 is sent on (stop 76,
+    # docs/design.md): P0 0.973 / 0.992 / 1.000, seed 1's four misses TTFT inside an engine;
+    # goodput 0.962 / 0.946 / 0.962 of `static:5`, whose 20 requests per pool overfill the
+    # engines' 18 sequences where the rounding leaves two of them to P0.
     "holdout-b58-seqcap-judge-h100x3-seq6-gw4-2x": ("seed 1: P0 attainment",
-                                                    "seed 2: P0 attainment",
-                                                    "seed 3: P0 attainment"),
+                                                    "seed 2: adaptive"),
     # Batch 59 (eight files written at stop 67 by a helper that had not read the controller,
     # judged as they stood at 23e97ea with `simulate --judge`): heavytail-tutor-small3-2.5x,
     # p1-flood-synthdata-h100x2-gw2, seqcap-prio-small6-seq4-gw2-2x and
@@ -1225,6 +1216,12 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # 20.5-21.3 s are refused at a forecast wait of 4.6-9.7 s against 4 s (the offered load
     # reads 1.1 of the cut limit, so the pool is not calm). Measured, not kept: calm judged
     # against the KV ceiling (one refused here; goodput cells 36 -> 49 elsewhere: design.md).
+    # All five tiny engines slowed 3x behind four replicas (met every target as written). Since
+    # stop 76 (P0 not held by the sequence count behind several replicas) seed 3's P0 reads
+    # 0.990: two of 198 prompts, sent at 84 s in the slowdown to an engine running its
+    # eight sequences with one to three waiting (TTFT 2.03 and 2.16 s against 2 s). The
+    # rounding's trade, docs/design.md (stop 76).
+    "holdout-b61-slow3x-all-tiny5-gw4-prio-straggler-1.5x": ("seed 3: P0 attainment",),
     "holdout-b61-calm-mixedprofiles-3pools-gw2": ("seed 1: P1 attainment",
                                                   "seed 2: P1 attainment",
                                                   "seed 3: P1 attainment"),
@@ -1455,11 +1452,12 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
                                                     "seed 2: P0 attainment",
                                                     "seed 3: P0 attainment"),
     # Two small engines capped at five sequences behind four replicas (2.5 sequences each):
-    # P0 0.29-0.47, its requests waiting at their replica for one of its own sequences to end
-    # (2 s TTFT); no fixed limit of the sweep keeps P0, and engines run by priority do not
-    # either (0.458 at seed 1). Batch 58's H100 file, smaller.
+    # P0 0.29-0.47 until stop 76, its requests waiting at their replica for one of its own
+    # sequences to end (2 s TTFT); no fixed limit of the sweep keeps P0, and engines run by
+    # priority did not either (0.458 at seed 1). Since the shares are rounded down below P0
+    # and P0 is sent on (stop 76): 0.938 / 1.000 / 0.983, the misses TTFT inside an engine
+    # (3 / 0 / 1), goodput 0.983-0.989 of `static:3`.
     "holdout-b69-seqcap-discharge-letters-small2-seq5-gw4-2x": ("seed 1: P0 attainment",
-                                                                "seed 2: P0 attainment",
                                                                 "seed 3: P0 attainment"),
     # Two of three H100s slowed 2x then 4x in turn under about 1.5x, one replica: P0 0.871 /
     # 0.849 / 0.847 (TPOT and TTFT inside the slowed engines). Traced at seed 1: the picker
