@@ -217,7 +217,9 @@ class Admission:
         end (P0 TTFT 2 s; 0.29-0.47 of P0 in time, holdout-b69-seqcap-discharge-letters),
         where in an engine it waits only for that engine's next, behind other top-class
         requests (the lower classes leave the rounding's sequences free). Its reserved share
-        and the hard cap still bound it. A lone replica holds every class to the sum: its
+        and the hard cap still bound it. The price is what the rounding leaves idle while no
+        top-class request needs it: 1-6 % of goodput on four held-out files (docs/design.md,
+        stop 76). A lone replica holds every class to the sum: its
         top class queued in one engine waited for that engine's next sequence, where at the
         gateway it takes the first to end anywhere in the pool."""
         seats = pool.limit.max_requests()
