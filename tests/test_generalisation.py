@@ -12,7 +12,7 @@ best fixed limit's goodput and what `none` gave come from tests/data/oracle-cach
 was computed from this source (tests/oracle_cache.py); otherwise `none` and the oracle sweep of
 about ten fixed limits run here too (two to four minutes for all of them on a 2-core machine,
 both cores busy). The fleet-scale built-in (64 backends, about two minutes per seed with its
-sweep) and the held-out workloads of tests/data/holdout/ run when asked (304, docs/held-out.md:
+sweep) and the held-out workloads of tests/data/holdout/ run when asked (312, docs/held-out.md:
 four written before the controller's tuning, the rest after it, in batches by someone who had
 not read it, and judged as they stood; of these, `holdout-rag-gw3`, `holdout-rolling-upgrade`,
 `holdout-calm-tails-gw3` and others were traced and mended at a later stop (their entries below
@@ -1468,6 +1468,43 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     "holdout-b69-slow2x-4x-irqstorm-h100x3-gw1-1.5x": ("seed 1: P0 attainment",
                                                        "seed 2: P0 attainment",
                                                        "seed 3: P0 attainment"),
+    # Batch 70 (stop 76; judged at 2bef698): the P1 flood on three medium engines (one with
+    # half its KV) behind four replicas and the sequence cap of 8 on three medium engines
+    # behind two replicas meet every target at seeds 1-3.
+    # A credit union's calm day on four tiny engines, one replica (0.61-0.69): at seed 3 30 P1
+    # requests refused for their forecast wait in bursts at 10-117 s, P1 0.957 against `none`'s
+    # 0.961 (the calm early-drop trade of batches 53-69).
+    "holdout-b70-calm-creditunion-tiny4-gw1": ("seed 3: P1 attainment",),
+    # Code completion at 1x on six small engines behind three replicas: P0 0.987 / 0.986,
+    # two TTFTs inside the engines and one TPOT each (static:8 keeps P0 at seed 1 at 0.928 of
+    # the best's goodput). Not traced further.
+    "holdout-b70-code-ecu-shifts-small6-gw3-1x": ("seed 1: P0 attainment",
+                                                  "seed 2: P0 attainment"),
+    # Code completion at 3x on five tiny engines, one replica: P0 0.927 / 0.947 at seeds 1 and
+    # 3, every miss TTFT inside an engine. Looked at (seed 1): P0 prompts of 0.9-2.5k tokens
+    # sent to an engine with one other request in prefill waited 2.3-5.5 s behind it (tiny
+    # engines prefill slowly); the best fixed limit keeping P0 is static:2, at 0.52-0.54 of
+    # the best's goodput.
+    "holdout-b70-code-mooc-duehour-tiny5-gw1-3x": ("seed 1: P0 attainment",
+                                                   "seed 3: P0 attainment"),
+    # Food delivery with client deadlines and retries on five small engines behind three
+    # replicas, 1.8x: P0 0.910-0.923, 13-17 P0 requests a seed cancelled at their clients'
+    # deadline; no fixed limit of the sweep keeps P0 at seeds 1 and 3 (static:8 at seed 2, at
+    # 0.662 of the best's goodput). Not traced.
+    "holdout-b70-deadline-fooddelivery-small5-gw3-1.8x": ("seed 1: P0 attainment",
+                                                          "seed 2: P0 attainment",
+                                                          "seed 3: P0 attainment"),
+    # Heavy-tailed answers at 2.5x on two H100s behind two replicas: P0 0.985 / 0.990 / 0.990
+    # (just under), 3-4 TPOTs a seed; static:96-128 keeps P0 at 0.86-0.92 of static:192's
+    # goodput. The TPOT-under-long-batches family of the heavy-tail files. Not traced.
+    "holdout-b70-heavytail-questwriter-h100x2-gw2-2.5x": ("seed 1: P0 attainment",
+                                                          "seed 2: P0 attainment",
+                                                          "seed 3: P0 attainment"),
+    # Four medium engines, all slowed 2x, then two of them 3.5x, under 1.5x, one replica: P0
+    # 0.954 / 0.971 at seeds 1-2, all TPOT (6 / 4); static:64 keeps P0 at 0.86-0.88 of
+    # static:96's goodput. Not traced.
+    "holdout-b70-slow2x-3.5x-backup-storm-medium4-gw1-1.5x": ("seed 1: P0 attainment",
+                                                              "seed 2: P0 attainment"),
 }
 
 HOLDOUT = Path(__file__).parent / "data" / "holdout"
