@@ -1219,8 +1219,8 @@ KNOWN_MISSES: dict[str, tuple[str, ...]] = {
     # All five tiny engines slowed 3x behind four replicas (met every target as written). Since
     # stop 76 (P0 not held by the sequence count behind several replicas) seed 3's P0 reads
     # 0.990: two of 198 prompts, sent at 84 s in the slowdown to an engine running its
-    # eight sequences with one to three waiting (TTFT 2.03 and 2.16 s against 2 s). The
-    # rounding's trade, docs/design.md (stop 76).
+    # eight sequences with one to three waiting (TTFT 2.03 and 2.16 s against 2 s): the
+    # trade of sending P0 on (its share of 40 sequences is whole), docs/design.md (stop 76).
     "holdout-b61-slow3x-all-tiny5-gw4-prio-straggler-1.5x": ("seed 3: P0 attainment",),
     "holdout-b61-calm-mixedprofiles-3pools-gw2": ("seed 1: P1 attainment",
                                                   "seed 2: P1 attainment",
