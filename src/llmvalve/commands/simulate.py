@@ -196,7 +196,7 @@ def _judge(sc, seeds: list[int], args: argparse.Namespace) -> tuple[dict, str]: 
     several timing draws (`args.draws`), each draw's under `draws` and every miss named by
     its draw."""
     from llmvalve.sim.runner import simulate_seeds
-    from llmvalve.sim.targets import JUDGED, figures, hints, misses, report
+    from llmvalve.sim.targets import JUDGED, beyond_fixed, figures, hints, misses, report
 
     judged = {}
     for k in args.draws:
@@ -208,13 +208,17 @@ def _judge(sc, seeds: list[int], args: argparse.Namespace) -> tuple[dict, str]: 
     if len(judged) == 1:
         runs, found = judged[args.draws[0]]
         doc = {"scenario": sc.name, "expect": sc.extra, "misses": found,
+               "beyond_fixed": beyond_fixed(runs, found),
                "hints": hints(sc, runs), "seeds": figures(runs)}
         return doc, "\n".join([report(sc, runs, found), *_tries(doc)])
     doc = {"scenario": sc.name, "expect": sc.extra,
            "misses": [f"timing draw {k}, {m}" for k, (_, found) in judged.items()
                       for m in found],
+           "beyond_fixed": [f"timing draw {k}, {m}" for k, (runs, found) in judged.items()
+                            for m in beyond_fixed(runs, found)],
            "hints": hints(sc, *(runs for runs, _ in judged.values())),
-           "draws": {str(k): {"misses": found, "seeds": figures(runs)}
+           "draws": {str(k): {"misses": found, "beyond_fixed": beyond_fixed(runs, found),
+                              "seeds": figures(runs)}
                      for k, (runs, found) in judged.items()}}
     lines = []
     for k, (runs, found) in judged.items():
@@ -260,6 +264,7 @@ def _judge_folder(folder: Path, args: argparse.Namespace) -> int:
         docs.append(doc)
     met = sum(not d["misses"] for d in docs)
     cells = sum(len(d["misses"]) for d in docs)
+    conflicts = sum(len(d["beyond_fixed"]) for d in docs)
     draws = ""
     if len(args.draws) > 1:  # and how many met every target at each draw alone
         each = ", ".join(f"draw {k}: {sum(not d['draws'][str(k)]['misses'] for d in docs)}"
@@ -268,7 +273,9 @@ def _judge_folder(folder: Path, args: argparse.Namespace) -> int:
     summary = (f"{met} of {len(docs)} scenarios meet every target at seed"
                f"{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))}{draws}; "
                f"{cells} target{'s' if cells != 1 else ''} missed"
-               + (" (a target once at each draw it was missed)" if draws else ""))
+               + (" (a target once at each draw it was missed)" if draws else "")
+               + (f", {conflicts} of them at seeds where no fixed limit of the sweep meets "
+                  "every target either" if cells else ""))
     print(json.dumps({"scenarios": docs, "summary": summary}, indent=2) if args.json
           else summary)
     return 0 if met == len(docs) else 1

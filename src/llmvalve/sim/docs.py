@@ -59,6 +59,9 @@ Oracles (what hindsight could do on the exact same requests):
   does to P0; where the goodput peaks
   at a limit that gives P0 up (a tight P0 TPOT, P0 a sliver of the tokens:
   `holdout-voice-4class`), this is the yardstick a controller that keeps P0 can be read by;
+- **best fixed that meets every target** (`all_kept`): the best of those fixed limits whose own
+  run meets every target the scenario is judged on (below: goodput, P0, do no harm); null
+  where none does, and there the targets conflict for every constant limit;
 - **hindsight** (`/hindsig`): a fixed limit per 20 s window, searched greedily from the best
   fixed one: each window tries the two limits under which its own arrivals did best in the
   sweep (those that beat its current pick there by more than 1 %), alone and from that window
@@ -400,7 +403,9 @@ fixed limit and `none`, prints every target missed, by seed, and exits 1 if one 
 written (a file that does not load stops it before anything runs), and ends with how many
 met every target and how many targets were missed. Where the best fixed limit by goodput
 gives P0 up, it names the best that keeps it, or says that none of the sweep does: there the
-two targets conflict for every fixed limit. Where the top class was late inside the engines
+two targets conflict for every fixed limit. At a seed where no fixed limit of the sweep meets
+every target the scenario is judged on, it says so (`beyond_fixed` in the JSON lists the misses
+at such seeds, and a folder's summary counts them). Where the top class was late inside the engines
 or on its TPOT, or its answers were cut by their clients, out of the limit's reach, a `try:`
 line names what to try (an engine setting, P0 on engines of its own) and the page that
 measures it (`hints` in the JSON). tests/test_generalisation.py judges every

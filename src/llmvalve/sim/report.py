@@ -187,6 +187,14 @@ def _oracle_lines(result: dict) -> list[str]:
         elif kept["controller"] != orc["fixed"]["controller"]:
             lines.append(head + f"{kept['controller']} → goodput {kept['goodput_tok_s']:.0f} "
                          f"tok/s (top class {kept['top_attainment']:.3f})")
+    if orc and "all_kept" in orc:  # likewise: the targets judged (sim/targets.py)
+        kept = orc["all_kept"]
+        head = "oracle: best fixed limit that meets every target the scenario is judged on: "
+        if kept is None:
+            lines.append(head + "none of the sweep")
+        elif kept["controller"] != orc["fixed"]["controller"]:
+            lines.append(head + f"{kept['controller']} → goodput {kept['goodput_tok_s']:.0f} "
+                         "tok/s")
     if orc and "hindsight" in orc:
         h = orc["hindsight"]
         sched = ", ".join(f"{t:g} s {c}" for t, c in h["schedule"])

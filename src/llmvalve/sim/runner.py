@@ -9,6 +9,9 @@ Oracles (`--oracle`): yardsticks computed from hindsight on the exact same reque
     where the goodput peaks at a limit that gives the top class up (a tight TPOT objective
     for a class that is a sliver of the tokens: holdout-voice-4class), and it is the
     yardstick for a controller that must keep the top class;
+  * `all_kept`: the best of those fixed limits that meets every target the scenario is judged
+    on (sim/targets.py: goodput, the top class where `p0WithinShare`, do no harm where
+    `doNoHarm`); null when none does: there the targets conflict for every constant limit;
   * `hindsight`: a fixed limit per window (20 s by default), chosen with hindsight. Picking
     each window's best limit independently from the sweep does not work in a simulator with
     memory: a window's choice leaves a backlog (or an idle pool) that the next window's choice
@@ -34,6 +37,7 @@ from llmvalve.core.policy.limiter import with_scrape_interval
 from llmvalve.sim.harness import RunResult, Simulation
 from llmvalve.sim.report import capacity_report, good_tokens_by_arrival, summarize, timeseries
 from llmvalve.sim.scenario import Scenario
+from llmvalve.sim.targets import missed
 from llmvalve.sim.workload import generate
 
 ORACLE_WINDOW_S = 20.0
@@ -149,6 +153,11 @@ def oracles(sc: Scenario, seed: int, policy: Policy, have: dict[str, RunResult],
         best = max(kept, key=lambda c: gp[c], default=None)
         out["top_kept"] = best and {"controller": best, "goodput_tok_s": gp[best],
                                     "top_attainment": top_att[best]}
+    if "none" in summaries:  # None: the targets conflict for every fixed limit of the sweep
+        meets = [c for c in cands
+                 if not missed(sc, summaries[c], summaries["none"], ratios(gp[c], out))]
+        best = max(meets, key=lambda c: gp[c], default=None)
+        out["all_kept"] = best and {"controller": best, "goodput_tok_s": gp[best]}
     if window_s is not None:
         picks, best, tried = _hindsight(sc, seed, policy, sweep_runs, gp, fixed, load_scale,
                                         window_s, stepping=stepping)

@@ -51,26 +51,37 @@ HINTS = {
 def misses(sc: Scenario, runs: dict[str, dict]) -> list[str]:
     """Every target missed, one line each, by seed (empty: all met). `runs`: per seed, a
     `simulate` result with `none` and `adaptive` and their ratios to the fixed oracles."""
+    return [f"seed {seed}: {m}" for seed, r in runs.items()
+            for m in missed(sc, r["controllers"]["adaptive"], r["controllers"]["none"],
+                            r["vs_oracle"]["adaptive"])]
+
+
+def missed(sc: Scenario, c: dict, none: dict, vs: dict[str, float]) -> list[str]:
+    """The targets one controller's results `c` miss at one seed: `none` is `none`'s results
+    at that seed, `vs` the controller's goodput over the fixed oracles' (`fixed`, `none`)."""
     out = []
-    for seed, r in runs.items():
-        a, none = r["controllers"]["adaptive"], r["controllers"]["none"]
-        ratio = r["vs_oracle"]["adaptive"]["fixed"]
-        if ratio < VS_BEST_FIXED:
-            out.append(f"seed {seed}: adaptive {ratio:.3f} x best fixed (< {VS_BEST_FIXED})")
-        top = _top_missed(sc, a)
-        if top is not None:
-            p, c = top
-            out.append(f"seed {seed}: P{p} attainment {c['slo_attainment']:.3f} "
-                       f"(< {P0_ATTAINMENT})" + _how_missed(c))
-        if sc.extra.get("doNoHarm"):
-            vs_none = r["vs_oracle"]["adaptive"]["none"]
-            if vs_none < NO_HARM_GOODPUT:
-                out.append(f"seed {seed}: adaptive {vs_none:.3f} x none (< {NO_HARM_GOODPUT})")
-            for p, c in a["classes"].items():
-                if c["slo_attainment"] < none["classes"][p]["slo_attainment"]:
-                    out.append(f"seed {seed}: P{p} attainment {c['slo_attainment']:.3f} below "
-                               f"none's {none['classes'][p]['slo_attainment']:.3f}")
+    if vs["fixed"] < VS_BEST_FIXED:
+        out.append(f"adaptive {vs['fixed']:.3f} x best fixed (< {VS_BEST_FIXED})")
+    top = _top_missed(sc, c)
+    if top is not None:
+        p, cls = top
+        out.append(f"P{p} attainment {cls['slo_attainment']:.3f} (< {P0_ATTAINMENT})"
+                   + _how_missed(cls))
+    if sc.extra.get("doNoHarm"):
+        if vs["none"] < NO_HARM_GOODPUT:
+            out.append(f"adaptive {vs['none']:.3f} x none (< {NO_HARM_GOODPUT})")
+        for p, cls in c["classes"].items():
+            if cls["slo_attainment"] < none["classes"][p]["slo_attainment"]:
+                out.append(f"P{p} attainment {cls['slo_attainment']:.3f} below "
+                           f"none's {none['classes'][p]['slo_attainment']:.3f}")
     return out
+
+
+def beyond_fixed(runs: dict[str, dict], found: list[str]) -> list[str]:
+    """The misses of `found` at seeds where no fixed limit of the sweep meets every target
+    either (`all_kept` null): there the targets conflict for every constant limit."""
+    seeds = tuple(f"seed {s}:" for s, r in runs.items() if r["oracles"].get("all_kept") is None)
+    return [m for m in found if seeds and m.startswith(seeds)]
 
 
 def _top_missed(sc: Scenario, adaptive: dict) -> tuple[str, dict] | None:
@@ -103,6 +114,9 @@ def figures(runs: dict[str, dict]) -> dict[str, dict]:
             # the best fixed limit that keeps P0 at 0.99 (None: none does): where it is not
             # the best by goodput, the two targets conflict for every fixed limit
             "top_kept": oracles["top_kept"],
+            # the best fixed limit that meets every target the scenario is judged on (None:
+            # none does, and the targets conflict for every constant limit at this seed)
+            "all_kept": oracles.get("all_kept"),
             "adaptive_vs": {k: r["vs_oracle"]["adaptive"][k] for k in ("fixed", "none")},
             **{c: {"goodput_tok_s": r["controllers"][c]["goodput_tok_s"],
                    "slo_attainment": {p: v["slo_attainment"]
@@ -129,6 +143,8 @@ def report(sc: Scenario, runs: dict[str, dict], found: list[str]) -> str:
         elif kept["controller"] != f["best_fixed"] and fixed_gp:
             line += (f"; the best fixed limit keeping P0 is {kept['controller']}, at "
                      f"{kept['goodput_tok_s'] / fixed_gp:.3f} of the best's goodput")
+        if f["all_kept"] is None:
+            line += "; no fixed limit of the sweep meets every target"
         lines.append(line)
     lines += [f"missed: {m}" for m in found] or ["every target met"]
     return "\n".join(lines)
