@@ -179,22 +179,21 @@ def _oracle_lines(result: dict) -> list[str]:
         lines.append(f"oracle: best fixed limit {o['controller']} → goodput "
                      f"{o['goodput_tok_s']:.0f} tok/s")
     orc = result.get("oracles")
-    if orc and "top_kept" in orc:  # said where it is not the best fixed limit
-        kept = orc["top_kept"]
-        head = "oracle: best fixed limit that keeps the top class at its SLO: "
+    # the best fixed limits that keep the top class, and that meet every target the scenario
+    # is judged on (sim/targets.py), said where they are not the best fixed limit
+    kept_heads = (("top_kept", "keeps the top class at its SLO"),
+                  ("all_kept", "meets every target the scenario is judged on"))
+    for key, what in kept_heads:
+        if not orc or key not in orc:
+            continue
+        kept, head = orc[key], f"oracle: best fixed limit that {what}: "
         if kept is None:
             lines.append(head + "none of the sweep")
         elif kept["controller"] != orc["fixed"]["controller"]:
+            top = (f" (top class {kept['top_attainment']:.3f})"
+                   if "top_attainment" in kept else "")
             lines.append(head + f"{kept['controller']} → goodput {kept['goodput_tok_s']:.0f} "
-                         f"tok/s (top class {kept['top_attainment']:.3f})")
-    if orc and "all_kept" in orc:  # likewise: the targets judged (sim/targets.py)
-        kept = orc["all_kept"]
-        head = "oracle: best fixed limit that meets every target the scenario is judged on: "
-        if kept is None:
-            lines.append(head + "none of the sweep")
-        elif kept["controller"] != orc["fixed"]["controller"]:
-            lines.append(head + f"{kept['controller']} → goodput {kept['goodput_tok_s']:.0f} "
-                         "tok/s")
+                         f"tok/s{top}")
     if orc and "hindsight" in orc:
         h = orc["hindsight"]
         sched = ", ".join(f"{t:g} s {c}" for t, c in h["schedule"])
