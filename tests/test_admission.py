@@ -780,3 +780,4 @@ def test_one_of_several_replicas_rounds_its_sequences_down_below_the_top_class()
 
     assert admitted(0.25) == (2, True)
     assert admitted(1.0) == (10, False)
+    assert admitted(0.05) == (1, True)  # a share below one sequence still holds one

@@ -208,16 +208,16 @@ def _judge(sc, seeds: list[int], args: argparse.Namespace) -> tuple[dict, str]: 
     if len(judged) == 1:
         runs, found = judged[args.draws[0]]
         doc = {"scenario": sc.name, "expect": sc.extra, "misses": found,
-               "beyond_fixed": beyond_fixed(runs, found),
+               "beyond_fixed": beyond_fixed(sc, runs),
                "hints": hints(sc, runs), "seeds": figures(runs)}
         return doc, "\n".join([report(sc, runs, found), *_tries(doc)])
     doc = {"scenario": sc.name, "expect": sc.extra,
            "misses": [f"timing draw {k}, {m}" for k, (_, found) in judged.items()
                       for m in found],
-           "beyond_fixed": [f"timing draw {k}, {m}" for k, (runs, found) in judged.items()
-                            for m in beyond_fixed(runs, found)],
+           "beyond_fixed": [f"timing draw {k}, {m}" for k, (runs, _) in judged.items()
+                            for m in beyond_fixed(sc, runs)],
            "hints": hints(sc, *(runs for runs, _ in judged.values())),
-           "draws": {str(k): {"misses": found, "beyond_fixed": beyond_fixed(runs, found),
+           "draws": {str(k): {"misses": found, "beyond_fixed": beyond_fixed(sc, runs),
                               "seeds": figures(runs)}
                      for k, (runs, found) in judged.items()}}
     lines = []

@@ -222,12 +222,9 @@ class Admission:
         stop 76). A lone replica holds every class to the sum: its
         top class queued in one engine waited for that engine's next sequence, where at the
         gateway it takes the first to end anywhere in the pool."""
-        seats = pool.limit.max_requests()
-        if seats == math.inf:
+        if top and self.replica_share < 1.0:
             return True
-        if self.replica_share >= 1.0:
-            return held < seats
-        return top or held + 1 <= max(1.0, seats)
+        return held + 1 <= max(1.0, pool.limit.max_requests())  # a lone replica's is whole
 
     def may_wait_s(self, priority: int, calm: bool = False) -> float:
         """How long a request of the class may wait in the queue and still be useful: its

@@ -58,7 +58,9 @@ def misses(sc: Scenario, runs: dict[str, dict]) -> list[str]:
 
 def missed(sc: Scenario, c: dict, none: dict, vs: dict[str, float]) -> list[str]:
     """The targets one controller's results `c` miss at one seed: `none` is `none`'s results
-    at that seed, `vs` the controller's goodput over the fixed oracles' (`fixed`, `none`)."""
+    at that seed, `vs` the controller's goodput over the fixed oracles' (`fixed`, `none`).
+    The lines name `adaptive`, the controller the judge prints them for; the oracles only ask
+    whether a fixed limit's list is empty."""
     out = []
     if vs["fixed"] < VS_BEST_FIXED:
         out.append(f"adaptive {vs['fixed']:.3f} x best fixed (< {VS_BEST_FIXED})")
@@ -77,11 +79,10 @@ def missed(sc: Scenario, c: dict, none: dict, vs: dict[str, float]) -> list[str]
     return out
 
 
-def beyond_fixed(runs: dict[str, dict], found: list[str]) -> list[str]:
-    """The misses of `found` at seeds where no fixed limit of the sweep meets every target
-    either (`all_kept` null): there the targets conflict for every constant limit."""
-    seeds = tuple(f"seed {s}:" for s, r in runs.items() if r["oracles"].get("all_kept") is None)
-    return [m for m in found if seeds and m.startswith(seeds)]
+def beyond_fixed(sc: Scenario, runs: dict[str, dict]) -> list[str]:
+    """The misses at seeds where no fixed limit of the sweep meets every target either
+    (`all_kept` null): there the targets conflict for every constant limit."""
+    return misses(sc, {s: r for s, r in runs.items() if r["oracles"]["all_kept"] is None})
 
 
 def _top_missed(sc: Scenario, adaptive: dict) -> tuple[str, dict] | None:
@@ -116,7 +117,7 @@ def figures(runs: dict[str, dict]) -> dict[str, dict]:
             "top_kept": oracles["top_kept"],
             # the best fixed limit that meets every target the scenario is judged on (None:
             # none does, and the targets conflict for every constant limit at this seed)
-            "all_kept": oracles.get("all_kept"),
+            "all_kept": oracles["all_kept"],
             "adaptive_vs": {k: r["vs_oracle"]["adaptive"][k] for k in ("fixed", "none")},
             **{c: {"goodput_tok_s": r["controllers"][c]["goodput_tok_s"],
                    "slo_attainment": {p: v["slo_attainment"]
